@@ -1,0 +1,69 @@
+# gpufed — every target that needs the venv or the Go binaries builds them itself (idempotent, cached).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/.cache/bin
+export GPUFED_BIN_DIR ?= $(BIN)
+export GPUFED_LOCAL_DIR ?= $(CURDIR)/.cache/local
+GPUFED := $(VENV)/bin/gpufed
+PYTEST_ARGS ?=
+
+.PHONY: help venv binaries lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo clean
+
+help:
+	@echo "make demo       create the venv, build the clusters from source, show the GPU nodes"
+	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
+	@echo "other targets:  venv binaries lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; gpufed needs Python >= 3.11" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
+	  { echo "error: gpufed needs Python >= 3.11, found $$($(PYTHON) --version)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+binaries:
+	@bash deploy/local/build.sh $(BIN)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+test-unit: venv
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test-e2e: venv binaries
+	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
+
+test: lint typecheck test-unit test-e2e
+
+clusters-up: venv binaries
+	$(GPUFED) local up
+
+clusters-down: venv
+	$(GPUFED) local down
+
+clusters-status: venv
+	$(GPUFED) local status
+
+demo: clusters-up
+	@set -e; export KUBECONFIG=$(GPUFED_LOCAL_DIR)/kubeconfig; \
+	for ctx in $$($(BIN)/kubectl config get-contexts -o name); do \
+	  echo; echo "=== $$ctx: kubectl get nodes -L nvidia.com/gpu.product"; \
+	  $(BIN)/kubectl --context $$ctx get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count; \
+	done; \
+	echo; $(GPUFED) local status; \
+	echo; echo "Clusters keep running: export KUBECONFIG=$$KUBECONFIG; 'make clusters-down' stops them."
+
+clean: clusters-down
+	rm -rf .cache $(VENV) .mypy_cache .ruff_cache .pytest_cache

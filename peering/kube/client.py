@@ -1,0 +1,64 @@
+"""Building kubernetes-asyncio clients from kubeconfig files, with the library's errors mapped.
+
+Owns: `api_client` (an ApiClient for one kubeconfig context) and `KubeError`, the one exception
+type callers outside `peering.kube` see. Does not retry or rate-limit (later layers do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP status (0 when none was received)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def map_error(e: ApiException, what: str) -> KubeError:
+    return KubeError(f"{what}: {e.status} {e.reason}", status=int(e.status or 0), reason=str(e.reason or ""))
+
+
+@asynccontextmanager
+async def api_client(kubeconfig: Path, context: str | None = None) -> AsyncIterator[Any]:
+    """An ApiClient for `context` of `kubeconfig`; closed on exit. Bad files raise KubeError."""
+    try:
+        api = await config.new_client_from_config(config_file=str(kubeconfig), context=context)
+    except (OSError, config.ConfigException) as e:
+        raise KubeError(f"cannot load kubeconfig {kubeconfig} (context {context or 'current'}): {e}") from e
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@asynccontextmanager
+async def translating(what: str) -> AsyncIterator[None]:
+    """Turn the client library's exceptions raised inside the block into KubeError."""
+    try:
+        yield
+    except ApiException as e:
+        raise map_error(e, what) from e
+    except (OSError, TimeoutError, aiohttp.ClientError) as e:
+        raise KubeError(f"{what}: {e}") from e
+
+
+__all__ = ["KubeError", "api_client", "client", "map_error", "translating"]

@@ -1,0 +1,30 @@
+"""The `gpufed` command line: one module per verb group; flags map onto settings here and only here.
+
+This is the only place that configures logging.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from vkprovider.cli import local
+
+app = typer.Typer(
+    name="gpufed",
+    help="Pool GPUs of peered Kubernetes clusters behind virtual nodes.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(local.app, name="local")
+
+
+@app.command()
+def version() -> None:
+    """Print gpufed's version."""
+    from importlib.metadata import version as dist_version
+
+    typer.echo(f"gpufed {dist_version('gpufed')}")
+
+
+def main() -> None:
+    app()

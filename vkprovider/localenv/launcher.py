@@ -1,0 +1,634 @@
+"""Starting, checking and stopping N real Kubernetes control planes on loopback.
+
+Owns: the processes of every local cluster (embedded etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok), their state directory, their PKI and kubeconfigs,
+the fake kwok nodes, and the waits until everything is healthy. `up` is idempotent: components
+that are already running (same pid, same process start time) are kept; missing ones are started;
+the topology of a running environment cannot change underneath it. `down` stops every process it
+started, by process group, even when the state file was lost (it also finds processes whose
+command line points into the state directory), then removes the state.
+
+Invariants: every listener binds 127.0.0.1; a component that exits while we wait for it is
+reported with the tail of its log; private keys live only in the state directory (0700/0600).
+etcd speaks plain HTTP on loopback without fsync: this is a disposable test environment.
+
+Does not: know anything about gpufed's own components (peering, virtual kubelets), which later
+layers start on top of these clusters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from peering.kube.client import KubeError, api_client, client, translating
+from vkprovider.localenv import kubeconfig, kwokcfg
+from vkprovider.localenv.pki import ClusterPKI, ensure_pki
+from vkprovider.localenv.topology import ClusterPorts, ClusterSpec, Topology
+
+#: Seconds to wait for a cluster to become healthy before giving up.
+DEFAULT_START_TIMEOUT_S = 240.0
+#: Seconds between SIGTERM and SIGKILL on `down`.
+STOP_GRACE_S = 10.0
+#: Lines of a component log shown when it fails.
+LOG_TAIL_LINES = 30
+#: The components, in start order.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+
+Progress = Callable[[str], None]
+
+
+class LocalEnvError(Exception):
+    """Something the operator must fix; the message says what."""
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """Where the environment lives and how long to wait for it."""
+
+    #: State directory: PKI, kubeconfigs, etcd data, logs, pids (removed by `down`).
+    state_dir: Path
+    #: Directory holding the built binaries (gpufed-k8s applet links and wireguard-go).
+    bin_dir: Path
+    #: Script that builds the binaries when they are missing or stale (None: never build).
+    build_script: Path | None = None
+    #: Seconds to wait for the whole environment to become healthy.
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+
+
+@dataclass
+class ComponentStatus:
+    name: str
+    pid: int | None
+    running: bool
+    port: int
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    apiserver: str
+    healthy: bool
+    version: str
+    nodes_ready: int
+    nodes_total: int
+    gpus: int
+    components: list[ComponentStatus] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# process helpers
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process, else None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: fields start after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        return None
+    return int(fields[19])
+
+
+def _alive(pid: int | None, start_time: int | None) -> bool:
+    if pid is None:
+        return False
+    now = _proc_start_time(pid)
+    return now is not None and (start_time is None or now == start_time)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        data = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(data[-lines:]) or "(empty log)"
+
+
+def _orphans(directory: Path, bin_dir: Path) -> list[int]:
+    """Pids of our binaries whose command line points into `directory` (found without a state file).
+
+    Only processes whose executable lives in `bin_dir` qualify, so a shell or test runner that merely
+    mentions the directory is never touched.
+    """
+    needle = str(directory).encode()
+    bins = bin_dir.resolve()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            exe = (entry / "exe").readlink()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if exe.parent == bins and needle in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class LocalEnvironment:
+    """The local clusters described by a topology, rooted in `settings.state_dir`."""
+
+    def __init__(self, settings: LocalSettings, topology: Topology) -> None:
+        self.settings = settings
+        self.topology = topology
+        self.state_dir = settings.state_dir.resolve()
+
+    # ---- paths
+
+    def cluster_dir(self, name: str) -> Path:
+        return self.state_dir / "clusters" / name
+
+    def pki(self, name: str) -> ClusterPKI:
+        return ClusterPKI(self.cluster_dir(name) / "pki")
+
+    def kubeconfig_path(self, name: str, identity: str = "admin") -> Path:
+        return self.cluster_dir(name) / f"{identity}.kubeconfig"
+
+    @property
+    def merged_kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    def log_path(self, cluster: str, component: str) -> Path:
+        return self.cluster_dir(cluster) / "logs" / f"{component}.log"
+
+    def server(self, name: str) -> str:
+        return f"https://127.0.0.1:{self.topology.ports(name).apiserver}"
+
+    def binary(self, name: str) -> Path:
+        return self.settings.bin_dir / name
+
+    @property
+    def _state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    # ---- state
+
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self._state_file.read_text())
+            return data
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise LocalEnvError(f"state file {self._state_file} is unreadable ({e}); run `gpufed local down`") from e
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.replace(self._state_file)
+
+    def _topology_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.topology.model_dump(mode="json", by_alias=True)
+        return data
+
+    # ---- prerequisites
+
+    def ensure_binaries(self, progress: Progress) -> None:
+        """Build (cached) when a build script is known, then insist every binary is present."""
+        script = self.settings.build_script
+        if script is not None and script.exists():
+            progress(f"checking local binaries ({script.name}; a cold build takes a while)")
+            proc = subprocess.run(
+                ["bash", str(script), str(self.settings.bin_dir)], check=False, capture_output=True, text=True
+            )
+            for line in (proc.stdout + proc.stderr).strip().splitlines()[-20:]:
+                progress(line)
+            if proc.returncode != 0:
+                raise LocalEnvError(f"building the local binaries failed (exit {proc.returncode}); see above")
+        missing = [b for b in BINARIES if not os.access(self.binary(b), os.X_OK)]
+        if missing:
+            raise LocalEnvError(
+                f"missing binaries in {self.settings.bin_dir}: {', '.join(missing)}; build them with "
+                "`make binaries` (needs Go, see deploy/local/build.sh)"
+            )
+
+    # ---- up
+
+    async def up(self, progress: Progress = lambda _m: None) -> None:
+        state = self._load_state()
+        if state and state.get("topology") != self._topology_json():
+            running = self._running_components(state)
+            if running:
+                raise LocalEnvError(
+                    "a local environment with a different topology is running in "
+                    f"{self.state_dir} ({len(running)} processes); run `gpufed local down` first"
+                )
+            state = {}
+        state = {"topology": self._topology_json(), "clusters": state.get("clusters", {})}
+        self.ensure_binaries(progress)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)
+
+        for spec in self.topology.clusters:
+            self._prepare_cluster(spec)
+        kubeconfig.write(
+            self.merged_kubeconfig,
+            kubeconfig.merge(
+                kubeconfig.build(c.name, self.server(c.name), self.pki(c.name), "admin", user_name=f"{c.name}-admin")
+                for c in self.topology.clusters
+            ),
+        )
+        self._check_ports(state)
+        self._save_state(state)
+
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        try:
+            await asyncio.gather(
+                *(self._up_cluster(spec, state, deadline, progress) for spec in self.topology.clusters)
+            )
+        finally:
+            self._save_state(state)
+        progress(f"all {len(self.topology.clusters)} clusters healthy; kubeconfig: {self.merged_kubeconfig}")
+
+    def _prepare_cluster(self, spec: ClusterSpec) -> None:
+        d = self.cluster_dir(spec.name)
+        for sub in ("logs", "etcd", "exec"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        (d / "exec").chmod(0o1777)  # kwok exec runs as nobody here
+        pki = ensure_pki(d / "pki", cluster=spec.name, service_cidr=spec.service_cidr)
+        for identity in ("admin", "controller-manager", "scheduler", "kwok"):
+            kubeconfig.write(
+                self.kubeconfig_path(spec.name, identity),
+                kubeconfig.build(spec.name, self.server(spec.name), pki, identity),
+            )
+        logs_file = d / "pod.log"
+        if not logs_file.exists():
+            logs_file.write_text(
+                f"gpufed local cluster {spec.name}: this line is served by kwok's kubelet API for every pod\n"
+            )
+        (d / "kwok.yaml").write_text(
+            kwokcfg.render(self.topology.job_seconds, logs_file, d / "exec", run_as_nobody=os.geteuid() == 0)
+        )
+
+    def _running_components(self, state: dict[str, Any]) -> list[tuple[str, str]]:
+        out = []
+        for cname, cstate in state.get("clusters", {}).items():
+            for comp, info in cstate.get("components", {}).items():
+                if _alive(info.get("pid"), info.get("start_time")):
+                    out.append((cname, comp))
+        return out
+
+    def _check_ports(self, state: dict[str, Any]) -> None:
+        running = set(self._running_components(state))
+        busy = []
+        for spec in self.topology.clusters:
+            ports = self.topology.ports(spec.name)
+            for comp, port in self._component_ports(ports).items():
+                if (spec.name, comp) in running:
+                    continue
+                extra = [ports.etcd_peer] if comp == "etcd" else []
+                for p in [port, *extra]:
+                    if not _port_free(p):
+                        busy.append(f"127.0.0.1:{p} ({spec.name} {comp})")
+        if busy:
+            raise LocalEnvError(
+                "ports in use by another process: "
+                + ", ".join(busy)
+                + "; stop that process or choose other ports with --base-port"
+            )
+
+    @staticmethod
+    def _component_ports(ports: ClusterPorts) -> dict[str, int]:
+        return {
+            "etcd": ports.etcd_client,
+            "kube-apiserver": ports.apiserver,
+            "kube-controller-manager": ports.controller_manager,
+            "kube-scheduler": ports.scheduler,
+            "kwok": ports.kwok,
+        }
+
+    def _command(self, spec: ClusterSpec, component: str) -> list[str]:
+        d = self.cluster_dir(spec.name)
+        pki = self.pki(spec.name)
+        ports = self.topology.ports(spec.name)
+        if component == "etcd":
+            return [
+                str(self.binary("etcd")),
+                f"--name={spec.name}",
+                f"--data-dir={d / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{ports.etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{ports.etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ]
+        if component == "kube-apiserver":
+            return [
+                str(self.binary("kube-apiserver")),
+                f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports.apiserver}",
+                f"--cert-dir={d / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.cert('apiserver')}",
+                f"--tls-private-key-file={pki.key('apiserver')}",
+                f"--client-ca-file={pki.ca_cert}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={spec.service_cidr}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
+                f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
+                f"--kubelet-certificate-authority={pki.ca_cert}",
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.cert('front-proxy-client')}",
+                f"--proxy-client-key-file={pki.key('front-proxy-client')}",
+                # The kubernetes Service would point at 127.0.0.1, which Endpoints reject.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+            ]
+        if component in ("kube-controller-manager", "kube-scheduler"):
+            kc = self.kubeconfig_path(
+                spec.name, "controller-manager" if component == "kube-controller-manager" else "scheduler"
+            )
+            common = [
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--leader-elect=false",
+                "--profiling=false",
+            ]
+            if component == "kube-scheduler":
+                return [str(self.binary("kube-scheduler")), *common, f"--secure-port={ports.scheduler}"]
+            return [
+                str(self.binary("kube-controller-manager")),
+                *common,
+                f"--secure-port={ports.controller_manager}",
+                f"--cert-dir={d / 'kcm-certs'}",
+                # The CSR API signs kubernetes.io/kube-apiserver-client certificates with the cluster CA.
+                f"--cluster-signing-cert-file={pki.ca_cert}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                "--use-service-account-credentials=true",
+                f"--cluster-cidr={spec.pod_cidr}",
+                f"--service-cluster-ip-range={spec.service_cidr}",
+                "--allocate-node-cidrs=false",
+            ]
+        if component == "kwok":
+            return [
+                str(self.binary("kwok")),
+                f"--kubeconfig={self.kubeconfig_path(spec.name, 'kwok')}",
+                f"--config={d / 'kwok.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={kwokcfg.KWOK_NODE_ANNOTATION}=fake",
+                "--node-ip=127.0.0.1",
+                f"--node-port={ports.kwok}",
+                f"--server-address=127.0.0.1:{ports.kwok}",
+                f"--tls-cert-file={pki.cert('kwok-serving')}",
+                f"--tls-private-key-file={pki.key('kwok-serving')}",
+                f"--cidr={spec.pod_cidr}",
+                "--node-lease-duration-seconds=40",
+            ]
+        raise ValueError(component)
+
+    def _start(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> None:
+        cstate = state["clusters"].setdefault(spec.name, {"components": {}})
+        info = cstate["components"].get(component, {})
+        if _alive(info.get("pid"), info.get("start_time")):
+            return
+        log = self.log_path(spec.name, component)
+        with log.open("ab") as out:
+            out.write(f"\n=== starting {component} at {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                self._command(spec, component),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cluster_dir(spec.name),
+            )
+        cstate["components"][component] = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid)}
+        self._save_state(state)
+
+    def _check_alive(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> None:
+        info = state["clusters"][spec.name]["components"][component]
+        if not _alive(info.get("pid"), info.get("start_time")):
+            log = self.log_path(spec.name, component)
+            raise LocalEnvError(f"{component} of cluster {spec.name} exited; last lines of {log}:\n{_tail(log)}")
+
+    async def _wait(
+        self, what: str, deadline: float, check: Callable[[], Awaitable[bool]], alive: Callable[[], None]
+    ) -> None:
+        last = ""
+        while True:
+            alive()
+            try:
+                if await check():
+                    return
+            except (aiohttp.ClientError, OSError, KubeError, TimeoutError) as e:
+                last = str(e)
+            if time.monotonic() > deadline:
+                raise LocalEnvError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
+            await asyncio.sleep(0.5)
+
+    def _ssl(self, name: str, *, verify: bool = True) -> ssl.SSLContext:
+        pki = self.pki(name)
+        if verify:
+            ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        else:  # kcm/scheduler serve a self-signed loopback cert; we only read /healthz there
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        ctx.load_cert_chain(str(pki.cert("admin")), str(pki.key("admin")))
+        return ctx
+
+    async def _http_ok(self, url: str, ctx: ssl.SSLContext | None) -> bool:
+        timeout = aiohttp.ClientTimeout(total=3)
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, ssl=ctx if ctx else False) as r:
+            return r.status == 200
+
+    async def _up_cluster(self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress) -> None:
+        ports = self.topology.ports(spec.name)
+        name = spec.name
+
+        def alive(component: str) -> Callable[[], None]:
+            return lambda: self._check_alive(spec, component, state)
+
+        self._start(spec, "etcd", state)
+        await self._wait(
+            f"etcd of {name}",
+            deadline,
+            lambda: self._http_ok(f"http://127.0.0.1:{ports.etcd_client}/health", None),
+            alive("etcd"),
+        )
+        self._start(spec, "kube-apiserver", state)
+        progress(f"{name}: etcd up, starting kube-apiserver on :{ports.apiserver}")
+        await self._wait(
+            f"kube-apiserver of {name}",
+            deadline,
+            lambda: self._http_ok(f"{self.server(name)}/readyz", self._ssl(name)),
+            alive("kube-apiserver"),
+        )
+        for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            self._start(spec, comp, state)
+        progress(f"{name}: kube-apiserver ready; controller-manager, scheduler and kwok started")
+        await self._ensure_nodes(spec)
+        for comp, port in (("kube-controller-manager", ports.controller_manager), ("kube-scheduler", ports.scheduler)):
+            await self._wait(
+                f"{comp} of {name}",
+                deadline,
+                lambda p=port: self._http_ok(
+                    f"https://127.0.0.1:{p}/healthz",  # type: ignore[misc]
+                    self._ssl(name, verify=False),
+                ),
+                alive(comp),
+            )
+        await self._wait(f"nodes of {name} to be Ready", deadline, lambda: self._nodes_ready(spec), alive("kwok"))
+        progress(f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs)")
+
+    async def _ensure_nodes(self, spec: ClusterSpec) -> None:
+        async with api_client(self.kubeconfig_path(spec.name)) as api:
+            v1 = client.CoreV1Api(api)
+            async with translating(f"list nodes of {spec.name}"):
+                existing = {n.metadata.name for n in (await v1.list_node()).items}
+            for node in spec.nodes():
+                if node.name in existing:
+                    continue
+                labels = {
+                    "kubernetes.io/hostname": node.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    **node.pool.node_labels(),
+                }
+                capacity = node.pool.capacity()
+                body: Any = {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": node.name,
+                        "labels": labels,
+                        "annotations": {kwokcfg.KWOK_NODE_ANNOTATION: "fake"},
+                    },
+                    "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
+                    # Nodes may carry status on create; kwok keeps capacity/allocatable from here.
+                    "status": {"capacity": capacity, "allocatable": capacity},
+                }
+                try:
+                    async with translating(f"create node {node.name}"):
+                        await v1.create_node(body=body)
+                except KubeError as e:
+                    if not e.conflict:
+                        raise
+
+    async def _nodes_ready(self, spec: ClusterSpec) -> bool:
+        async with api_client(self.kubeconfig_path(spec.name)) as api, translating(f"list nodes of {spec.name}"):
+            nodes = (await client.CoreV1Api(api).list_node()).items
+        want = {n.name for n in spec.nodes()}
+        ready = {
+            n.metadata.name
+            for n in nodes
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        }
+        return want <= ready
+
+    # ---- status
+
+    async def status(self) -> list[ClusterStatus]:
+        state = self._load_state()
+        out = []
+        for spec in self.topology.clusters:
+            ports = self.topology.ports(spec.name)
+            comps = []
+            cstate = state.get("clusters", {}).get(spec.name, {}).get("components", {})
+            for comp, port in self._component_ports(ports).items():
+                info = cstate.get(comp, {})
+                comps.append(
+                    ComponentStatus(comp, info.get("pid"), _alive(info.get("pid"), info.get("start_time")), port)
+                )
+            st = ClusterStatus(spec.name, self.server(spec.name), False, "-", 0, spec.node_count(), 0, comps)
+            if all(c.running for c in comps) and self.kubeconfig_path(spec.name).exists():
+                with contextlib.suppress(KubeError, OSError, aiohttp.ClientError, TimeoutError):
+                    await self._fill_status(spec, st)
+            out.append(st)
+        return out
+
+    async def _fill_status(self, spec: ClusterSpec, st: ClusterStatus) -> None:
+        async with api_client(self.kubeconfig_path(spec.name)) as api, translating(f"status of {spec.name}"):
+            version = await client.VersionApi(api).get_code(_request_timeout=3)
+            nodes = (await client.CoreV1Api(api).list_node(_request_timeout=3)).items
+        st.version = version.git_version
+        st.healthy = True
+        st.nodes_total = len(nodes)
+        for n in nodes:
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])):
+                st.nodes_ready += 1
+            st.gpus += int((n.status.allocatable or {}).get("nvidia.com/gpu", "0"))
+
+    # ---- down
+
+    def down(self, progress: Progress = lambda _m: None) -> int:
+        """Stop every process of the environment and remove its state; returns how many were stopped."""
+        state = self._load_state() if self._state_file.exists() else {}
+        pids: set[int] = set()
+        for _cluster, comps in ((c, s.get("components", {})) for c, s in state.get("clusters", {}).items()):
+            for info in comps.values():
+                if _alive(info.get("pid"), info.get("start_time")):
+                    pids.add(int(info["pid"]))
+        if self.state_dir.exists():
+            pids.update(_orphans(self.state_dir, self.settings.bin_dir))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(_proc_start_time(p) is not None for p in pids):
+            time.sleep(0.1)
+        for pid in pids:
+            if _proc_start_time(pid) is not None:
+                progress(f"pid {pid} ignored SIGTERM for {STOP_GRACE_S:.0f}s; killing it")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            for _ in range(50):
+                if _proc_start_time(pid) is None:
+                    break
+                time.sleep(0.1)
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+        progress(f"stopped {len(pids)} processes; removed {self.state_dir}")
+        return len(pids)
