@@ -11,8 +11,9 @@ from vkprovider.localenv import kwokcfg
 
 
 def _docs(job_seconds: float = 5, *, nobody: bool = True) -> list[dict[str, Any]]:
-    return list(yaml.safe_load_all(kwokcfg.render(job_seconds, Path("/x/pod.log"), Path("/x/exec"),
-                                                  run_as_nobody=nobody)))
+    return list(
+        yaml.safe_load_all(kwokcfg.render(job_seconds, Path("/x/pod.log"), Path("/x/exec"), run_as_nobody=nobody))
+    )
 
 
 def _by_name(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -27,8 +28,7 @@ def test_all_objects_are_kwok_v1alpha1() -> None:
 
 def test_lifecycle_stages_present() -> None:
     stages = _by_name(_docs(), "Stage")
-    assert set(stages) == {"node-initialize", "node-heartbeat", "pod-running", "pod-succeed", "pod-fail",
-                           "pod-delete"}
+    assert set(stages) == {"node-initialize", "node-heartbeat", "pod-running", "pod-succeed", "pod-fail", "pod-delete"}
     assert stages["pod-delete"]["spec"]["next"] == {"delete": True}
 
 

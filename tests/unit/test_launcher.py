@@ -36,10 +36,17 @@ def _fake_bins(d: Path) -> Path:
 
 @pytest.fixture
 def busy_port() -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
+    """A listening port below the ephemeral range (topologies take base ports up to 60000)."""
+    for port in range(24000, 25000, 10):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            s.listen()
+            yield port
+            return
+    raise RuntimeError("no free port in 24000-25000")
 
 
 def test_missing_binaries_are_named(tmp_path: Path) -> None:
@@ -63,7 +70,11 @@ def test_port_in_use_is_refused_before_anything_starts(tmp_path: Path, busy_port
     env = LocalEnvironment(LocalSettings(tmp_path / "state", _fake_bins(tmp_path / "bin")), _one_cluster(busy_port))
     with pytest.raises(LocalEnvError, match=rf"127\.0\.0\.1:{busy_port} \(solo kube-apiserver\).*--base-port"):
         asyncio.run(env.up())
-    state = json.loads((tmp_path / "state" / "state.json").read_text()) if (tmp_path / "state" / "state.json").exists() else {}
+    state = (
+        json.loads((tmp_path / "state" / "state.json").read_text())
+        if (tmp_path / "state" / "state.json").exists()
+        else {}
+    )
     assert not state.get("clusters"), "nothing may be started when a port is taken"
 
 
@@ -74,12 +85,15 @@ def test_different_topology_is_refused_while_running(tmp_path: Path) -> None:
     try:
         state = {
             "topology": default_topology().model_dump(mode="json", by_alias=True),
-            "clusters": {"consumer": {"components": {"etcd": {
-                "pid": sleeper.pid, "start_time": launcher._proc_start_time(sleeper.pid)}}}},
+            "clusters": {
+                "consumer": {
+                    "components": {"etcd": {"pid": sleeper.pid, "start_time": launcher._proc_start_time(sleeper.pid)}}
+                }
+            },
         }
         (state_dir / "state.json").write_text(json.dumps(state))
         env = LocalEnvironment(LocalSettings(state_dir, _fake_bins(tmp_path / "bin")), _one_cluster(23000))
-        with pytest.raises(LocalEnvError, match="different topology.*local down"):
+        with pytest.raises(LocalEnvError, match=r"different topology.*local down"):
             asyncio.run(env.up())
     finally:
         sleeper.kill()
@@ -119,8 +133,10 @@ def test_down_stops_recorded_processes_and_removes_state(tmp_path: Path) -> None
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    state = {"topology": {}, "clusters": {"c": {"components": {"etcd": {
-        "pid": p.pid, "start_time": launcher._proc_start_time(p.pid)}}}}}
+    state = {
+        "topology": {},
+        "clusters": {"c": {"components": {"etcd": {"pid": p.pid, "start_time": launcher._proc_start_time(p.pid)}}}},
+    }
     (state_dir / "state.json").write_text(json.dumps(state))
     env = LocalEnvironment(LocalSettings(state_dir, tmp_path / "bin"), default_topology())
     assert env.down() == 1

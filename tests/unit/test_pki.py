@@ -50,8 +50,11 @@ def test_apiserver_serving_cert_sans(pki_dir: Path) -> None:
     cert = _cert(p.cert("apiserver"))
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     ips = set(san.get_values_for_type(x509.IPAddress))
-    assert {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("10.100.0.1"),
-            ipaddress.ip_address("192.0.2.7")} <= ips
+    assert {
+        ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("10.100.0.1"),
+        ipaddress.ip_address("192.0.2.7"),
+    } <= ips
     assert "kubernetes.default.svc.cluster.local" in san.get_values_for_type(x509.DNSName)
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in eku and ExtendedKeyUsageOID.CLIENT_AUTH not in eku
