@@ -166,16 +166,14 @@ def status(
         )
     else:
         table = Table(title=f"gpufed local clusters ({settings.state_dir})")
-        for col in ("cluster", "apiserver", "version", "healthy", "nodes ready", "GPUs", "components"):
+        for col in ("cluster", "apiserver", "version", "healthy", "nodes", "GPUs", "running"):
             table.add_column(col)
         for s in statuses:
-            comps = (
-                " ".join(f"{c.name}{'' if c.running else ' [red](down)[/]'}" for c in s.components if not c.running)
-                or "[green]all 5 running[/]"
-            )
+            down = [c.name.removeprefix("kube-") for c in s.components if not c.running]
+            comps = f"[red]down: {', '.join(down)}[/]" if down else f"[green]{len(s.components)}/{len(s.components)}[/]"
             table.add_row(
                 s.name,
-                s.apiserver,
+                s.apiserver.removeprefix("https://"),
                 s.version,
                 "[green]yes[/]" if s.healthy else "[red]no[/]",
                 f"{s.nodes_ready}/{s.nodes_total}",

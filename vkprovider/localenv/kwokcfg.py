@@ -242,7 +242,7 @@ def stages(job_seconds: float) -> list[dict[str, Any]]:
             [alive, running, finite, _expr(exit_code, "Exists")],
             {
                 "statusTemplate": _pod_terminated(
-                    "Failed", '{{ index .metadata.annotations "' + EXIT_CODE_ANNOTATION + '" }}', "Error"
+                    "Failed", '{{ index $.metadata.annotations "' + EXIT_CODE_ANNOTATION + '" }}', "Error"
                 )
             },
             run_delay,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -183,6 +185,15 @@ class LocalEnvironment:
     def merged_kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
 
+    @property
+    def exec_root(self) -> Path:
+        """Scratch space for `kubectl exec` on fake pods: outside the owner-only state directory."""
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"gpufed-local-exec-{digest}"
+
+    def exec_dir(self, cluster: str) -> Path:
+        return self.exec_root / cluster
+
     def log_path(self, cluster: str, component: str) -> Path:
         return self.cluster_dir(cluster) / "logs" / f"{component}.log"
 
@@ -277,9 +288,11 @@ class LocalEnvironment:
 
     def _prepare_cluster(self, spec: ClusterSpec) -> None:
         d = self.cluster_dir(spec.name)
-        for sub in ("logs", "etcd", "exec"):
+        for sub in ("logs", "etcd"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        (d / "exec").chmod(0o1777)  # kwok exec runs as nobody here
+        exec_dir = self.exec_dir(spec.name)
+        exec_dir.mkdir(parents=True, exist_ok=True)
+        exec_dir.chmod(0o1777)  # kwok exec runs as nobody, who cannot enter the 0700 state directory
         pki = ensure_pki(d / "pki", cluster=spec.name, service_cidr=spec.service_cidr)
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
             kubeconfig.write(
@@ -288,11 +301,13 @@ class LocalEnvironment:
             )
         logs_file = d / "pod.log"
         if not logs_file.exists():
+            # kwok serves the file as a container log, so it is written in the CRI log format.
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
             logs_file.write_text(
-                f"gpufed local cluster {spec.name}: this line is served by kwok's kubelet API for every pod\n"
+                f"{stamp} stdout F gpufed local cluster {spec.name}: this line is served by kwok's kubelet API\n"
             )
         (d / "kwok.yaml").write_text(
-            kwokcfg.render(self.topology.job_seconds, logs_file, d / "exec", run_as_nobody=os.geteuid() == 0)
+            kwokcfg.render(self.topology.job_seconds, logs_file, exec_dir, run_as_nobody=os.geteuid() == 0)
         )
 
     def _running_components(self, state: dict[str, Any]) -> list[tuple[str, str]]:
@@ -344,7 +359,7 @@ class LocalEnvironment:
                 f"--listen-client-urls=http://127.0.0.1:{ports.etcd_client}",
                 f"--listen-peer-urls=http://127.0.0.1:{ports.etcd_peer}",
                 "--unsafe-no-fsync",
-                "--log-level=warn",
+                "--log-level=error",
             ]
         if component == "kube-apiserver":
             return [
@@ -422,14 +437,16 @@ class LocalEnvironment:
                 f"--tls-private-key-file={pki.key('kwok-serving')}",
                 f"--cidr={spec.pod_cidr}",
                 "--node-lease-duration-seconds=40",
+                "--v=WARN",
             ]
         raise ValueError(component)
 
-    def _start(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> None:
+    def _start(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> bool:
+        """Start `component` unless it is already running; True when it was started."""
         cstate = state["clusters"].setdefault(spec.name, {"components": {}})
         info = cstate["components"].get(component, {})
         if _alive(info.get("pid"), info.get("start_time")):
-            return
+            return False
         log = self.log_path(spec.name, component)
         with log.open("ab") as out:
             out.write(f"\n=== starting {component} at {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
@@ -444,6 +461,7 @@ class LocalEnvironment:
             )
         cstate["components"][component] = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid)}
         self._save_state(state)
+        return True
 
     def _check_alive(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> None:
         info = state["clusters"][spec.name]["components"][component]
@@ -489,24 +507,25 @@ class LocalEnvironment:
         def alive(component: str) -> Callable[[], None]:
             return lambda: self._check_alive(spec, component, state)
 
-        self._start(spec, "etcd", state)
+        started: list[str] = ["etcd"] if self._start(spec, "etcd", state) else []
         await self._wait(
             f"etcd of {name}",
             deadline,
             lambda: self._http_ok(f"http://127.0.0.1:{ports.etcd_client}/health", None),
             alive("etcd"),
         )
-        self._start(spec, "kube-apiserver", state)
-        progress(f"{name}: etcd up, starting kube-apiserver on :{ports.apiserver}")
+        if self._start(spec, "kube-apiserver", state):
+            started.append("kube-apiserver")
+            progress(f"{name}: etcd up, starting kube-apiserver on :{ports.apiserver}")
         await self._wait(
             f"kube-apiserver of {name}",
             deadline,
             lambda: self._http_ok(f"{self.server(name)}/readyz", self._ssl(name)),
             alive("kube-apiserver"),
         )
-        for comp in ("kube-controller-manager", "kube-scheduler", "kwok"):
-            self._start(spec, comp, state)
-        progress(f"{name}: kube-apiserver ready; controller-manager, scheduler and kwok started")
+        started += [c for c in ("kube-controller-manager", "kube-scheduler", "kwok") if self._start(spec, c, state)]
+        if started:
+            progress(f"{name}: kube-apiserver ready; started {', '.join(started)}")
         await self._ensure_nodes(spec)
         for comp, port in (("kube-controller-manager", ports.controller_manager), ("kube-scheduler", ports.scheduler)):
             await self._wait(
@@ -519,7 +538,10 @@ class LocalEnvironment:
                 alive(comp),
             )
         await self._wait(f"nodes of {name} to be Ready", deadline, lambda: self._nodes_ready(spec), alive("kwok"))
-        progress(f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs)")
+        progress(
+            f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs)"
+            + ("" if started else "; was already running")
+        )
 
     async def _ensure_nodes(self, spec: ClusterSpec) -> None:
         async with api_client(self.kubeconfig_path(spec.name)) as api:
@@ -602,16 +624,8 @@ class LocalEnvironment:
 
     # ---- down
 
-    def down(self, progress: Progress = lambda _m: None) -> int:
-        """Stop every process of the environment and remove its state; returns how many were stopped."""
-        state = self._load_state() if self._state_file.exists() else {}
-        pids: set[int] = set()
-        for _cluster, comps in ((c, s.get("components", {})) for c, s in state.get("clusters", {}).items()):
-            for info in comps.values():
-                if _alive(info.get("pid"), info.get("start_time")):
-                    pids.add(int(info["pid"]))
-        if self.state_dir.exists():
-            pids.update(_orphans(self.state_dir, self.settings.bin_dir))
+    @staticmethod
+    def _stop(pids: set[int], progress: Progress) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGTERM)
@@ -628,7 +642,35 @@ class LocalEnvironment:
                 if _proc_start_time(pid) is None:
                     break
                 time.sleep(0.1)
+
+    def down(self, progress: Progress = lambda _m: None) -> int:
+        """Stop every process of the environment and remove its state; returns how many were stopped.
+
+        Clients go first (kwok, scheduler, controller-manager), then the apiservers, then etcd, so
+        nobody spends its shutdown grace waiting on a dependency that is already gone. Processes
+        found without a state file are stopped last.
+        """
+        state = self._load_state() if self._state_file.exists() else {}
+        tiers: list[set[int]] = [set(), set(), set(), set()]
+        tier_of = {"kwok": 0, "kube-scheduler": 0, "kube-controller-manager": 0, "kube-apiserver": 1, "etcd": 2}
+        for cstate in state.get("clusters", {}).values():
+            for comp, info in cstate.get("components", {}).items():
+                if _alive(info.get("pid"), info.get("start_time")):
+                    tiers[tier_of.get(comp, 3)].add(int(info["pid"]))
+        known = set().union(*tiers)
+        if self.state_dir.exists():
+            tiers[3].update(set(_orphans(self.state_dir, self.settings.bin_dir)) - known)
+        for tier in tiers:
+            self._stop(tier, progress)
+        pids = set().union(*tiers)
+        # A Go process's threads may still be closing sockets when its leader is already a zombie:
+        # wait (briefly) until every port of the topology is released.
+        ports = [p for c in self.topology.clusters for p in self.topology.ports(c.name).all().values()]
+        deadline = time.monotonic() + STOP_GRACE_S
+        while pids and time.monotonic() < deadline and not all(_port_free(p) for p in ports):
+            time.sleep(0.1)
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
+        shutil.rmtree(self.exec_root, ignore_errors=True)
         progress(f"stopped {len(pids)} processes; removed {self.state_dir}")
         return len(pids)

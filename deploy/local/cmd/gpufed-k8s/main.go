@@ -98,7 +98,7 @@ func usage() {
 }
 
 func runKubectl(args []string) int {
-	_ = logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args))
+	_, _ = logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args))
 	cmd := kubectlcmd.NewDefaultKubectlCommand()
 	cmd.SetArgs(args)
 	if err := cli.RunNoErrOutput(cmd); err != nil {
@@ -109,6 +109,10 @@ func runKubectl(args []string) int {
 }
 
 func runKwok(args []string) int {
+	// Kubernetes packages linked into this binary register a non-bool --version flag on the global
+	// pflag set at init; cobra would merge it into kwok's command and fail on every run. kwok is
+	// the only applet running in this process, so it gets a clean global set.
+	pflag.CommandLine = pflag.NewFlagSet("kwok", pflag.ExitOnError)
 	flagset := pflag.NewFlagSet("global", pflag.ContinueOnError)
 	flagset.ParseErrorsAllowlist.UnknownFlags = true
 	flagset.Usage = func() {}
