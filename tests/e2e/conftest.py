@@ -94,7 +94,7 @@ class Clusters:
             for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "etcd"):
                 log = self.env.log_path(c.name, comp)
                 try:
-                    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                    tail = "\n".join(line[:400] for line in log.read_text(errors="replace").splitlines()[-12:])
                 except OSError as e:
                     tail = str(e)
                 out.append(f"--- tail of {log}\n{tail}")

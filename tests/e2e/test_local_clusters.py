@@ -313,3 +313,62 @@ async def test_up_is_idempotent_and_keeps_running_processes(clusters: Clusters) 
     assert all(pid for pid in after.values())
     print(f"second up took {elapsed:.1f}s")
     await asyncio.sleep(0)
+
+
+def test_kwok_serves_port_forward_as_an_echo(clusters: Clusters, namespace: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"containers": [{"name": "main", "image": "x", "ports": [{"containerPort": 8080}]}]},
+    }
+    clusters.kubectl("consumer", "create", "-f", "-", input_text=json.dumps(pod))
+    clusters.kubectl(
+        "consumer", "wait", "-n", namespace, "--for=condition=Ready", "pod/web", "--timeout=60s", timeout=70
+    )
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        local_port = probe.getsockname()[1]
+    pf = subprocess.Popen(
+        [
+            str(clusters.env.binary("kubectl")),
+            f"--kubeconfig={clusters.kubeconfig}",
+            "--context=consumer",
+            "port-forward",
+            "-n",
+            namespace,
+            "pod/web",
+            f"{local_port}:8080",
+            "--address=127.0.0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert pf.stdout is not None
+        line = pf.stdout.readline()
+        assert "Forwarding from 127.0.0.1" in line, line
+        with socket.create_connection(("127.0.0.1", local_port), timeout=10) as s:
+            s.sendall(b"ping through the apiserver and kwok\n")
+            got = b""
+            while not got.endswith(b"\n"):
+                chunk = s.recv(100)
+                if not chunk:
+                    break
+                got += chunk
+        assert got == b"ping through the apiserver and kwok\n"
+    finally:
+        pf.terminate()
+        pf.wait(timeout=10)
+
+
+def test_diagnostics_dump_covers_every_cluster(clusters: Clusters) -> None:
+    dump = clusters.diagnostics()
+    for c in clusters.topology.clusters:
+        assert f"===== cluster {c.name}" in dump
+        assert f"{c.name}-" in dump, "node names appear in the dump"
+        assert str(clusters.env.log_path(c.name, "kube-apiserver")) in dump
