@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,22 @@ def test_component_failure_then_clean_down_then_up(clusters: Clusters, tmp_path:
     assert statuses[0].healthy and statuses[0].nodes_ready == 1 and statuses[0].gpus == 2
     pids = [c.pid for c in statuses[0].components]
     assert all(pids) and len(set(pids)) == 5
+
+    # A crashed component is restarted by the next `up`; the others are left alone.
+    by_name = {c.name: c.pid for c in statuses[0].components}
+    kwok_pid = by_name["kwok"]
+    assert kwok_pid is not None
+    os.kill(kwok_pid, signal.SIGKILL)
+    for _ in range(100):
+        if launcher._proc_start_time(kwok_pid) is None:
+            break
+        time.sleep(0.05)
+    assert not asyncio.run(env.status())[0].healthy, "a dead component makes the cluster unhealthy"
+    asyncio.run(env.up())
+    again = {c.name: c.pid for c in asyncio.run(env.status())[0].components}
+    assert again["kwok"] != kwok_pid
+    assert {k: v for k, v in again.items() if k != "kwok"} == {k: v for k, v in by_name.items() if k != "kwok"}
+    pids = list(again.values())
     stopped = env.down()
     assert stopped == 5
     assert _ours(state_dir, bin_dir) == []

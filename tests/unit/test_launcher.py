@@ -52,7 +52,7 @@ def busy_port() -> Iterator[int]:
 def test_missing_binaries_are_named(tmp_path: Path) -> None:
     env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "nobins"), default_topology())
     with pytest.raises(LocalEnvError, match=r"missing binaries .*kube-apiserver.*kwok.*make binaries"):
-        env.ensure_binaries(lambda _m: None)
+        asyncio.run(env.ensure_binaries(lambda _m: None))
 
 
 def test_failed_build_is_reported(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_failed_build_is_reported(tmp_path: Path) -> None:
     msgs: list[str] = []
     env = LocalEnvironment(LocalSettings(tmp_path / "s", tmp_path / "b", build_script=script), default_topology())
     with pytest.raises(LocalEnvError, match="exit 3"):
-        env.ensure_binaries(msgs.append)
+        asyncio.run(env.ensure_binaries(msgs.append))
     assert any("too old" in m for m in msgs)
 
 

@@ -229,18 +229,30 @@ class LocalEnvironment:
 
     # ---- prerequisites
 
-    def ensure_binaries(self, progress: Progress) -> None:
-        """Build (cached) when a build script is known, then insist every binary is present."""
+    async def ensure_binaries(self, progress: Progress) -> None:
+        """Build (cached) when a build script is known, then insist every binary is present.
+
+        The build's output is streamed line by line as progress: a cold build takes minutes.
+        """
         script = self.settings.build_script
         if script is not None and script.exists():
-            progress(f"checking local binaries ({script.name}; a cold build takes a while)")
-            proc = subprocess.run(
-                ["bash", str(script), str(self.settings.bin_dir)], check=False, capture_output=True, text=True
+            progress(f"checking local binaries ({script.name})")
+            proc = await asyncio.create_subprocess_exec(
+                "bash",
+                str(script),
+                str(self.settings.bin_dir),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
             )
-            for line in (proc.stdout + proc.stderr).strip().splitlines()[-20:]:
-                progress(line)
-            if proc.returncode != 0:
-                raise LocalEnvError(f"building the local binaries failed (exit {proc.returncode}); see above")
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                if line and not line.startswith("go: downloading"):
+                    progress(line)
+            rc = await proc.wait()
+            if rc != 0:
+                raise LocalEnvError(f"building the local binaries failed (exit {rc}); see above")
         missing = [b for b in BINARIES if not os.access(self.binary(b), os.X_OK)]
         if missing:
             raise LocalEnvError(
@@ -261,12 +273,12 @@ class LocalEnvironment:
                 )
             state = {}
         state = {"topology": self._topology_json(), "clusters": state.get("clusters", {})}
-        self.ensure_binaries(progress)
+        await self.ensure_binaries(progress)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)
 
         for spec in self.topology.clusters:
-            self._prepare_cluster(spec)
+            await asyncio.to_thread(self._prepare_cluster, spec)
         kubeconfig.write(
             self.merged_kubeconfig,
             kubeconfig.merge(
