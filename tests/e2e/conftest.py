@@ -77,6 +77,38 @@ class Clusters:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
 
+    def create(self, context: str, obj: dict[str, Any]) -> None:
+        self.kubectl(context, "create", "-f", "-", input_text=json.dumps(obj))
+
+    def run_pod(
+        self,
+        context: str,
+        namespace: str,
+        name: str,
+        *,
+        gpus: int = 0,
+        ready: bool = True,
+        container: dict[str, Any] | None = None,
+    ) -> None:
+        """Create a long-running pod (one container named `main`) and optionally wait until Ready."""
+        main: dict[str, Any] = {"name": "main", "image": "registry.example/app:1"}
+        if gpus:
+            main["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        main.update(container or {})
+        self.create(
+            context,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"containers": [main]},
+            },
+        )
+        if ready:
+            self.kubectl(
+                context, "wait", "-n", namespace, "--for=condition=Ready", f"pod/{name}", "--timeout=60s", timeout=70
+            )
+
     def kubectl_json(self, context: str, *args: str) -> Any:
         return json.loads(self.kubectl(context, *args, "-o", "json").stdout)
 

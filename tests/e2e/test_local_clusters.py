@@ -96,7 +96,7 @@ def test_job_with_two_gpus_is_scheduled_and_completes(clusters: Clusters, namesp
             },
         },
     }
-    clusters.kubectl("gpu-a", "create", "-f", "-", input_text=json.dumps(job))
+    clusters.create("gpu-a", job)
     clusters.kubectl(
         "gpu-a", "wait", "-n", namespace, "--for=condition=Complete", "job/train", "--timeout=90s", timeout=100
     )
@@ -113,13 +113,7 @@ def test_job_with_two_gpus_is_scheduled_and_completes(clusters: Clusters, namesp
 
 
 def test_pod_asking_for_nine_gpus_stays_pending(clusters: Clusters, namespace: str) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "too-big", "namespace": namespace},
-        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {GPU_RESOURCE: "9"}}}]},
-    }
-    clusters.kubectl("gpu-a", "create", "-f", "-", input_text=json.dumps(pod))
+    clusters.run_pod("gpu-a", namespace, "too-big", gpus=9, ready=False)
 
     def unschedulable() -> dict[str, Any] | None:
         p = clusters.kubectl_json("gpu-a", "get", "pod", "-n", namespace, "too-big")
@@ -169,7 +163,7 @@ def test_csr_for_kube_apiserver_client_signer_yields_a_working_certificate(
         },
     }
     ctx = "gpu-a"
-    clusters.kubectl(ctx, "create", "-f", "-", input_text=json.dumps(obj))
+    clusters.create(ctx, obj)
     try:
         clusters.kubectl(ctx, "certificate", "approve", name)
 
@@ -261,16 +255,7 @@ def test_csr_for_kube_apiserver_client_signer_yields_a_working_certificate(
 
 
 def test_kwok_serves_logs_and_exec_behind_the_apiserver(clusters: Clusters, namespace: str) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "server", "namespace": namespace},
-        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {GPU_RESOURCE: "1"}}}]},
-    }
-    clusters.kubectl("gpu-b", "create", "-f", "-", input_text=json.dumps(pod))
-    clusters.kubectl(
-        "gpu-b", "wait", "-n", namespace, "--for=condition=Ready", "pod/server", "--timeout=60s", timeout=70
-    )
+    clusters.run_pod("gpu-b", namespace, "server", gpus=1)
     logs = clusters.kubectl("gpu-b", "logs", "-n", namespace, "server", "-c", "main")
     assert "served by kwok's kubelet API" in logs.stdout
     out = clusters.kubectl("gpu-b", "exec", "-n", namespace, "server", "--", "sh", "-c", "echo hello-$((40+2))")
@@ -294,7 +279,7 @@ def test_failed_job_pods_report_their_exit_code(clusters: Clusters, namespace: s
             },
         },
     }
-    clusters.kubectl("consumer", "create", "-f", "-", input_text=json.dumps(job))
+    clusters.create("consumer", job)
     clusters.kubectl(
         "consumer", "wait", "-n", namespace, "--for=condition=Failed", "job/crash", "--timeout=90s", timeout=100
     )
@@ -316,16 +301,7 @@ async def test_up_is_idempotent_and_keeps_running_processes(clusters: Clusters) 
 
 
 def test_kwok_serves_port_forward_as_an_echo(clusters: Clusters, namespace: str) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "web", "namespace": namespace},
-        "spec": {"containers": [{"name": "main", "image": "x", "ports": [{"containerPort": 8080}]}]},
-    }
-    clusters.kubectl("consumer", "create", "-f", "-", input_text=json.dumps(pod))
-    clusters.kubectl(
-        "consumer", "wait", "-n", namespace, "--for=condition=Ready", "pod/web", "--timeout=60s", timeout=70
-    )
+    clusters.run_pod("consumer", namespace, "web", container={"ports": [{"containerPort": 8080}]})
     import socket
     import subprocess
 
