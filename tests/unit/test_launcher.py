@@ -161,3 +161,21 @@ def test_orphans_only_match_our_binaries(tmp_path: Path) -> None:
         for p in (ours, theirs):
             p.kill()
             p.wait()
+
+
+def test_changed_topology_of_a_stopped_environment_discards_old_state(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    old = state_dir / "clusters" / "consumer" / "etcd"
+    old.mkdir(parents=True)
+    (old / "member").write_text("old data")
+    state = {
+        "topology": default_topology().model_dump(mode="json", by_alias=True),
+        "clusters": {"consumer": {"components": {"etcd": {"pid": None}}}},
+    }
+    (state_dir / "state.json").write_text(json.dumps(state))
+    msgs: list[str] = []
+    env = LocalEnvironment(LocalSettings(state_dir, tmp_path / "nobins"), _one_cluster(23000))
+    with pytest.raises(LocalEnvError, match="missing binaries"):
+        asyncio.run(env.up(msgs.append))
+    assert not old.exists()
+    assert any("discarding" in m for m in msgs)

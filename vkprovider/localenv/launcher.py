@@ -271,6 +271,9 @@ class LocalEnvironment:
                     "a local environment with a different topology is running in "
                     f"{self.state_dir} ({len(running)} processes); run `gpufed local down` first"
                 )
+            # Nothing of it runs: its etcd data would bring back nodes of the old shape.
+            progress("the topology changed and the old environment is stopped; discarding its state")
+            shutil.rmtree(self.state_dir / "clusters", ignore_errors=True)
             state = {}
         state = {"topology": self._topology_json(), "clusters": state.get("clusters", {})}
         await self.ensure_binaries(progress)
@@ -497,13 +500,16 @@ class LocalEnvironment:
             await asyncio.sleep(0.5)
 
     def _ssl(self, name: str, *, verify: bool = True) -> ssl.SSLContext:
+        """TLS for health probes: the apiserver is verified and gets the admin client cert;
+        kcm and the scheduler serve a self-signed loopback cert, so they get no credentials at all
+        (their /healthz is open to anonymous callers)."""
         pki = self.pki(name)
-        if verify:
-            ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
-        else:  # kcm/scheduler serve a self-signed loopback cert; we only read /healthz there
+        if not verify:
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
+            return ctx
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
         ctx.load_cert_chain(str(pki.cert("admin")), str(pki.key("admin")))
         return ctx
 
