@@ -43,6 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--keep-clusters", action="store_true", help="do not stop the clusters this session started")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     rep = yield
