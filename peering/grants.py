@@ -1,0 +1,226 @@
+"""ResourceSlice negotiation on the provider: what to grant a consumer, and why.
+
+Owns: the grant decision — LIVE free capacity (allocatable of schedulable nodes, minus what
+non-terminal pods request on them, minus the still-unused part of other consumers' grants), clamped
+by the tenant's policy (per-resource maxima, allowed GPU products, whether partial grants are
+acceptable) — and the human-readable reason for it.
+
+Invariants: a grant never exceeds the request, the policy, or what is free; a consumer's own
+running pods count as capacity it keeps (re-evaluating a grant never takes away what already runs
+because of the consumer's own usage); an unknown or negative resource is an error, not a zero.
+
+Pure: the controller gathers nodes, pods, policies and other grants and hands them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+
+from peering.quantity import format_quantity
+
+GPU = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+#: Resources a ResourceSlice may ask for.
+RESOURCES = ("cpu", "memory", "pods", GPU)
+
+Resources = Mapping[str, Decimal]
+
+
+class GrantError(ValueError):
+    """The request itself is invalid (unknown resource, negative amount)."""
+
+
+class Reason(StrEnum):
+    GRANTED = "Granted"
+    PARTIAL = "PartialGrant"
+    NO_CAPACITY = "InsufficientCapacity"
+    POLICY = "PolicyLimit"
+    PRODUCT_NOT_ALLOWED = "GPUProductNotAllowed"
+    NO_SUCH_PRODUCT = "GPUProductNotFound"
+    PARTIAL_NOT_ALLOWED = "PartialGrantRefused"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    allocatable: Resources
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: Ready, not cordoned, no NoSchedule/NoExecute taint a tenant pod would not tolerate.
+    schedulable: bool = True
+
+
+@dataclass(frozen=True)
+class PodLoad:
+    """Requests of one non-terminal pod bound to `node`."""
+
+    node: str
+    requests: Resources
+
+
+@dataclass(frozen=True)
+class OtherGrant:
+    """Another consumer's grant and how much of it its pods use now."""
+
+    granted: Resources
+    used: Resources
+    gpu_product: str | None = None
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    #: Per-resource ceiling; a resource missing here is limited only by capacity.
+    maximum: Resources = field(default_factory=dict)
+    #: GPU products this consumer may ask for; None allows every product.
+    allowed_gpu_products: frozenset[str] | None = None
+    #: Whether a grant smaller than the request is acceptable (else it is Denied).
+    allow_partial: bool = True
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    resources: Resources
+    gpu_product: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    accepted: bool
+    reason: Reason
+    message: str
+    granted: Resources
+    #: What was free for this consumer when deciding (for `gpufed info` and the status).
+    available: Resources
+
+
+def _fmt(resource: str, v: Decimal) -> str:
+    return format_quantity(v, binary=resource == "memory")
+
+
+def validate(request: SliceRequest) -> None:
+    """Raise GrantError for unknown resources or negative amounts."""
+    for r, v in request.resources.items():
+        if r not in RESOURCES:
+            raise GrantError(f"unknown resource {r!r}: a slice may ask for {', '.join(RESOURCES)}")
+        if v < 0:
+            raise GrantError(f"{r} must not be negative (got {_fmt(r, v)})")
+    if not any(v > 0 for v in request.resources.values()):
+        raise GrantError("the slice asks for nothing: give at least one positive resource")
+
+
+def _node_matches(node: NodeInfo, product: str | None) -> bool:
+    return product is None or node.labels.get(GPU_PRODUCT_LABEL) == product
+
+
+def free_capacity(nodes: Iterable[NodeInfo], pods: Iterable[PodLoad], product: str | None) -> dict[str, Decimal]:
+    """Allocatable minus requested, summed over schedulable nodes of `product` (all when None).
+
+    Per node the result is floored at zero, so an over-committed node does not hide free space on
+    another one.
+    """
+    used: dict[str, dict[str, Decimal]] = {}
+    for p in pods:
+        per = used.setdefault(p.node, {})
+        for r, v in p.requests.items():
+            per[r] = per.get(r, Decimal(0)) + v
+    free = {r: Decimal(0) for r in RESOURCES}
+    for n in nodes:
+        if not n.schedulable or not _node_matches(n, product):
+            continue
+        for r in RESOURCES:
+            free[r] += max(Decimal(0), n.allocatable.get(r, Decimal(0)) - used.get(n.name, {}).get(r, Decimal(0)))
+    return free
+
+
+def decide(
+    request: SliceRequest,
+    *,
+    nodes: Iterable[NodeInfo],
+    pods: Iterable[PodLoad],
+    own_usage: Resources,
+    others: Iterable[OtherGrant],
+    policy: TenantPolicy,
+) -> Decision:
+    """Grant what the request, the policy and the live capacity allow; explain the outcome."""
+    validate(request)
+    nodes = list(nodes)
+    wanted = {r: v for r, v in request.resources.items() if v > 0}
+    product = request.gpu_product
+    empty: dict[str, Decimal] = {}
+
+    if product is not None:
+        if policy.allowed_gpu_products is not None and product not in policy.allowed_gpu_products:
+            allowed = ", ".join(sorted(policy.allowed_gpu_products)) or "none"
+            return Decision(
+                False,
+                Reason.PRODUCT_NOT_ALLOWED,
+                f"GPU product {product} is not allowed for this consumer (allowed: {allowed})",
+                empty,
+                empty,
+            )
+        if not any(n.labels.get(GPU_PRODUCT_LABEL) == product for n in nodes):
+            have = sorted({n.labels[GPU_PRODUCT_LABEL] for n in nodes if GPU_PRODUCT_LABEL in n.labels})
+            return Decision(
+                False,
+                Reason.NO_SUCH_PRODUCT,
+                f"the provider has no nodes with GPU product {product} (it has: {', '.join(have) or 'no GPUs'})",
+                empty,
+                empty,
+            )
+    elif wanted.get(GPU, Decimal(0)) > 0 and policy.allowed_gpu_products is not None:
+        # Without a product selector the grant may land on any product: only allow it if all are allowed.
+        present = {n.labels.get(GPU_PRODUCT_LABEL) for n in nodes if n.allocatable.get(GPU, Decimal(0)) > 0}
+        forbidden = sorted(p for p in present if p is not None and p not in policy.allowed_gpu_products)
+        if forbidden:
+            return Decision(
+                False,
+                Reason.PRODUCT_NOT_ALLOWED,
+                "this consumer may only use GPU products "
+                f"{', '.join(sorted(policy.allowed_gpu_products)) or 'none'}: "
+                "set a GPU product selector on the slice",
+                empty,
+                empty,
+            )
+
+    free = free_capacity(nodes, pods, product)
+    reserved: dict[str, Decimal] = {r: Decimal(0) for r in RESOURCES}
+    for o in others:
+        if product is not None and o.gpu_product not in (None, product):
+            continue
+        for r in RESOURCES:
+            reserved[r] += max(Decimal(0), o.granted.get(r, Decimal(0)) - o.used.get(r, Decimal(0)))
+    available = {r: max(Decimal(0), free[r] - reserved[r]) + own_usage.get(r, Decimal(0)) for r in RESOURCES}
+
+    granted: dict[str, Decimal] = {}
+    shortfalls: list[str] = []
+    limited_by_policy = False
+    for r, want in wanted.items():
+        cap = policy.maximum.get(r)
+        g = min(want, available[r], cap if cap is not None else want)
+        granted[r] = g
+        if g < want:
+            if cap is not None and cap <= available[r] and cap < want:
+                limited_by_policy = True
+                why = f"the policy allows at most {_fmt(r, cap)}"
+            else:
+                why = f"only {_fmt(r, available[r])} free after running pods and other consumers' grants"
+            shortfalls.append(f"{r}: {_fmt(r, g)} of {_fmt(r, want)} ({why})")
+
+    where = f" of GPU product {product}" if product else ""
+    if not shortfalls:
+        return Decision(True, Reason.GRANTED, "granted everything requested" + where, granted, available)
+    detail = "; ".join(shortfalls)
+    if any(granted[r] == 0 for r in wanted):
+        reason = Reason.POLICY if limited_by_policy else Reason.NO_CAPACITY
+        return Decision(False, reason, f"denied{where}: {detail}", empty, available)
+    if not policy.allow_partial:
+        return Decision(
+            False,
+            Reason.PARTIAL_NOT_ALLOWED,
+            f"denied{where}: only a partial grant is possible and the policy refuses partial grants: {detail}",
+            empty,
+            available,
+        )
+    return Decision(True, Reason.PARTIAL, f"partially granted{where}: {detail}", granted, available)

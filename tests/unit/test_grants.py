@@ -1,0 +1,161 @@
+"""The provider's grant decision: live capacity, other consumers, policy, and the reasons given."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from peering.grants import (
+    GPU,
+    GPU_PRODUCT_LABEL,
+    Decision,
+    GrantError,
+    NodeInfo,
+    OtherGrant,
+    PodLoad,
+    Reason,
+    SliceRequest,
+    TenantPolicy,
+    decide,
+    free_capacity,
+)
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+L4 = "NVIDIA-L4"
+
+
+D = Decimal
+
+
+def gpu_node(name: str, gpus: int, product: str = H100, *, schedulable: bool = True) -> NodeInfo:
+    return NodeInfo(
+        name,
+        {"cpu": D(96), "memory": D(2**40), "pods": D(110), GPU: D(gpus)},
+        {GPU_PRODUCT_LABEL: product},
+        schedulable,
+    )
+
+
+NODES = [gpu_node(f"a{i}", 8) for i in range(4)]
+
+
+def ask(gpus: int, product: str | None = None, **more: int) -> SliceRequest:
+    res = {GPU: D(gpus)} | {k: D(v) for k, v in more.items()}
+    return SliceRequest(res, product)
+
+
+def run(
+    req: SliceRequest,
+    *,
+    nodes: list[NodeInfo] = NODES,
+    pods: list[PodLoad] | None = None,
+    others: list[OtherGrant] | None = None,
+    policy: TenantPolicy | None = None,
+    own: dict[str, Decimal] | None = None,
+) -> Decision:
+    return decide(
+        req, nodes=nodes, pods=pods or [], own_usage=own or {}, others=others or [], policy=policy or TenantPolicy()
+    )
+
+
+def test_everything_free_is_granted() -> None:
+    d = run(ask(16, H100))
+    assert d.accepted and d.reason is Reason.GRANTED and d.granted == {GPU: D(16)}
+    assert d.available[GPU] == 32
+
+
+def test_running_pods_lower_the_grant() -> None:
+    pods = [PodLoad("a0", {GPU: D(8)}), PodLoad("a1", {GPU: D(6)}), PodLoad("a2", {GPU: D(8)})]
+    d = run(ask(16), pods=pods)
+    assert d.accepted and d.reason is Reason.PARTIAL
+    assert d.granted[GPU] == 10
+    assert "nvidia.com/gpu: 10 of 16" in d.message and "10 free" in d.message
+
+
+def test_other_consumers_unused_grants_are_reserved_but_their_usage_not_twice() -> None:
+    # Another consumer holds 12 GPUs, 8 of them in use by pods that sit on a0.
+    pods = [PodLoad("a0", {GPU: D(8)})]
+    others = [OtherGrant({GPU: D(12)}, {GPU: D(8)}, H100)]
+    d = run(ask(32, H100), pods=pods, others=others)
+    assert d.granted[GPU] == 32 - 8 - 4
+
+
+def test_own_usage_is_kept_on_re_evaluation() -> None:
+    # All 32 GPUs are in use, 10 of them by this consumer: it keeps 10.
+    pods = [PodLoad(f"a{i}", {GPU: D(8)}) for i in range(4)]
+    d = run(ask(16), pods=pods, own={GPU: D(10)})
+    assert d.accepted and d.granted[GPU] == 10
+
+
+def test_unschedulable_and_other_product_nodes_do_not_count() -> None:
+    nodes = [gpu_node("a0", 8), gpu_node("a1", 8, schedulable=False), gpu_node("l0", 1, L4)]
+    assert free_capacity(nodes, [], H100)[GPU] == 8
+    assert free_capacity(nodes, [], None)[GPU] == 9
+    assert free_capacity(nodes, [], L4)[GPU] == 1
+
+
+def test_overcommitted_node_does_not_hide_free_space_elsewhere() -> None:
+    pods = [PodLoad("a0", {GPU: D(12)})]  # impossible, but must not make a1's 8 disappear
+    assert free_capacity(NODES[:2], pods, None)[GPU] == 8
+
+
+def test_policy_limit_gives_a_partial_grant_saying_so() -> None:
+    d = run(ask(16), policy=TenantPolicy(maximum={GPU: D(4)}))
+    assert d.accepted and d.reason is Reason.PARTIAL and d.granted[GPU] == 4
+    assert "policy allows at most 4" in d.message
+
+
+def test_zero_capacity_is_denied_with_a_reason() -> None:
+    pods = [PodLoad(f"a{i}", {GPU: D(8)}) for i in range(4)]
+    d = run(ask(2), pods=pods)
+    assert not d.accepted and d.reason is Reason.NO_CAPACITY and d.granted == {}
+    assert "only 0 free" in d.message
+
+
+def test_zero_policy_is_denied_as_policy() -> None:
+    d = run(ask(2), policy=TenantPolicy(maximum={GPU: D(0)}))
+    assert not d.accepted and d.reason is Reason.POLICY
+
+
+def test_partial_refused_when_policy_says_so() -> None:
+    d = run(ask(40), policy=TenantPolicy(allow_partial=False))
+    assert not d.accepted and d.reason is Reason.PARTIAL_NOT_ALLOWED and d.granted == {}
+    assert "32 of 40" in d.message
+
+
+def test_product_not_allowed() -> None:
+    d = run(ask(1, H100), policy=TenantPolicy(allowed_gpu_products=frozenset({L4})))
+    assert not d.accepted and d.reason is Reason.PRODUCT_NOT_ALLOWED and L4 in d.message
+
+
+def test_no_selector_with_restricted_products_is_refused() -> None:
+    nodes = [*NODES, gpu_node("l0", 1, L4)]
+    d = run(ask(1), nodes=nodes, policy=TenantPolicy(allowed_gpu_products=frozenset({L4})))
+    assert not d.accepted and d.reason is Reason.PRODUCT_NOT_ALLOWED and "selector" in d.message
+
+
+def test_unknown_product_names_the_available_ones() -> None:
+    d = run(ask(1, "NVIDIA-B200"))
+    assert not d.accepted and d.reason is Reason.NO_SUCH_PRODUCT and H100 in d.message
+
+
+def test_cpu_memory_pods_are_granted_from_the_selected_pool() -> None:
+    nodes = [gpu_node("a0", 8), gpu_node("l0", 1, L4)]
+    d = run(SliceRequest({"cpu": D(150), "memory": D(2**30), "pods": D(50)}, L4), nodes=nodes)
+    assert d.reason is Reason.PARTIAL and d.granted["cpu"] == 96 and d.granted["pods"] == 50
+    assert d.granted["memory"] == 2**30
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ({"ephemeral-storage": D(1)}, "unknown resource"),
+        ({GPU: D(-1)}, "must not be negative"),
+        ({GPU: D(0)}, "asks for nothing"),
+        ({}, "asks for nothing"),
+    ],
+)
+def test_invalid_requests(resources: dict[str, Decimal], message: str) -> None:
+    with pytest.raises(GrantError, match=message):
+        run(SliceRequest(resources))
