@@ -1,0 +1,54 @@
+"""Cluster identity values: ClusterID and the names derived from it.
+
+Owns: the ClusterID type and its rules (a DNS label short enough that `<namespace>-<consumer-id>`
+twin names and `gpufed-tenant-<consumer-id>` stay valid), deriving a default ClusterID from the
+kube-system namespace UID (stable across reinstalls of gpufed, unique per cluster), and the names
+on the wire that contain a ClusterID (DESIGN.md §5).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NewType
+
+ClusterID = NewType("ClusterID", str)
+
+#: Longest ClusterID: leaves room for a 32-character namespace in `<ns>-<id>` (63 max).
+MAX_CLUSTER_ID = 30
+SYSTEM_NAMESPACE = "gpufed"
+TENANT_PREFIX = "gpufed-tenant-"
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def parse_cluster_id(value: str) -> ClusterID:
+    """Validate `value` as a ClusterID, with an error that says what is allowed."""
+    if not value or len(value) > MAX_CLUSTER_ID or not _LABEL.match(value):
+        raise ValueError(
+            f"invalid cluster ID {value!r}: use 1-{MAX_CLUSTER_ID} lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return ClusterID(value)
+
+
+def default_cluster_id(kube_system_uid: str, name_hint: str = "") -> ClusterID:
+    """`<hint>-<8 hex of the kube-system UID>`, e.g. `gpu-a-3f2c91d0`; the hint is sanitised."""
+    hexpart = re.sub(r"[^0-9a-f]", "", kube_system_uid.lower())[:8]
+    if len(hexpart) < 8:
+        raise ValueError(f"kube-system UID {kube_system_uid!r} has too few hex digits")
+    hint = re.sub(r"[^a-z0-9-]+", "-", name_hint.lower()).strip("-")[: MAX_CLUSTER_ID - 9].strip("-")
+    return parse_cluster_id(f"{hint}-{hexpart}" if hint else f"cluster-{hexpart}")
+
+
+def tenant_namespace(consumer: ClusterID) -> str:
+    """Provider-side namespace holding one consumer's control objects."""
+    return f"{TENANT_PREFIX}{consumer}"
+
+
+def twin_namespace(namespace: str, consumer: ClusterID) -> str:
+    """Provider-side twin of a consumer namespace; refuses names that would exceed 63 characters."""
+    name = f"{namespace}-{consumer}"
+    if len(name) > 63:
+        raise ValueError(f"twin namespace {name!r} would be longer than 63 characters; shorten {namespace!r}")
+    return name
