@@ -643,6 +643,15 @@ class LocalEnvironment:
     # ---- down
 
     @staticmethod
+    def _recorded_ports(state: dict[str, Any]) -> list[int]:
+        """Ports of the environment recorded in `state` (not of whatever topology we were given)."""
+        try:
+            topo = Topology.model_validate(state["topology"])
+        except (KeyError, ValueError):
+            return []
+        return [p for c in topo.clusters for p in topo.ports(c.name).all().values()]
+
+    @staticmethod
     def _stop(pids: set[int], progress: Progress) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -683,7 +692,7 @@ class LocalEnvironment:
         pids = set().union(*tiers)
         # A Go process's threads may still be closing sockets when its leader is already a zombie:
         # wait (briefly) until every port of the topology is released.
-        ports = [p for c in self.topology.clusters for p in self.topology.ports(c.name).all().values()]
+        ports = self._recorded_ports(state)
         deadline = time.monotonic() + STOP_GRACE_S
         while pids and time.monotonic() < deadline and not all(_port_free(p) for p in ports):
             time.sleep(0.1)

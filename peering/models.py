@@ -1,0 +1,285 @@
+"""gpufed's CRDs as pydantic models (`gpufed.io/v1alpha1`), and their CustomResourceDefinitions.
+
+Owns: the spec/status shapes of ForeignCluster, ResourceSlice and Tenant (camelCase on the wire),
+their validation, and `crd_manifests()`, which turns the models into CRDs with structural OpenAPI
+schemas and `kubectl get` columns. `python -m peering.models deploy/crds` writes them; a unit test
+fails when the files drift from the models.
+
+Pure: no I/O except `main` writing the files it is asked to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from peering.ids import MAX_CLUSTER_ID
+from peering.quantity import QuantityError, parse
+
+GROUP = "gpufed.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+#: Resource names a ResourceSlice may request (kept in step with `peering.grants.RESOURCES`).
+SLICE_RESOURCES = ("cpu", "memory", "pods", "nvidia.com/gpu")
+#: Non-negative Kubernetes quantity (no sign allowed).
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+]?[0-9]+)?$"
+CLUSTER_ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class Condition(_Model):
+    type: str = Field(description="Condition type, e.g. Authentication or Resources.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason a program can match on.")
+    message: str = Field(default="", description="What a human needs to know.")
+    last_transition_time: dt.datetime | None = None
+    observed_generation: int | None = None
+
+
+def _check_quantities(v: dict[str, str]) -> dict[str, str]:
+    for name, q in v.items():
+        if name not in SLICE_RESOURCES:
+            raise ValueError(f"unknown resource {name!r}: use one of {', '.join(SLICE_RESOURCES)}")
+        try:
+            if parse(q) < 0:
+                raise ValueError(f"{name} must not be negative")
+        except QuantityError as e:
+            raise ValueError(f"{name}: {e}") from e
+    return v
+
+
+# ---- ForeignCluster (both sides: one per peer)
+
+
+class ForeignClusterSpec(_Model):
+    cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN, description="The peer's ClusterID.")
+    roles: list[Literal["Provider", "Consumer"]] = Field(min_length=1, description="What the peer is to us.")
+    api_server_url: str = Field(default="", description="The peer's API server, as we reach it.")
+    public_key: str = Field(
+        default="", description="The peer's Ed25519 identity key (PEM), registered by the operator."
+    )
+
+
+class ForeignClusterStatus(_Model):
+    phase: Literal["Pending", "Authenticating", "Peered", "Failed", "Unpeering"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class ForeignCluster(_Model):
+    kind: ClassVar[str] = "ForeignCluster"
+    plural: ClassVar[str] = "foreignclusters"
+    scope: ClassVar[str] = "Cluster"
+    short_names: ClassVar[list[str]] = ["fc"]
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("ClusterID", "string", ".spec.clusterId"),
+        ("Roles", "string", ".spec.roles"),
+        ("Phase", "string", ".status.phase"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: ForeignClusterSpec
+    status: ForeignClusterStatus | None = None
+
+
+# ---- ResourceSlice (consumer side; mirrored into the tenant namespace on the provider)
+
+
+class ResourceSliceSpec(_Model):
+    provider_cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN)
+    resources: dict[str, str] = Field(description="Requested quantities: cpu, memory, pods, nvidia.com/gpu.")
+    gpu_product: str | None = Field(default=None, description="Only GPUs of this nvidia.com/gpu.product.")
+
+    _resources = field_validator("resources")(_check_quantities)
+
+
+class ResourceSliceStatus(_Model):
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Authentication and Resources: Accepted or Denied, with a reason."
+    )
+    granted: dict[str, str] = Field(default_factory=dict, description="What the provider granted.")
+
+
+class ResourceSlice(_Model):
+    kind: ClassVar[str] = "ResourceSlice"
+    plural: ClassVar[str] = "resourceslices"
+    scope: ClassVar[str] = "Namespaced"
+    short_names: ClassVar[list[str]] = ["rslice"]
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("Provider", "string", ".spec.providerClusterId"),
+        ("GPUs", "string", ".spec.resources.nvidia\\.com/gpu"),
+        ("Granted GPUs", "string", ".status.granted.nvidia\\.com/gpu"),
+        ("Resources", "string", '.status.conditions[?(@.type=="Resources")].reason'),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: ResourceSliceSpec
+    status: ResourceSliceStatus | None = None
+
+
+# ---- Tenant (provider side: one per consumer)
+
+
+class TenantPolicy(_Model):
+    max_resources: dict[str, str] = Field(default_factory=dict, description="Per-resource ceiling for this consumer.")
+    allowed_gpu_products: list[str] | None = Field(default=None, description="Allowed products; unset allows all.")
+    allow_partial: bool = Field(default=True, description="Grant less than asked when that is all there is.")
+
+    _max = field_validator("max_resources")(_check_quantities)
+
+
+class TenantSpec(_Model):
+    consumer_cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN)
+    public_key: str = Field(description="The consumer's Ed25519 identity key (PEM).")
+    policy: TenantPolicy = Field(default_factory=TenantPolicy)
+
+
+class TenantStatus(_Model):
+    phase: Literal["Pending", "Authenticated", "Refused"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    granted: dict[str, str] = Field(default_factory=dict, description="Sum of the consumer's granted slices.")
+
+
+class Tenant(_Model):
+    kind: ClassVar[str] = "Tenant"
+    plural: ClassVar[str] = "tenants"
+    scope: ClassVar[str] = "Cluster"
+    short_names: ClassVar[list[str]] = []
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("Consumer", "string", ".spec.consumerClusterId"),
+        ("Phase", "string", ".status.phase"),
+        ("Granted GPUs", "string", ".status.granted.nvidia\\.com/gpu"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: TenantSpec
+    status: TenantStatus | None = None
+
+
+KINDS: tuple[type[ForeignCluster] | type[ResourceSlice] | type[Tenant], ...] = (ForeignCluster, ResourceSlice, Tenant)
+
+
+# ---- CRD generation
+
+
+def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Turn pydantic's JSON schema into a Kubernetes structural schema: refs inlined, Optional
+    collapsed, titles and defaults dropped, every node typed."""
+    if "$ref" in schema:
+        return _structural(defs[schema["$ref"].rsplit("/", 1)[1]], defs)
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union in a structural schema: {schema}")
+        merged = _structural(options[0], defs)
+        if "description" in schema:
+            merged["description"] = schema["description"]
+        return merged
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("title", "default", "$defs"):
+            continue
+        if key == "additionalProperties" and value is False:
+            continue  # structural schemas forbid it beside `properties`; the apiserver prunes instead
+        if key == "properties":
+            out[key] = {k: _structural(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs)
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _quantity_maps(schema: dict[str, Any]) -> None:
+    """Resource maps hold quantities: forbid other keys and enforce the quantity pattern."""
+    for name, prop in schema.get("properties", {}).items():
+        if name in ("resources", "granted", "maxResources"):
+            prop["additionalProperties"] = {"type": "string", "pattern": QUANTITY_PATTERN}
+            if name != "granted":
+                prop["x-kubernetes-validations"] = [
+                    {
+                        "rule": "self.all(k, k in " + str(list(SLICE_RESOURCES)).replace("'", '"') + ")",
+                        "message": "resources may only be " + ", ".join(SLICE_RESOURCES),
+                    }
+                ]
+        elif prop.get("type") == "object":
+            _quantity_maps(prop)
+
+
+def crd(model: type[ForeignCluster] | type[ResourceSlice] | type[Tenant]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True)
+    defs = raw.get("$defs", {})
+    props = {k: _structural(v, defs) for k, v in raw["properties"].items() if k in ("spec", "status")}
+    for p in props.values():
+        _quantity_maps(p)
+    schema = {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            **props,
+        },
+        "required": ["spec"],
+    }
+    names: dict[str, Any] = {
+        "kind": model.kind,
+        "listKind": f"{model.kind}List",
+        "plural": model.plural,
+        "singular": model.kind.lower(),
+    }
+    if model.short_names:
+        names["shortNames"] = model.short_names
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{model.plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": names,
+            "scope": model.scope,
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [{"name": n, "type": t, "jsonPath": p} for n, t, p in model.columns],
+                }
+            ],
+        },
+    }
+
+
+def crd_manifests() -> dict[str, str]:
+    """File name -> YAML text for every CRD."""
+    header = "# Generated from peering/models.py by `python -m peering.models deploy/crds`; do not edit.\n"
+    return {f"{GROUP}_{m.plural}.yaml": header + yaml.safe_dump(crd(m), sort_keys=False) for m in KINDS}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m peering.models OUT_DIR", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in crd_manifests().items():
+        (out / name).write_text(text)
+        print(f"wrote {out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
