@@ -84,8 +84,8 @@ class Clusters:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
 
-    def create(self, context: str, obj: dict[str, Any]) -> None:
-        self.kubectl(context, "create", "-f", "-", input_text=json.dumps(obj))
+    def create(self, context: str, obj: dict[str, Any], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.kubectl(context, "create", "-f", "-", input_text=json.dumps(obj), check=check)
 
     def run_pod(
         self,

@@ -40,17 +40,15 @@ def test_crds_install_and_validate(clusters: Clusters, namespace: str, tmp_path:
     table = clusters.kubectl(ctx, "get", "rslice", "-n", namespace).stdout
     assert "PROVIDER" in table and "gpu-a-1234abcd" in table and " 16 " in table
 
-    bad = clusters.kubectl(
+    bad = clusters.create(
         ctx,
-        "create",
-        "-f",
-        "-",
+        {
+            "apiVersion": "gpufed.io/v1alpha1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "bad", "namespace": namespace},
+            "spec": {"providerClusterId": "Not_An_ID", "resources": {"nvidia.com/gpu": "-2", "disk": "1"}},
+        },
         check=False,
-        input_text=(
-            '{"apiVersion": "gpufed.io/v1alpha1", "kind": "ResourceSlice",'
-            f' "metadata": {{"name": "bad", "namespace": "{namespace}"}},'
-            ' "spec": {"providerClusterId": "Not_An_ID", "resources": {"nvidia.com/gpu": "-2", "disk": "1"}}}'
-        ),
     )
     assert bad.returncode != 0
     assert "spec.resources.nvidia.com/gpu" in bad.stderr and "should match" in bad.stderr
@@ -58,15 +56,14 @@ def test_crds_install_and_validate(clusters: Clusters, namespace: str, tmp_path:
     assert "spec.providerClusterId" in bad.stderr
     assert clusters.kubectl(ctx, "get", "rslice", "-n", namespace, "bad", check=False).returncode != 0
 
-    fc = clusters.kubectl(
+    fc = clusters.create(
         ctx,
-        "create",
-        "-f",
-        "-",
+        {
+            "apiVersion": "gpufed.io/v1alpha1",
+            "kind": "ForeignCluster",
+            "metadata": {"name": "x"},
+            "spec": {"clusterId": "x", "roles": ["Landlord"]},
+        },
         check=False,
-        input_text=(
-            '{"apiVersion": "gpufed.io/v1alpha1", "kind": "ForeignCluster", "metadata": {"name": "x"},'
-            ' "spec": {"clusterId": "x", "roles": ["Landlord"]}}'
-        ),
     )
     assert fc.returncode != 0 and "Unsupported value" in fc.stderr
