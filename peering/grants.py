@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 
+from peering.models import GPU_PRODUCT_LABEL, SLICE_RESOURCES
+from peering.models import GPU_RESOURCE as GPU
 from peering.quantity import format_quantity
 
-GPU = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-#: Resources a ResourceSlice may ask for.
-RESOURCES = ("cpu", "memory", "pods", GPU)
+RESOURCES = SLICE_RESOURCES
 
 Resources = Mapping[str, Decimal]
 

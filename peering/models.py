@@ -25,8 +25,11 @@ from peering.quantity import QuantityError, parse
 GROUP = "gpufed.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-#: Resource names a ResourceSlice may request (kept in step with `peering.grants.RESOURCES`).
-SLICE_RESOURCES = ("cpu", "memory", "pods", "nvidia.com/gpu")
+#: The extended resource NVIDIA's device plugin advertises, and the node label naming the GPU model.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+#: Resource names a ResourceSlice may request.
+SLICE_RESOURCES = ("cpu", "memory", "pods", GPU_RESOURCE)
 #: Non-negative Kubernetes quantity (no sign allowed).
 QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+]?[0-9]+)?$"
 CLUSTER_ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

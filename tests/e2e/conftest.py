@@ -13,6 +13,7 @@ loudly: these tests are never skipped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from peering.kube.client import api_client
 from vkprovider.localenv.launcher import LocalEnvironment, LocalSettings
 from vkprovider.localenv.topology import Topology, default_topology
 
@@ -116,6 +118,37 @@ class Clusters:
                 context, "wait", "-n", namespace, "--for=condition=Ready", f"pod/{name}", "--timeout=60s", timeout=70
             )
 
+    def run_job(
+        self,
+        context: str,
+        namespace: str,
+        name: str,
+        *,
+        gpus: int = 0,
+        annotations: dict[str, str] | None = None,
+        until: str = "Complete",
+    ) -> None:
+        """Create a one-pod Job (backoffLimit 0) and wait for its `until` condition."""
+        main: dict[str, Any] = {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.01-py3"}
+        if gpus:
+            main["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        template = {
+            "metadata": {"annotations": annotations or {}},
+            "spec": {"restartPolicy": "Never", "containers": [main]},
+        }
+        self.create(
+            context,
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"backoffLimit": 0, "template": template},
+            },
+        )
+        self.kubectl(
+            context, "wait", "-n", namespace, f"--for=condition={until}", f"job/{name}", "--timeout=90s", timeout=100
+        )
+
     def kubectl_json(self, context: str, *args: str) -> Any:
         return json.loads(self.kubectl(context, *args, "-o", "json").stdout)
 
@@ -180,13 +213,8 @@ def namespace(clusters: Clusters, request: pytest.FixtureRequest) -> Iterator[st
 @pytest.fixture
 async def api(clusters: Clusters) -> AsyncIterator[dict[str, Any]]:
     """kubernetes-asyncio ApiClients per cluster name."""
-    from kubernetes_asyncio import config
-
-    clients = {
-        c.name: await config.new_client_from_config(config_file=str(clusters.kubeconfig), context=c.name)
-        for c in clusters.topology.clusters
-    }
-    try:
-        yield clients
-    finally:
-        await asyncio.gather(*(c.close() for c in clients.values()))
+    async with contextlib.AsyncExitStack() as stack:
+        yield {
+            c.name: await stack.enter_async_context(api_client(clusters.kubeconfig, c.name))
+            for c in clusters.topology.clusters
+        }

@@ -3,10 +3,11 @@ and kwok's kubelet API behind the real apiserver."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
+from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from tests.e2e.conftest import Clusters
-from vkprovider.localenv.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from vkprovider.localenv import kwokcfg
 
 EXPECTED_VERSION = re.search(
     r"k8s.io/kubernetes (v[0-9.]+)", (Path(__file__).resolve().parents[2] / "deploy/local/go.mod").read_text()
@@ -76,30 +78,7 @@ async def test_gpu_nodes_are_ready_with_capacity_and_labels(api: dict[str, Any])
 
 
 def test_job_with_two_gpus_is_scheduled_and_completes(clusters: Clusters, namespace: str) -> None:
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train", "namespace": namespace},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "nvcr.io/nvidia/pytorch:24.01-py3",
-                            "resources": {"limits": {GPU_RESOURCE: "2"}},
-                        }
-                    ],
-                }
-            },
-        },
-    }
-    clusters.create("gpu-a", job)
-    clusters.kubectl(
-        "gpu-a", "wait", "-n", namespace, "--for=condition=Complete", "job/train", "--timeout=90s", timeout=100
-    )
+    clusters.run_job("gpu-a", namespace, "train", gpus=2)
     pods = clusters.kubectl_json("gpu-a", "get", "pods", "-n", namespace, "-l", "job-name=train")["items"]
     assert len(pods) == 1
     pod = pods[0]
@@ -213,8 +192,6 @@ def test_csr_for_kube_apiserver_client_signer_yields_a_working_certificate(
         kcfile = tmp_path / "csr.kubeconfig"
         kcfile.write_text(yaml.safe_dump(kc))
         kubectl = str(clusters.env.binary("kubectl"))
-        import subprocess
-
         who = subprocess.run(
             [kubectl, f"--kubeconfig={kcfile}", "auth", "whoami", "-o", "json"],
             capture_output=True,
@@ -267,22 +244,8 @@ def test_kwok_serves_logs_and_exec_behind_the_apiserver(clusters: Clusters, name
 
 
 def test_failed_job_pods_report_their_exit_code(clusters: Clusters, namespace: str) -> None:
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "crash", "namespace": namespace},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {"local.gpufed.io/exit-code": "3", "local.gpufed.io/run-duration": "1s"}},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]},
-            },
-        },
-    }
-    clusters.create("consumer", job)
-    clusters.kubectl(
-        "consumer", "wait", "-n", namespace, "--for=condition=Failed", "job/crash", "--timeout=90s", timeout=100
-    )
+    annotations = {kwokcfg.EXIT_CODE_ANNOTATION: "3", kwokcfg.RUN_DURATION_ANNOTATION: "1s"}
+    clusters.run_job("consumer", namespace, "crash", annotations=annotations, until="Failed")
     pod = clusters.kubectl_json("consumer", "get", "pods", "-n", namespace, "-l", "job-name=crash")["items"][0]
     assert pod["status"]["phase"] == "Failed"
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
@@ -290,21 +253,14 @@ def test_failed_job_pods_report_their_exit_code(clusters: Clusters, namespace: s
 
 async def test_up_is_idempotent_and_keeps_running_processes(clusters: Clusters) -> None:
     before = {(s.name, c.name): c.pid for s in await clusters.env.status() for c in s.components}
-    t0 = time.monotonic()
     await clusters.env.up()
-    elapsed = time.monotonic() - t0
     after = {(s.name, c.name): c.pid for s in await clusters.env.status() for c in s.components}
     assert before == after, "a second `up` must not restart anything"
     assert all(pid for pid in after.values())
-    print(f"second up took {elapsed:.1f}s")
-    await asyncio.sleep(0)
 
 
 def test_kwok_serves_port_forward_as_an_echo(clusters: Clusters, namespace: str) -> None:
     clusters.run_pod("consumer", namespace, "web", container={"ports": [{"containerPort": 8080}]})
-    import socket
-    import subprocess
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         local_port = probe.getsockname()[1]

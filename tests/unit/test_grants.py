@@ -7,8 +7,6 @@ from decimal import Decimal
 import pytest
 
 from peering.grants import (
-    GPU,
-    GPU_PRODUCT_LABEL,
     Decision,
     GrantError,
     NodeInfo,
@@ -20,6 +18,8 @@ from peering.grants import (
     decide,
     free_capacity,
 )
+from peering.models import GPU_PRODUCT_LABEL
+from peering.models import GPU_RESOURCE as GPU
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 L4 = "NVIDIA-L4"

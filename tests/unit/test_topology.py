@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from vkprovider.localenv.topology import (
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
     GPU_MEMORY_LABEL,
-    GPU_PRODUCT_LABEL,
-    GPU_RESOURCE,
     Topology,
     default_topology,
     load_topology,

@@ -98,7 +98,11 @@ class ClusterStatus:
 
 
 def _proc_start_time(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of a live, non-zombie process, else None."""
+    """Start time (clock ticks since boot) of a live process, else None.
+
+    A zombie thread-group leader whose other threads are still exiting counts as alive: those
+    threads may still hold its sockets and files (Go programs exit with many threads).
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -106,6 +110,12 @@ def _proc_start_time(pid: int) -> int | None:
     # The command name may contain spaces and parentheses: fields start after the last ')'.
     fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] in ("Z", "X"):
+        try:
+            threads = sum(1 for _ in Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            threads = 0
+        if threads > 1:
+            return int(fields[19])
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
         return None
@@ -135,6 +145,10 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(data[-lines:]) or "(empty log)"
+
+
+def _node_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
 
 
 def _orphans(directory: Path, bin_dir: Path) -> list[int]:
@@ -325,16 +339,18 @@ class LocalEnvironment:
             kwokcfg.render(self.topology.job_seconds, logs_file, exec_dir, run_as_nobody=os.geteuid() == 0)
         )
 
-    def _running_components(self, state: dict[str, Any]) -> list[tuple[str, str]]:
+    @staticmethod
+    def _running_components(state: dict[str, Any]) -> list[tuple[str, str, int]]:
+        """(cluster, component, pid) of every recorded component that is still running."""
         out = []
         for cname, cstate in state.get("clusters", {}).items():
             for comp, info in cstate.get("components", {}).items():
                 if _alive(info.get("pid"), info.get("start_time")):
-                    out.append((cname, comp))
+                    out.append((cname, comp, int(info["pid"])))
         return out
 
     def _check_ports(self, state: dict[str, Any]) -> None:
-        running = set(self._running_components(state))
+        running = {(c, comp) for c, comp, _pid in self._running_components(state)}
         busy = []
         for spec in self.topology.clusters:
             ports = self.topology.ports(spec.name)
@@ -535,77 +551,72 @@ class LocalEnvironment:
         if self._start(spec, "kube-apiserver", state):
             started.append("kube-apiserver")
             progress(f"{name}: etcd up, starting kube-apiserver on :{ports.apiserver}")
+        api_tls = self._ssl(name)
         await self._wait(
             f"kube-apiserver of {name}",
             deadline,
-            lambda: self._http_ok(f"{self.server(name)}/readyz", self._ssl(name)),
+            lambda: self._http_ok(f"{self.server(name)}/readyz", api_tls),
             alive("kube-apiserver"),
         )
         started += [c for c in ("kube-controller-manager", "kube-scheduler", "kwok") if self._start(spec, c, state)]
         if started:
             progress(f"{name}: kube-apiserver ready; started {', '.join(started)}")
-        await self._ensure_nodes(spec)
+        probe_tls = self._ssl(name, verify=False)
         for comp, port in (("kube-controller-manager", ports.controller_manager), ("kube-scheduler", ports.scheduler)):
             await self._wait(
                 f"{comp} of {name}",
                 deadline,
-                lambda p=port: self._http_ok(
-                    f"https://127.0.0.1:{p}/healthz",  # type: ignore[misc]
-                    self._ssl(name, verify=False),
-                ),
+                lambda p=port: self._http_ok(f"https://127.0.0.1:{p}/healthz", probe_tls),  # type: ignore[misc]
                 alive(comp),
             )
-        await self._wait(f"nodes of {name} to be Ready", deadline, lambda: self._nodes_ready(spec), alive("kwok"))
+        async with api_client(self.kubeconfig_path(name)) as api:
+            v1 = client.CoreV1Api(api)
+            await self._ensure_nodes(spec, v1)
+            await self._wait(
+                f"nodes of {name} to be Ready", deadline, lambda: self._nodes_ready(spec, v1), alive("kwok")
+            )
         progress(
             f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs)"
             + ("" if started else "; was already running")
         )
 
-    async def _ensure_nodes(self, spec: ClusterSpec) -> None:
-        async with api_client(self.kubeconfig_path(spec.name)) as api:
-            v1 = client.CoreV1Api(api)
-            async with translating(f"list nodes of {spec.name}"):
-                existing = {n.metadata.name for n in (await v1.list_node()).items}
-            for node in spec.nodes():
-                if node.name in existing:
-                    continue
-                labels = {
-                    "kubernetes.io/hostname": node.name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "kwok",
-                    **node.pool.node_labels(),
-                }
-                capacity = node.pool.capacity()
-                body: Any = {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": node.name,
-                        "labels": labels,
-                        "annotations": {kwokcfg.KWOK_NODE_ANNOTATION: "fake"},
-                    },
-                    "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
-                    # Nodes may carry status on create; kwok keeps capacity/allocatable from here.
-                    "status": {"capacity": capacity, "allocatable": capacity},
-                }
-                try:
-                    async with translating(f"create node {node.name}"):
-                        await v1.create_node(body=body)
-                except KubeError as e:
-                    if not e.conflict:
-                        raise
+    async def _ensure_nodes(self, spec: ClusterSpec, v1: Any) -> None:
+        async with translating(f"list nodes of {spec.name}"):
+            existing = {n.metadata.name for n in (await v1.list_node()).items}
+        for node in spec.nodes():
+            if node.name in existing:
+                continue
+            labels = {
+                "kubernetes.io/hostname": node.name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **node.pool.node_labels(),
+            }
+            capacity = node.pool.capacity()
+            body: Any = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node.name,
+                    "labels": labels,
+                    "annotations": {kwokcfg.KWOK_NODE_ANNOTATION: "fake"},
+                },
+                "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
+                # Nodes may carry status on create; kwok keeps capacity/allocatable from here.
+                "status": {"capacity": capacity, "allocatable": capacity},
+            }
+            try:
+                async with translating(f"create node {node.name}"):
+                    await v1.create_node(body=body)
+            except KubeError as e:
+                if not e.conflict:
+                    raise
 
-    async def _nodes_ready(self, spec: ClusterSpec) -> bool:
-        async with api_client(self.kubeconfig_path(spec.name)) as api, translating(f"list nodes of {spec.name}"):
-            nodes = (await client.CoreV1Api(api).list_node()).items
-        want = {n.name for n in spec.nodes()}
-        ready = {
-            n.metadata.name
-            for n in nodes
-            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-        }
-        return want <= ready
+    async def _nodes_ready(self, spec: ClusterSpec, v1: Any) -> bool:
+        async with translating(f"list nodes of {spec.name}"):
+            nodes = (await v1.list_node()).items
+        return {n.name for n in spec.nodes()} <= {n.metadata.name for n in nodes if _node_ready(n)}
 
     # ---- status
 
@@ -636,20 +647,11 @@ class LocalEnvironment:
         st.healthy = True
         st.nodes_total = len(nodes)
         for n in nodes:
-            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])):
+            if _node_ready(n):
                 st.nodes_ready += 1
             st.gpus += int((n.status.allocatable or {}).get("nvidia.com/gpu", "0"))
 
     # ---- down
-
-    @staticmethod
-    def _recorded_ports(state: dict[str, Any]) -> list[int]:
-        """Ports of the environment recorded in `state` (not of whatever topology we were given)."""
-        try:
-            topo = Topology.model_validate(state["topology"])
-        except (KeyError, ValueError):
-            return []
-        return [p for c in topo.clusters for p in topo.ports(c.name).all().values()]
 
     @staticmethod
     def _stop(pids: set[int], progress: Progress) -> None:
@@ -680,22 +682,14 @@ class LocalEnvironment:
         state = self._load_state() if self._state_file.exists() else {}
         tiers: list[set[int]] = [set(), set(), set(), set()]
         tier_of = {"kwok": 0, "kube-scheduler": 0, "kube-controller-manager": 0, "kube-apiserver": 1, "etcd": 2}
-        for cstate in state.get("clusters", {}).values():
-            for comp, info in cstate.get("components", {}).items():
-                if _alive(info.get("pid"), info.get("start_time")):
-                    tiers[tier_of.get(comp, 3)].add(int(info["pid"]))
+        for _cluster, comp, pid in self._running_components(state):
+            tiers[tier_of.get(comp, 3)].add(pid)
         known = set().union(*tiers)
         if self.state_dir.exists():
             tiers[3].update(set(_orphans(self.state_dir, self.settings.bin_dir)) - known)
         for tier in tiers:
             self._stop(tier, progress)
         pids = set().union(*tiers)
-        # A Go process's threads may still be closing sockets when its leader is already a zombie:
-        # wait (briefly) until every port of the topology is released.
-        ports = self._recorded_ports(state)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while pids and time.monotonic() < deadline and not all(_port_free(p) for p in ports):
-            time.sleep(0.1)
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
         shutil.rmtree(self.exec_root, ignore_errors=True)

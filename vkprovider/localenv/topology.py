@@ -18,6 +18,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+
 #: Default pod CIDR of every local cluster (deliberately the same everywhere).
 DEFAULT_POD_CIDR = "10.244.0.0/16"
 #: Default service CIDR of every local cluster (deliberately the same everywhere).
@@ -29,8 +31,6 @@ PORTS_PER_CLUSTER = 10
 #: Seconds a Job's pod runs on a kwok node before it completes with exit code 0.
 DEFAULT_JOB_SECONDS = 5.0
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 
