@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,6 +204,13 @@ def namespace(clusters: Clusters, request: pytest.FixtureRequest) -> Iterator[st
     name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{secrets.token_hex(3)}"
     for c in clusters.topology.clusters:
         clusters.kubectl(c.name, "create", "namespace", name)
+    # Pods are refused until the controller-manager has created the namespace's default ServiceAccount.
+    for c in clusters.topology.clusters:
+        deadline = time.monotonic() + 30
+        while clusters.kubectl(c.name, "get", "serviceaccount", "default", "-n", name, check=False).returncode:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no default ServiceAccount in {c.name}/{name} after 30s")
+            time.sleep(0.2)
     yield name
     if request.node.stash.get(_failed_key, False):
         print("\n######## diagnostics\n" + clusters.diagnostics())

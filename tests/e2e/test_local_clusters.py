@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import socket
 import subprocess
@@ -237,6 +238,9 @@ def test_kwok_serves_logs_and_exec_behind_the_apiserver(clusters: Clusters, name
     assert "served by kwok's kubelet API" in logs.stdout
     out = clusters.kubectl("gpu-b", "exec", "-n", namespace, "server", "--", "sh", "-c", "echo hello-$((40+2))")
     assert out.stdout.strip() == "hello-42"
+    # Commands exec'd on fake pods run on this machine: as nobody whenever we could drop privileges.
+    uid = clusters.kubectl("gpu-b", "exec", "-n", namespace, "server", "--", "id", "-u").stdout.strip()
+    assert uid == ("65534" if os.geteuid() == 0 else str(os.geteuid()))
     # restartPolicy Always: a long-running pod is not completed by the Job stage.
     time.sleep(4)
     p = clusters.kubectl_json("gpu-b", "get", "pod", "-n", namespace, "server")
