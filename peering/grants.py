@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from peering.models import GPU_PRODUCT_LABEL, SLICE_RESOURCES
 from peering.models import GPU_RESOURCE as GPU
-from peering.quantity import format_quantity
+from peering.quantity import format_quantity, parse
 
 RESOURCES = SLICE_RESOURCES
 
@@ -223,3 +223,86 @@ def decide(
             available,
         )
     return Decision(True, Reason.PARTIAL, f"partially granted{where}: {detail}", granted, available)
+
+
+# ---- reading capacity out of API objects (plain dicts), and splitting a grant over namespaces
+
+#: Taints a tenant pod is expected to tolerate (GPU nodes are commonly tainted for GPU pods only).
+TOLERATED_TAINTS = frozenset({GPU})
+
+
+def _quantities(d: Mapping[str, str] | None) -> dict[str, Decimal]:
+    out: dict[str, Decimal] = {}
+    for r, q in (d or {}).items():
+        if r in RESOURCES:
+            out[r] = parse(str(q))
+    return out
+
+
+def node_info(node: Mapping[str, object]) -> NodeInfo:
+    """NodeInfo of a Node object: allocatable, labels, and whether tenant pods could land there."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    assert isinstance(meta, dict) and isinstance(spec, dict) and isinstance(status, dict)
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    blocking = [
+        t
+        for t in spec.get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in TOLERATED_TAINTS
+    ]
+    return NodeInfo(
+        name=str(meta.get("name", "")),
+        allocatable=_quantities(status.get("allocatable")),
+        labels=dict(meta.get("labels") or {}),
+        schedulable=ready and not spec.get("unschedulable") and not blocking,
+    )
+
+
+def pod_requests(pod: Mapping[str, object]) -> dict[str, Decimal]:
+    """What a pod holds on its node, as the scheduler counts it: max(sum of containers, largest
+    init container) per resource, plus the pod overhead, plus one `pods` slot."""
+    spec = pod.get("spec") or {}
+    assert isinstance(spec, dict)
+    total: dict[str, Decimal] = {}
+    for c in spec.get("containers") or []:
+        for r, v in _quantities((c.get("resources") or {}).get("requests")).items():
+            total[r] = total.get(r, Decimal(0)) + v
+    for c in spec.get("initContainers") or []:
+        for r, v in _quantities((c.get("resources") or {}).get("requests")).items():
+            total[r] = max(total.get(r, Decimal(0)), v)
+    for r, v in _quantities(spec.get("overhead")).items():
+        total[r] = total.get(r, Decimal(0)) + v
+    total["pods"] = Decimal(1)
+    return total
+
+
+def add(a: Resources, b: Resources) -> dict[str, Decimal]:
+    return {r: a.get(r, Decimal(0)) + b.get(r, Decimal(0)) for r in set(a) | set(b)}
+
+
+#: Integer units the quota is split in: millicores, bytes, whole GPUs, whole pods.
+_UNIT = {"cpu": Decimal("0.001"), "memory": Decimal(1), GPU: Decimal(1), "pods": Decimal(1)}
+
+
+def partition(grant: Resources, used: Mapping[str, Resources]) -> dict[str, dict[str, Decimal]]:
+    """Split a grant over namespaces so that the SUM of the per-namespace limits never exceeds it.
+
+    Kubernetes quotas are per namespace; a consumer with several twin namespaces must not get the
+    grant once per namespace. Each namespace keeps what it uses, and the headroom (grant minus all
+    usage) is split evenly in integer units, the remainder going to the namespaces in name order.
+    When usage already exceeds the grant (the grant shrank), every namespace is held at its usage:
+    running pods keep running, new ones are refused by the quota.
+    """
+    names = sorted(used)
+    out: dict[str, dict[str, Decimal]] = {n: {} for n in names}
+    if not names:
+        return out
+    for r in RESOURCES:
+        unit = _UNIT[r]
+        total_used = sum((used[n].get(r, Decimal(0)) for n in names), Decimal(0))
+        headroom_units = int(max(Decimal(0), grant.get(r, Decimal(0)) - total_used) / unit)
+        each, extra = divmod(headroom_units, len(names))
+        for i, n in enumerate(names):
+            out[n][r] = used[n].get(r, Decimal(0)) + unit * (each + (1 if i < extra else 0))
+    return out

@@ -52,3 +52,37 @@ def twin_namespace(namespace: str, consumer: ClusterID) -> str:
     if len(name) > 63:
         raise ValueError(f"twin namespace {name!r} would be longer than 63 characters; shorten {namespace!r}")
     return name
+
+
+# ---- names on the wire that every role shares (DESIGN.md §4-5)
+
+#: ConfigMap (namespace `gpufed`) with this cluster's ClusterID and public identity key.
+IDENTITY_CONFIGMAP = "gpufed-identity"
+#: Secret (namespace `gpufed`) with the Ed25519 private identity key; never logged, never copied.
+IDENTITY_SECRET = "gpufed-identity-key"  # noqa: S105 -- a Secret's name, not a password
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpufed"
+#: On provider-side objects of one consumer (tenant and twin namespaces, CSRs, quotas, bindings).
+CONSUMER_LABEL = "gpufed.io/consumer-cluster-id"
+#: On consumer-side objects of one provider (credentials, keys).
+PROVIDER_LABEL = "gpufed.io/provider-cluster-id"
+#: On twin namespaces: the consumer namespace they mirror.
+TWIN_OF_LABEL = "gpufed.io/twin-of"
+#: On tenant namespaces.
+TENANT_LABEL = "gpufed.io/tenant"
+ORIGIN_CLUSTER_ANNOTATION = "gpufed.io/origin-cluster-id"
+#: ClusterRoles (installed with gpufed) bound to a consumer's user in its namespaces only.
+CONSUMER_WORKLOADS_ROLE = "gpufed-consumer-workloads"
+CONSUMER_CONTROL_ROLE = "gpufed-consumer-control"
+#: ResourceQuota and LimitRange enforcing a consumer's grant in each of its namespaces.
+GRANT_QUOTA = "gpufed-grant"
+
+
+def remote_kubeconfig_secret(provider: ClusterID) -> str:
+    """Consumer-side Secret with the credentials for one provider."""
+    return f"gpufed-remote-{provider}"
+
+
+def pending_key_secret(provider: ClusterID) -> str:
+    """Consumer-side Secret holding the private key of a CSR not yet signed by `provider`."""
+    return f"gpufed-csr-key-{provider}"

@@ -1,6 +1,7 @@
 """gpufed's CRDs as pydantic models (`gpufed.io/v1alpha1`), and their CustomResourceDefinitions.
 
-Owns: the spec/status shapes of ForeignCluster, ResourceSlice and Tenant (camelCase on the wire),
+Owns: the spec/status shapes of ForeignCluster, ResourceSlice, Tenant and TwinNamespace (camelCase
+on the wire), the handshake messages they carry,
 their validation, and `crd_manifests()`, which turns the models into CRDs with structural OpenAPI
 schemas and `kubectl get` columns. `python -m peering.models deploy/crds` writes them; a unit test
 fails when the files drift from the models.
@@ -60,6 +61,26 @@ def _check_quantities(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+# ---- handshake messages carried by the CRs (the CLI is the courier between the clusters)
+
+
+class ChallengeWire(_Model):
+    """A provider's challenge, as `peering.handshake.Challenge.to_wire()` writes it."""
+
+    provider: str
+    consumer: str
+    nonce: str = Field(description="Base64 of the random nonce.")
+    expires_at: str = Field(description="RFC 3339 UTC time after which the challenge is refused.")
+
+
+class Answer(_Model):
+    """The consumer's answer: a CSR and its Ed25519 signature over the challenge and the CSR."""
+
+    nonce: str = Field(description="Base64 nonce of the challenge this answers.")
+    csr: str = Field(description="PEM certificate request for the consumer's client certificate.")
+    signature: str = Field(description="Base64 Ed25519 signature of the handshake payload.")
+
+
 # ---- ForeignCluster (both sides: one per peer)
 
 
@@ -70,11 +91,20 @@ class ForeignClusterSpec(_Model):
     public_key: str = Field(
         default="", description="The peer's Ed25519 identity key (PEM), registered by the operator."
     )
+    challenge: ChallengeWire | None = Field(
+        default=None, description="Provider peers: the provider's current challenge, for our controller to answer."
+    )
+    certificate: str = Field(default="", description="Provider peers: our client certificate it issued (PEM).")
+    ca_data: str = Field(default="", description="Provider peers: the CA of its API server (PEM).")
 
 
 class ForeignClusterStatus(_Model):
     phase: Literal["Pending", "Authenticating", "Peered", "Failed", "Unpeering"] = "Pending"
     conditions: list[Condition] = Field(default_factory=list)
+    answer: Answer | None = Field(default=None, description="Provider peers: our answer to its challenge.")
+    kubeconfig_secret: str = Field(
+        default="", description="Provider peers: Secret in the gpufed namespace with our credentials there."
+    )
 
 
 class ForeignCluster(_Model):
@@ -108,6 +138,7 @@ class ResourceSliceStatus(_Model):
         default_factory=list, description="Authentication and Resources: Accepted or Denied, with a reason."
     )
     granted: dict[str, str] = Field(default_factory=dict, description="What the provider granted.")
+    used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods use of the grant.")
 
 
 class ResourceSlice(_Model):
@@ -141,12 +172,26 @@ class TenantSpec(_Model):
     consumer_cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN)
     public_key: str = Field(description="The consumer's Ed25519 identity key (PEM).")
     policy: TenantPolicy = Field(default_factory=TenantPolicy)
+    auth_generation: int = Field(
+        default=1, ge=1, description="Raise to ask for a new handshake (new challenge, new certificate)."
+    )
+    answer: Answer | None = Field(default=None, description="The consumer's answer to the challenge.")
 
 
 class TenantStatus(_Model):
-    phase: Literal["Pending", "Authenticated", "Refused"] = "Pending"
+    phase: Literal["Pending", "Challenged", "Authenticated", "Refused"] = "Pending"
     conditions: list[Condition] = Field(default_factory=list)
     granted: dict[str, str] = Field(default_factory=dict, description="Sum of the consumer's granted slices.")
+    used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods request now.")
+    challenge: ChallengeWire | None = Field(default=None, description="The challenge the consumer must answer.")
+    auth_generation: int = Field(default=0, description="The spec.authGeneration the handshake state belongs to.")
+    used_nonces: list[str] = Field(
+        default_factory=list, description="SHA-256 of answered nonces (most recent last); replays are refused."
+    )
+    certificate: str = Field(default="", description="The consumer's client certificate (PEM).")
+    ca_data: str = Field(default="", description="This cluster's API server CA (PEM).")
+    namespace: str = Field(default="", description="The tenant namespace.")
+    twin_namespaces: list[str] = Field(default_factory=list, description="The consumer's twin namespaces here.")
 
 
 class Tenant(_Model):
@@ -164,7 +209,40 @@ class Tenant(_Model):
     status: TenantStatus | None = None
 
 
-KINDS: tuple[type[ForeignCluster] | type[ResourceSlice] | type[Tenant], ...] = (ForeignCluster, ResourceSlice, Tenant)
+# ---- TwinNamespace (provider side, in the tenant namespace: the consumer's request for a twin)
+
+
+class TwinNamespaceSpec(_Model):
+    namespace: str = Field(
+        max_length=32,
+        pattern=CLUSTER_ID_PATTERN,
+        description="The consumer namespace to twin; the twin is `<namespace>-<consumer-id>`.",
+    )
+
+
+class TwinNamespaceStatus(_Model):
+    phase: Literal["Pending", "Ready", "Refused"] = "Pending"
+    twin: str = Field(default="", description="Name of the twin namespace.")
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class TwinNamespace(_Model):
+    kind: ClassVar[str] = "TwinNamespace"
+    plural: ClassVar[str] = "twinnamespaces"
+    scope: ClassVar[str] = "Namespaced"
+    short_names: ClassVar[list[str]] = ["twinns"]
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("Namespace", "string", ".spec.namespace"),
+        ("Twin", "string", ".status.twin"),
+        ("Phase", "string", ".status.phase"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: TwinNamespaceSpec
+    status: TwinNamespaceStatus | None = None
+
+
+CRDKind = type[ForeignCluster] | type[ResourceSlice] | type[Tenant] | type[TwinNamespace]
+KINDS: tuple[CRDKind, ...] = (ForeignCluster, ResourceSlice, Tenant, TwinNamespace)
 
 
 # ---- CRD generation
@@ -207,9 +285,9 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def _quantity_maps(schema: dict[str, Any]) -> None:
     """Resource maps hold quantities: forbid other keys and enforce the quantity pattern."""
     for name, prop in schema.get("properties", {}).items():
-        if name in ("resources", "granted", "maxResources"):
+        if name in ("resources", "granted", "used", "maxResources"):
             prop["additionalProperties"] = {"type": "string", "pattern": QUANTITY_PATTERN}
-            if name != "granted":
+            if name in ("resources", "maxResources"):
                 prop["x-kubernetes-validations"] = [
                     {
                         "rule": "self.all(k, k in " + str(list(SLICE_RESOURCES)).replace("'", '"') + ")",
@@ -220,7 +298,7 @@ def _quantity_maps(schema: dict[str, Any]) -> None:
             _quantity_maps(prop)
 
 
-def crd(model: type[ForeignCluster] | type[ResourceSlice] | type[Tenant]) -> dict[str, Any]:
+def crd(model: CRDKind) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True)
     defs = raw.get("$defs", {})
     props = {k: _structural(v, defs) for k, v in raw["properties"].items() if k in ("spec", "status")}

@@ -32,6 +32,15 @@ class KubeError(Exception):
     def conflict(self) -> bool:
         return self.status == 409
 
+    @property
+    def forbidden(self) -> bool:
+        return self.status in (401, 403)
+
+    @property
+    def transient(self) -> bool:
+        """No answer, throttled, or a server-side failure: worth retrying."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
 
 def map_error(e: ApiException, what: str) -> KubeError:
     return KubeError(f"{what}: {e.status} {e.reason}", status=int(e.status or 0), reason=str(e.reason or ""))
@@ -50,6 +59,14 @@ async def api_client(kubeconfig: Path, context: str | None = None) -> AsyncItera
         await api.close()
 
 
+async def client_from_dict(kubeconfig: dict[str, Any], context: str | None = None) -> Any:
+    """An ApiClient for an in-memory kubeconfig (e.g. credentials read from a Secret); caller closes it."""
+    try:
+        return await config.new_client_from_config_dict(kubeconfig, context=context)
+    except (config.ConfigException, KeyError, ValueError, TypeError) as e:
+        raise KubeError(f"invalid kubeconfig: {e}") from e
+
+
 @asynccontextmanager
 async def translating(what: str) -> AsyncIterator[None]:
     """Turn the client library's exceptions raised inside the block into KubeError."""
@@ -61,4 +78,4 @@ async def translating(what: str) -> AsyncIterator[None]:
         raise KubeError(f"{what}: {e}") from e
 
 
-__all__ = ["KubeError", "api_client", "client", "map_error", "translating"]
+__all__ = ["KubeError", "api_client", "client", "client_from_dict", "map_error", "translating"]

@@ -188,7 +188,7 @@ def clusters(request: pytest.FixtureRequest) -> Iterator[Clusters]:
     else:
         state_dir = REPO / ".cache" / "e2e"
         topo = default_topology(base_port=E2E_BASE_PORT, job_seconds=E2E_JOB_SECONDS)
-    env = LocalEnvironment(LocalSettings(state_dir, bin_dir, build_script=build), topo)
+    env = LocalEnvironment(LocalSettings(state_dir, bin_dir, build_script=build, manifests_dir=REPO / "deploy"), topo)
     # Idempotent: with --reuse-clusters this only verifies (and completes) the running environment.
     asyncio.run(env.up(lambda m: print(f"[clusters] {m}", flush=True)))
     try:

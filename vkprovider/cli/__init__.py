@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from vkprovider.cli import local
+from vkprovider.cli import controller, local
+from vkprovider.cli import peer as peering_cmds
 
 app = typer.Typer(
     name="gpufed",
@@ -16,6 +17,10 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(local.app, name="local")
+app.command(name="controller")(controller.controller)
+app.command(name="peer")(peering_cmds.peer)
+app.command(name="unpeer")(peering_cmds.unpeer)
+app.command(name="info")(peering_cmds.info)
 
 
 @app.command()

@@ -33,6 +33,8 @@ console = Console(stderr=True)
 #: Repository root when running from a source checkout (editable install), else None.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
 _BUILD_SCRIPT = _SOURCE_ROOT / "deploy" / "local" / "build.sh"
+#: gpufed's CRDs and RBAC, installed into every local cluster.
+_MANIFESTS = _SOURCE_ROOT / "deploy"
 
 
 def _default_state_dir() -> Path:
@@ -64,9 +66,10 @@ def _settings(state_dir: Path | None, bin_dir: Path | None, timeout: float | Non
         state_dir=(state_dir or _default_state_dir()).resolve(),
         bin_dir=(bin_dir or _default_bin_dir()).resolve(),
         build_script=_BUILD_SCRIPT if _BUILD_SCRIPT.exists() else None,
+        manifests_dir=_MANIFESTS if _MANIFESTS.exists() else None,
     )
     if timeout is not None:
-        s = LocalSettings(s.state_dir, s.bin_dir, s.build_script, timeout)
+        s = LocalSettings(s.state_dir, s.bin_dir, s.build_script, timeout, s.manifests_dir)
     return s
 
 

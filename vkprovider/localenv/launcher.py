@@ -12,8 +12,11 @@ Invariants: every listener binds 127.0.0.1; a component that exits while we wait
 reported with the tail of its log; private keys live only in the state directory (0700/0600).
 etcd speaks plain HTTP on loopback without fsync: this is a disposable test environment.
 
-Does not: know anything about gpufed's own components (peering, virtual kubelets), which later
-layers start on top of these clusters.
+With `manifests_dir` set, each cluster also gets gpufed installed the way an operator would:
+the CRDs and RBAC of deploy/ applied with the admin identity, and `gpufed controller` started as
+one more process of the cluster, with its own least-privilege identity (user gpufed:controller).
+
+Does not: know what gpufed's components do; it only installs and runs them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +41,8 @@ from typing import Any
 
 import aiohttp
 
+from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
+from peering.kube import manifests, rest
 from peering.kube.client import KubeError, api_client, client, translating
 from vkprovider.localenv import kubeconfig, kwokcfg
 from vkprovider.localenv.pki import ClusterPKI, ensure_pki
@@ -50,6 +56,8 @@ STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 30
 #: The components, in start order.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
+CONTROLLER = "gpufed-controller"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 
 Progress = Callable[[str], None]
@@ -71,6 +79,8 @@ class LocalSettings:
     build_script: Path | None = None
     #: Seconds to wait for the whole environment to become healthy.
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    #: gpufed's deploy/ directory (crds/, rbac/): when set, gpufed is installed and its controller runs.
+    manifests_dir: Path | None = None
 
 
 @dataclass
@@ -154,8 +164,8 @@ def _node_ready(node: Any) -> bool:
 def _orphans(directory: Path, bin_dir: Path) -> list[int]:
     """Pids of our binaries whose command line points into `directory` (found without a state file).
 
-    Only processes whose executable lives in `bin_dir` qualify, so a shell or test runner that merely
-    mentions the directory is never touched.
+    Only processes whose executable lives in `bin_dir`, and gpufed controllers, qualify, so a shell
+    or test runner that merely mentions the directory is never touched.
     """
     needle = str(directory).encode()
     bins = bin_dir.resolve()
@@ -168,7 +178,8 @@ def _orphans(directory: Path, bin_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if exe.parent == bins and needle in cmdline:
+        ours = exe.parent == bins or b"vkprovider.cli\x00controller" in cmdline
+        if ours and needle in cmdline:
             out.append(int(entry.name))
     return out
 
@@ -323,7 +334,7 @@ class LocalEnvironment:
         exec_dir.mkdir(parents=True, exist_ok=True)
         exec_dir.chmod(0o1777)  # kwok exec runs as nobody, who cannot enter the 0700 state directory
         pki = ensure_pki(d / "pki", cluster=spec.name, service_cidr=spec.service_cidr)
-        for identity in ("admin", "controller-manager", "scheduler", "kwok"):
+        for identity in ("admin", "controller-manager", "scheduler", "kwok", CONTROLLER):
             kubeconfig.write(
                 self.kubeconfig_path(spec.name, identity),
                 kubeconfig.build(spec.name, self.server(spec.name), pki, identity),
@@ -454,6 +465,16 @@ class LocalEnvironment:
                 f"--service-cluster-ip-range={spec.service_cidr}",
                 "--allocate-node-cidrs=false",
             ]
+        if component == CONTROLLER:
+            return [
+                sys.executable,
+                "-m",
+                "vkprovider.cli",
+                "controller",
+                f"--kubeconfig={self.kubeconfig_path(spec.name, CONTROLLER)}",
+                f"--cluster-name={spec.name}",
+                "--log-level=info",
+            ]
         if component == "kwok":
             return [
                 str(self.binary("kwok")),
@@ -579,6 +600,39 @@ class LocalEnvironment:
             f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs)"
             + ("" if started else "; was already running")
         )
+        if self.settings.manifests_dir is not None:
+            await self._install_gpufed(spec, state, deadline, progress)
+
+    async def _install_gpufed(
+        self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress
+    ) -> None:
+        """Apply gpufed's CRDs and RBAC, start its controller, wait for the cluster identity."""
+        assert self.settings.manifests_dir is not None
+        files = sorted((self.settings.manifests_dir / "crds").glob("*.yaml")) + sorted(
+            (self.settings.manifests_dir / "rbac").glob("*.yaml")
+        )
+        try:
+            docs = await asyncio.to_thread(manifests.load, files)
+        except (OSError, ValueError) as e:
+            raise LocalEnvError(f"cannot read gpufed's manifests in {self.settings.manifests_dir}: {e}") from e
+        async with api_client(self.kubeconfig_path(spec.name)) as api:
+            await manifests.apply_all(api, docs)
+            await manifests.wait_established(
+                api, [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
+            )
+            started = self._start(spec, CONTROLLER, state)
+            cm = rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE)
+
+            async def identity() -> bool:
+                return await rest.get(api, cm) is not None
+
+            await self._wait(
+                f"gpufed controller of {spec.name}",
+                deadline,
+                identity,
+                lambda: self._check_alive(spec, CONTROLLER, state),
+            )
+        progress(f"{spec.name}: gpufed installed; controller {'started' if started else 'already running'}")
 
     async def _ensure_nodes(self, spec: ClusterSpec, v1: Any) -> None:
         async with translating(f"list nodes of {spec.name}"):
@@ -632,6 +686,11 @@ class LocalEnvironment:
                 comps.append(
                     ComponentStatus(comp, info.get("pid"), _alive(info.get("pid"), info.get("start_time")), port)
                 )
+            if self.settings.manifests_dir is not None:
+                info = cstate.get(CONTROLLER, {})
+                comps.append(
+                    ComponentStatus(CONTROLLER, info.get("pid"), _alive(info.get("pid"), info.get("start_time")), 0)
+                )
             st = ClusterStatus(spec.name, self.server(spec.name), False, "-", 0, spec.node_count(), 0, comps)
             if all(c.running for c in comps) and self.kubeconfig_path(spec.name).exists():
                 with contextlib.suppress(KubeError, OSError, aiohttp.ClientError, TimeoutError):
@@ -681,7 +740,14 @@ class LocalEnvironment:
         """
         state = self._load_state() if self._state_file.exists() else {}
         tiers: list[set[int]] = [set(), set(), set(), set()]
-        tier_of = {"kwok": 0, "kube-scheduler": 0, "kube-controller-manager": 0, "kube-apiserver": 1, "etcd": 2}
+        tier_of = {
+            CONTROLLER: 0,
+            "kwok": 0,
+            "kube-scheduler": 0,
+            "kube-controller-manager": 0,
+            "kube-apiserver": 1,
+            "etcd": 2,
+        }
         for _cluster, comp, pid in self._running_components(state):
             tiers[tier_of.get(comp, 3)].add(pid)
         known = set().union(*tiers)

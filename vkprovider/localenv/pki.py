@@ -56,6 +56,8 @@ CLIENTS: tuple[ClientIdentity, ...] = (
     ClientIdentity("scheduler", "system:kube-scheduler"),
     ClientIdentity("kwok", "system:kwok-controller", ("system:masters",)),
     ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)),
+    # gpufed's controller: only what deploy/rbac/controller.yaml grants the user gpufed:controller.
+    ClientIdentity("gpufed-controller", "gpufed:controller"),
 )
 
 

@@ -1,0 +1,468 @@
+"""The consumer role: the handshake's consumer half, credentials for providers, slice mirroring.
+
+Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), level-triggered:
+- answering the provider's challenge (copied into `spec.challenge` by `gpufed peer`): a fresh
+  ECDSA key for the client certificate (kept in Secret `gpufed/gpufed-csr-key-<provider>`), a CSR
+  with the subject `peering.handshake` fixes, and an Ed25519 signature by this cluster's identity
+  key over challenge + CSR, published in `status.answer`;
+- turning the certificate the provider issued (copied into `spec.certificate`) into a kubeconfig
+  Secret `gpufed/gpufed-remote-<provider>`, after checking it belongs to the key generated here;
+- mirroring the consumer's ResourceSlices for that provider (namespace `gpufed`) into its tenant
+  namespace on the provider with those credentials, copying the provider's decision back into the
+  local status, and deleting mirrors whose local slice is gone.
+
+The identity key never leaves this process; the CSR key never leaves this cluster.
+
+Does not: talk to the provider before it holds credentials there (the CLI carries the handshake),
+or delete anything on unpeer (that is `gpufed unpeer`; Secrets are owned by the ForeignCluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import ValidationError
+
+from peering import handshake
+from peering.controllers.identity import Identity
+from peering.ids import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PROVIDER_LABEL,
+    SYSTEM_NAMESPACE,
+    ClusterID,
+    parse_cluster_id,
+    pending_key_secret,
+    remote_kubeconfig_secret,
+    tenant_namespace,
+)
+from peering.kube import rest
+from peering.kube.client import KubeError, client_from_dict
+from peering.kube.queue import WorkQueue
+from peering.kube.watch import watch
+from peering.models import API_VERSION, ForeignClusterSpec, ResourceSliceSpec
+
+#: Seconds between polls of the provider for a slice's decision while it is not settled.
+DEFAULT_PENDING_POLL_S = 1.0
+#: Seconds between re-reads of settled slices (grants change with the provider's capacity).
+DEFAULT_RESYNC_S = 10.0
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    #: Seconds between polls of the provider while a slice waits for a decision.
+    pending_poll_s: float = DEFAULT_PENDING_POLL_S
+    #: Seconds between re-reads of settled slices.
+    resync_s: float = DEFAULT_RESYNC_S
+    #: Concurrent provider reconciles.
+    workers: int = 4
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cond(type_: str, ok: bool | None, reason: str, message: str, old: list[dict[str, Any]]) -> dict[str, Any]:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    prev = next((c for c in old if c.get("type") == type_), None)
+    since = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or _now(),
+    }
+
+
+def _set(conds: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*(c for c in conds if c.get("type") != new["type"]), new]
+
+
+def _b64(s: str | bytes) -> str:
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def _owner(fc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ForeignCluster",
+        "name": fc["metadata"]["name"],
+        "uid": fc["metadata"]["uid"],
+    }
+
+
+def kubeconfig_for(provider: str, server: str, ca_pem: str, cert_pem: str, key_pem: str, user: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": provider, "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)}}],
+        "users": [
+            {"name": user, "user": {"client-certificate-data": _b64(cert_pem), "client-key-data": _b64(key_pem)}}
+        ],
+        "contexts": [{"name": provider, "context": {"cluster": provider, "user": user}}],
+        "current-context": provider,
+    }
+
+
+class ConsumerRole:
+    """Runs the consumer reconcilers of one cluster."""
+
+    def __init__(self, api: Any, identity: Identity, settings: ConsumerSettings | None = None) -> None:
+        self.api = api
+        self.identity = identity
+        self.settings = settings or ConsumerSettings()
+        self.queue: WorkQueue[str] = WorkQueue("providers")
+        self._remotes: dict[str, tuple[str, Any]] = {}
+        self._log = structlog.get_logger().bind(cluster=identity.cluster_id, role="consumer")
+
+    def _on_fc(self, kind: str, obj: dict[str, Any]) -> None:
+        self.queue.add(obj["metadata"]["name"])
+
+    def _on_slice(self, kind: str, obj: dict[str, Any]) -> None:
+        provider = (obj.get("spec") or {}).get("providerClusterId")
+        if provider:
+            self.queue.add(str(provider))
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(
+                    watch(self.api, rest.path(API_VERSION, "foreignclusters"), self._on_fc, what="foreignclusters")
+                )
+                tg.create_task(
+                    watch(
+                        self.api,
+                        rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE),
+                        self._on_slice,
+                        what="resourceslices",
+                    )
+                )
+                tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
+        finally:
+            for _secret_rv, client in self._remotes.values():
+                await client.close()
+
+    # ---- reconcile one provider
+
+    async def reconcile(self, name: str) -> float | None:
+        fc = await rest.get(self.api, rest.path(API_VERSION, "foreignclusters", name))
+        if fc is None or fc["metadata"].get("deletionTimestamp"):
+            await self._drop_remote(name)
+            return None
+        try:
+            spec = ForeignClusterSpec.model_validate(fc.get("spec") or {})
+            provider = parse_cluster_id(spec.cluster_id)
+        except (ValidationError, ValueError):
+            return None  # the CRD schema refuses such objects; nothing sensible to do
+        if "Provider" not in spec.roles:
+            return None
+        log = self._log.bind(remote_cluster=provider, kind="ForeignCluster", name=name)
+        old = dict(fc.get("status") or {})
+        status = dict(old)
+        status["conditions"] = list(status.get("conditions") or [])
+        await self._answer(fc, spec, provider, status, log)
+        authenticated = await self._credentials(fc, spec, provider, status, log)
+        wait: float | None = None
+        if authenticated:
+            status["phase"] = "Peered"
+            wait = await self._slices(provider, status, log)
+        elif status.get("phase") not in ("Failed",):
+            status["phase"] = "Authenticating" if spec.challenge or status.get("answer") else "Pending"
+            await self._slices_waiting(provider)
+        if _strip(status) != _strip(old):
+            await rest.apply(
+                self.api,
+                rest.path(API_VERSION, "foreignclusters", name, sub="status"),
+                {"apiVersion": API_VERSION, "kind": "ForeignCluster", "metadata": {"name": name}, "status": status},
+            )
+        return wait
+
+    async def _answer(
+        self, fc: dict[str, Any], spec: ForeignClusterSpec, provider: ClusterID, status: dict[str, Any], log: Any
+    ) -> None:
+        wire = spec.challenge
+        if wire is None:
+            return
+        answered = status.get("answer") or {}
+        if answered.get("nonce") == wire.nonce:
+            return
+        conds = status["conditions"]
+        try:
+            challenge = handshake.Challenge.from_wire(wire.model_dump(by_alias=True))
+        except ValueError as e:
+            status["conditions"] = _set(conds, _cond("Authentication", False, "InvalidChallenge", str(e), conds))
+            return
+        if challenge.provider != provider or challenge.consumer != self.identity.cluster_id:
+            msg = (
+                f"the challenge is from {challenge.provider} for {challenge.consumer}; "
+                f"this is {self.identity.cluster_id} peering with {provider}: not answered"
+            )
+            status["conditions"] = _set(conds, _cond("Authentication", False, "ChallengeMismatch", msg, conds))
+            return
+        key = ec.generate_private_key(ec.SECP256R1())
+        csr = handshake.make_csr(self.identity.cluster_id, key)
+        signature = handshake.sign(self.identity.private_key, challenge, csr)
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        await rest.apply(
+            self.api,
+            rest.path("v1", "secrets", pending_key_secret(provider), namespace=SYSTEM_NAMESPACE),
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": pending_key_secret(provider),
+                    "namespace": SYSTEM_NAMESPACE,
+                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, PROVIDER_LABEL: provider},
+                    "ownerReferences": [_owner(fc)],
+                },
+                "data": {"tls.key": _b64(key_pem), "nonce": _b64(wire.nonce)},
+            },
+        )
+        status["answer"] = {"nonce": wire.nonce, "csr": csr.decode(), "signature": _b64(signature)}
+        status["conditions"] = _set(
+            conds,
+            _cond(
+                "Authentication",
+                None,
+                "ChallengeAnswered",
+                f"answered {provider}'s challenge; waiting for its certificate",
+                conds,
+            ),
+        )
+        log.info("challenge answered")
+
+    async def _credentials(
+        self, fc: dict[str, Any], spec: ForeignClusterSpec, provider: ClusterID, status: dict[str, Any], log: Any
+    ) -> bool:
+        conds = status["conditions"]
+        secret_name = remote_kubeconfig_secret(provider)
+        secret_path = rest.path("v1", "secrets", secret_name, namespace=SYSTEM_NAMESPACE)
+        existing = await rest.get(self.api, secret_path)
+        if not spec.certificate:
+            return False
+        if (
+            existing is not None
+            and (existing.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
+            and ((existing.get("metadata") or {}).get("annotations") or {}).get("gpufed.io/server")
+            == spec.api_server_url
+        ):
+            return True
+        pending = await rest.get(
+            self.api, rest.path("v1", "secrets", pending_key_secret(provider), namespace=SYSTEM_NAMESPACE)
+        )
+        try:
+            cert = x509.load_pem_x509_certificate(spec.certificate.encode())
+        except ValueError as e:
+            status["conditions"] = _set(
+                conds,
+                _cond(
+                    "Authentication", False, "InvalidCertificate", f"the provider's certificate is not PEM: {e}", conds
+                ),
+            )
+            return False
+        key_pem = base64.b64decode((pending or {}).get("data", {}).get("tls.key", "")) if pending else b""
+        if not key_pem and existing is not None:
+            key_pem = base64.b64decode((existing.get("data") or {}).get("tls.key", ""))  # e.g. the API URL changed
+        try:
+            key = serialization.load_pem_private_key(key_pem, password=None) if key_pem else None
+        except ValueError:
+            key = None
+        if key is None or _spki(cert.public_key()) != _spki(key.public_key()):
+            status["conditions"] = _set(
+                conds,
+                _cond(
+                    "Authentication",
+                    False,
+                    "CertificateMismatch",
+                    "the certificate does not belong to the key this cluster generated; run `gpufed peer` again",
+                    conds,
+                ),
+            )
+            return False
+        kubeconfig = kubeconfig_for(
+            provider,
+            spec.api_server_url,
+            spec.ca_data,
+            spec.certificate,
+            key_pem.decode(),
+            handshake.consumer_user(self.identity.cluster_id),
+        )
+        await rest.apply(
+            self.api,
+            secret_path,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": secret_name,
+                    "namespace": SYSTEM_NAMESPACE,
+                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, PROVIDER_LABEL: provider},
+                    "annotations": {"gpufed.io/server": spec.api_server_url},
+                    "ownerReferences": [_owner(fc)],
+                },
+                "data": {
+                    "kubeconfig": _b64(yaml.safe_dump(kubeconfig)),
+                    "tls.crt": _b64(spec.certificate),
+                    "tls.key": _b64(key_pem),
+                    "ca.crt": _b64(spec.ca_data),
+                },
+            },
+        )
+        if pending is not None:
+            await rest.delete(
+                self.api,
+                rest.path("v1", "secrets", pending_key_secret(provider), namespace=SYSTEM_NAMESPACE),
+                uid=pending["metadata"]["uid"],
+            )
+        status["kubeconfigSecret"] = secret_name
+        status["conditions"] = _set(
+            conds,
+            _cond(
+                "Authentication",
+                True,
+                "Authenticated",
+                f"holding credentials for {provider} (valid until "
+                f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}) in Secret {SYSTEM_NAMESPACE}/{secret_name}",
+                conds,
+            ),
+        )
+        await self._drop_remote(provider)
+        log.info("provider credentials stored", secret=secret_name)
+        return True
+
+    async def _remote(self, provider: ClusterID) -> Any:
+        secret = await rest.get(
+            self.api, rest.path("v1", "secrets", remote_kubeconfig_secret(provider), namespace=SYSTEM_NAMESPACE)
+        )
+        if secret is None:
+            raise KubeError(f"no credentials for provider {provider}")
+        rv = secret["metadata"]["resourceVersion"]
+        cached = self._remotes.get(provider)
+        if cached and cached[0] == rv:
+            return cached[1]
+        await self._drop_remote(provider)
+        cfg = yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"]))
+        client = await client_from_dict(cfg)
+        self._remotes[provider] = (rv, client)
+        return client
+
+    async def _drop_remote(self, provider: str) -> None:
+        cached = self._remotes.pop(provider, None)
+        if cached:
+            await cached[1].close()
+
+    async def _local_slices(self, provider: str) -> list[dict[str, Any]]:
+        items = await rest.list_items(self.api, rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE))
+        return [s for s in items if (s.get("spec") or {}).get("providerClusterId") == provider]
+
+    async def _slices_waiting(self, provider: ClusterID) -> None:
+        for s in await self._local_slices(provider):
+            old = dict(s.get("status") or {})
+            conds = list(old.get("conditions") or [])
+            msg = f"waiting for the handshake with {provider} (run `gpufed peer`)"
+            st = {**old, "conditions": _set(conds, _cond("Authentication", None, "Pending", msg, conds))}
+            if _strip(st) != _strip(old):
+                await self._slice_status(s, st)
+
+    async def _slice_status(self, s: dict[str, Any], st: dict[str, Any]) -> None:
+        meta = s["metadata"]
+        await rest.apply(
+            self.api,
+            rest.path(API_VERSION, "resourceslices", meta["name"], namespace=meta["namespace"], sub="status"),
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": st,
+            },
+        )
+
+    async def _slices(self, provider: ClusterID, status: dict[str, Any], log: Any) -> float:
+        conds = status["conditions"]
+        tns = tenant_namespace(self.identity.cluster_id)
+        local = await self._local_slices(provider)
+        try:
+            remote_api = await self._remote(provider)
+            remote_items = await rest.list_items(remote_api, rest.path(API_VERSION, "resourceslices", namespace=tns))
+        except KubeError as e:
+            status["conditions"] = _set(conds, _cond("ProviderReachable", False, "APIError", str(e)[:500], conds))
+            log.warning("provider unreachable", error=str(e))
+            await self._drop_remote(provider)
+            return self.settings.resync_s
+        status["conditions"] = _set(
+            conds, _cond("ProviderReachable", True, "Reachable", "the provider's API answers", conds)
+        )
+        remote = {r["metadata"]["name"]: r for r in remote_items}
+        settled = True
+        for s in local:
+            name = s["metadata"]["name"]
+            try:
+                sspec = ResourceSliceSpec.model_validate(s.get("spec") or {})
+            except ValidationError:
+                continue
+            want = sspec.model_dump(by_alias=True, exclude_none=True)
+            mirror = remote.get(name)
+            if mirror is None or mirror.get("spec") != want:
+                mirror = await rest.apply(
+                    remote_api,
+                    rest.path(API_VERSION, "resourceslices", name, namespace=tns),
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": "ResourceSlice",
+                        "metadata": {"name": name, "namespace": tns, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+                        "spec": want,
+                    },
+                )
+            rst = mirror.get("status") or {}
+            res = next((c for c in rst.get("conditions") or [] if c.get("type") == "Resources"), None)
+            if res is None or res.get("observedGeneration") != mirror["metadata"].get("generation"):
+                settled = False
+                continue
+            st = {
+                "conditions": [
+                    {**c, "observedGeneration": s["metadata"].get("generation", 1)}
+                    if c.get("type") == "Resources"
+                    else c
+                    for c in rst.get("conditions") or []
+                ],
+                "granted": rst.get("granted") or {},
+                "used": rst.get("used") or {},
+            }
+            if st != (s.get("status") or {}):
+                await self._slice_status(s, st)
+        local_names = {s["metadata"]["name"] for s in local}
+        for name, mirror in remote.items():
+            if name not in local_names:
+                log.info("removing slice mirror", name=name)
+                await rest.delete(
+                    remote_api,
+                    rest.path(API_VERSION, "resourceslices", name, namespace=tns),
+                    uid=mirror["metadata"]["uid"],
+                )
+        return self.settings.resync_s if settled else self.settings.pending_poll_s
+
+
+def _spki(key: Any) -> bytes:
+    return bytes(key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def _strip(status: dict[str, Any]) -> dict[str, Any]:
+    out = dict(status)
+    out["conditions"] = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []
+    ]
+    return out

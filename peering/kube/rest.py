@@ -1,0 +1,154 @@
+"""Raw-JSON REST calls through a kubernetes-asyncio ApiClient: get, create, server-side apply, delete.
+
+Owns: the few verbs the controllers and the CLI need, on plain dicts (no generated models, so core
+kinds and gpufed's CRDs are handled alike), URL paths for objects, and the mapping of every
+failure to `KubeError` with the API server's own message (e.g. "pods is forbidden: User ... cannot
+list resource ..."). Writes use server-side apply with ONE field manager, `gpufed` (DESIGN.md §4);
+deletes can carry a UID precondition.
+
+Does not: retry, cache or watch (see `watch` and `queue`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from peering.kube.client import KubeError
+
+FIELD_MANAGER = "gpufed"
+#: Seconds a single request may take (watches use their own timeouts).
+REQUEST_TIMEOUT_S = 30.0
+
+
+def path(api_version: str, plural: str, name: str = "", namespace: str | None = None, sub: str = "") -> str:
+    """URL path of a collection (`name` empty) or an object, optionally a subresource."""
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    p = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    if name:
+        p += f"/{name}"
+    if sub:
+        p += f"/{sub}"
+    return p
+
+
+def _message(status: int, text: str) -> tuple[str, str]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:300] or f"HTTP {status}", ""
+    if isinstance(body, dict):
+        return str(body.get("message") or f"HTTP {status}"), str(body.get("reason") or "")
+    return f"HTTP {status}", ""
+
+
+async def request(
+    api: Any,
+    method: str,
+    url_path: str,
+    *,
+    body: Any = None,
+    params: Mapping[str, str] | None = None,
+    content_type: str = "application/json",
+    what: str = "",
+    request_timeout: float = REQUEST_TIMEOUT_S,
+) -> dict[str, Any]:
+    """One request; the decoded JSON response, or KubeError (status 0 when no answer came)."""
+    what = what or f"{method} {url_path}"
+    headers = {"Accept": "application/json", "Content-Type": content_type}
+    try:
+        resp = await api.call_api(
+            url_path,
+            method,
+            query_params=list((params or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=request_timeout,
+        )
+        async with resp:
+            text = await resp.text()
+            status = resp.status
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise KubeError(f"{what}: cannot reach the API server ({type(e).__name__}: {e})") from e
+    except Exception as e:  # the library raises ApiException(status=0) for transport failures it sees
+        if type(e).__name__ == "ApiException":
+            raise KubeError(f"{what}: {getattr(e, 'reason', e)}", status=int(getattr(e, "status", 0) or 0)) from e
+        raise
+    if not 200 <= status < 300:
+        message, reason = _message(status, text)
+        raise KubeError(f"{what}: {message}", status=status, reason=reason)
+    if not text:
+        return {}
+    try:
+        out = json.loads(text)
+    except ValueError as e:
+        raise KubeError(f"{what}: the API server sent something that is not JSON") from e
+    return out if isinstance(out, dict) else {"items": out}
+
+
+async def get(api: Any, url_path: str, *, what: str = "") -> dict[str, Any] | None:
+    """The object, or None when it does not exist."""
+    try:
+        return await request(api, "GET", url_path, what=what)
+    except KubeError as e:
+        if e.not_found:
+            return None
+        raise
+
+
+async def list_items(api: Any, url_path: str, *, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every item of a collection (paginated)."""
+    items: list[dict[str, Any]] = []
+    cont = ""
+    while True:
+        p = {**(params or {}), "limit": "500"}
+        if cont:
+            p["continue"] = cont
+        page = await request(api, "GET", url_path, params=p)
+        items.extend(page.get("items") or [])
+        cont = str((page.get("metadata") or {}).get("continue") or "")
+        if not cont:
+            return items
+
+
+async def apply(api: Any, url_path: str, obj: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
+    """Server-side apply `obj` at its object path (or `.../status`), as field manager `gpufed`."""
+    return await request(
+        api,
+        "PATCH",
+        url_path,
+        body=dict(obj),
+        params={"fieldManager": FIELD_MANAGER, "force": "true"},
+        content_type="application/apply-patch+yaml",
+        what=what or f"apply {url_path}",
+    )
+
+
+async def merge_patch(api: Any, url_path: str, patch: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
+    return await request(
+        api, "PATCH", url_path, body=dict(patch), content_type="application/merge-patch+json", what=what
+    )
+
+
+async def delete(
+    api: Any, url_path: str, *, uid: str | None = None, propagation: str = "Background", what: str = ""
+) -> bool:
+    """Delete; False when it was already gone. With `uid`, only that incarnation is deleted."""
+    body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    try:
+        await request(api, "DELETE", url_path, body=body, what=what or f"delete {url_path}")
+    except KubeError as e:
+        if e.not_found:
+            return False
+        raise
+    return True
+
+
+__all__ = ["FIELD_MANAGER", "apply", "delete", "get", "list_items", "merge_patch", "path", "request"]

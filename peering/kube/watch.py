@@ -1,0 +1,382 @@
+"""Raw-JSON reads and a resilient list+watch for any Kubernetes collection, core or custom.
+
+Owns: `get_json` and `list_json` (plain reads, paginated for lists) and `watch` (list, then watch
+from the list's resourceVersion, forever). All work on JSON dicts, not kubernetes-asyncio models,
+so one code path serves every kind. Requests go through the caller's ApiClient (`api_client` in
+`peering.kube.client`), so host, TLS and credentials come from the kubeconfig.
+
+Invariants of `watch`:
+- every (re)list delivers each listed object as ("SYNC", obj), then ("DELETED", last known obj) for
+  each object seen before and absent now, then calls `on_synced`;
+- watch events are delivered in order as ("ADDED" | "MODIFIED" | "DELETED", obj); BOOKMARKs only
+  advance the resourceVersion the next watch starts from and are not delivered;
+- a watch that ends normally is resumed from the last resourceVersion seen; 410 Gone (as an HTTP
+  status or an ERROR event) relists; connection errors, timeouts, 408/429/5xx are logged
+  ("watch failed") and retried with capped exponential backoff and jitter, then relist; any other
+  4xx (401, 403, 404, 400, ...) is not transient and raises `KubeError` with `status` set;
+- exceptions raised by `on_event` / `on_synced` propagate unchanged and end the watch;
+  cancellation propagates and closes the open stream.
+
+Objects from a LIST lack `kind`/`apiVersion` on the server's side; they are filled in from the list
+(its kind minus "List") so SYNC objects look like watched ones. Objects are keyed by
+(namespace, name); namespace is "" for cluster-scoped kinds.
+
+Does not: cache beyond what relist diffing needs, decode into models, write anything, or
+rate-limit the callbacks (hand keys to a `WorkQueue` for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import structlog
+
+from peering.kube.client import KubeError
+
+Event = tuple[str, dict[str, Any]]
+ObjKey = tuple[str, str]
+
+PAGE_SIZE = 500
+_BASE_BACKOFF = 0.2
+_JITTER = 0.1
+_MIN_HEALTHY_WATCH_S = 1.0  # a watch that ends sooner with no line at all counts as a failure
+_READ_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=10)
+_TRANSIENT_STATUS = frozenset({0, 408, 429})
+
+
+class _WatchIOError(Exception):
+    """An I/O failure of the watch machinery (never raised by callbacks)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _is_transient(status: int) -> bool:
+    return status in _TRANSIENT_STATUS or status >= 500
+
+
+def obj_key(obj: Mapping[str, Any]) -> ObjKey:
+    """(namespace, name) of a raw object; namespace "" when cluster-scoped."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _rv(obj: Mapping[str, Any]) -> str | None:
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv else None
+
+
+def _query(params: Mapping[str, str] | None, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    return [*(params or {}).items(), *extra]
+
+
+async def _get(api: Any, path: str, query: list[tuple[str, str]], client_timeout: aiohttp.ClientTimeout) -> Any:
+    """Send a GET through `api` and return the raw aiohttp response (any status; caller releases).
+
+    kubernetes-asyncio's `call_api` is a plain function returning a coroutine; with
+    `_preload_content=False` it hands back the aiohttp ClientResponse unread and does not raise on
+    error statuses. It mutates `header_params` (and `query_params` for query auth), so both are
+    fresh on every call.
+    """
+    return await api.call_api(
+        path,
+        "GET",
+        query_params=list(query),
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=client_timeout,
+    )
+
+
+async def _error_from(resp: aiohttp.ClientResponse, what: str) -> KubeError:
+    """KubeError for a non-2xx response, with the Status object's message when there is one."""
+    status = resp.status
+    reason = resp.reason or ""
+    message = ""
+    try:
+        body = await resp.read()
+        doc = json.loads(body) if body else {}
+        if isinstance(doc, dict):
+            message = str(doc.get("message") or "")
+            reason = str(doc.get("reason") or reason)
+    except (ValueError, aiohttp.ClientError, OSError, TimeoutError):
+        pass
+    finally:
+        resp.release()
+    return KubeError(f"{what}: {status} {reason}" + (f": {message}" if message else ""), status=status, reason=reason)
+
+
+async def _get_doc(api: Any, path: str, query: list[tuple[str, str]], what: str) -> dict[str, Any]:
+    """GET and decode one JSON object. Raises KubeError (status 0 for transport failures)."""
+    try:
+        resp = await _get(api, path, query, _READ_TIMEOUT)
+        if not 200 <= resp.status < 300:
+            raise await _error_from(resp, what)
+        try:
+            doc = await resp.json(content_type=None)
+        finally:
+            resp.release()
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+        raise KubeError(f"{what}: {type(e).__name__}: {e}") from e
+    if not isinstance(doc, dict):
+        raise KubeError(f"{what}: response is not a JSON object")
+    return doc
+
+
+async def get_json(api: Any, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """GET `path` (e.g. /api/v1/namespaces/x/pods/y) as a JSON dict. Errors raise KubeError (404 → status 404)."""
+    return await _get_doc(api, path, _query(params), f"GET {path}")
+
+
+async def _list_pages(api: Any, path: str, params: Mapping[str, str] | None) -> tuple[list[dict[str, Any]], str]:
+    """All items of a collection, paginated, and the list's resourceVersion. Raises KubeError."""
+    what = f"LIST {path}"
+    items: list[dict[str, Any]] = []
+    rv = ""
+    token = ""
+    while True:
+        extra = [("limit", str(PAGE_SIZE))] + ([("continue", token)] if token else [])
+        doc = await _get_doc(api, path, _query(params, extra), what)
+        meta = doc.get("metadata") or {}
+        rv = rv or str(meta.get("resourceVersion") or "")
+        kind = str(doc.get("kind") or "")
+        item_kind = kind.removesuffix("List") if kind.endswith("List") else ""
+        api_version = doc.get("apiVersion")
+        for item in doc.get("items") or []:
+            if not isinstance(item, dict):
+                continue
+            if item_kind:
+                item.setdefault("kind", item_kind)
+            if api_version:
+                item.setdefault("apiVersion", api_version)
+            items.append(item)
+        token = str(meta.get("continue") or "")
+        if not token:
+            return items, rv
+
+
+async def list_json(api: Any, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every item of the collection at `path` (paginated), with kind/apiVersion filled in.
+
+    A continue token that expires mid-list (410) restarts the list, up to three times in all.
+    """
+    for attempt in range(3):
+        try:
+            items, _ = await _list_pages(api, path, params)
+            return items
+        except KubeError as e:
+            if e.status != 410 or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+OnEvent = Callable[[str, dict[str, Any]], Awaitable[None] | None]
+
+
+async def _deliver(on_event: OnEvent, t: str, obj: dict[str, Any]) -> None:
+    result = on_event(t, obj)
+    if inspect.isawaitable(result):
+        await result
+
+
+class _LineReader:
+    """Newline-delimited lines of a streaming body, of any length (no reader buffer limit)."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._content = resp.content
+        self._buf = bytearray()
+        self._eof = False
+
+    async def readline(self) -> bytes | None:
+        """The next non-empty line, or None at the end of the stream."""
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                if line.strip():
+                    return line
+                continue
+            if self._eof:
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line if line.strip() else None
+            chunk = await self._content.readany()
+            if chunk:
+                self._buf += chunk
+            else:
+                self._eof = True
+
+
+class _Watcher:
+    """State of one `watch` call: known objects, the resourceVersion to resume from, failures."""
+
+    def __init__(
+        self,
+        api: Any,
+        path: str,
+        on_event: OnEvent,
+        what: str,
+        params: Mapping[str, str] | None,
+        timeout_seconds: int,
+        on_synced: Callable[[], None] | None,
+        max_backoff: float,
+    ) -> None:
+        self.api = api
+        self.path = path
+        self.on_event = on_event
+        self.what = what
+        self.params = params
+        self.timeout_seconds = timeout_seconds
+        self.on_synced = on_synced
+        self.max_backoff = max_backoff
+        self.known: dict[ObjKey, dict[str, Any]] = {}
+        self.rv: str | None = None
+        self.failures = 0
+
+    def backoff(self) -> float:
+        delay = min(_BASE_BACKOFF * float(2 ** min(max(self.failures - 1, 0), 30)), self.max_backoff)
+        return delay * random.uniform(1 - _JITTER, 1 + _JITTER)  # noqa: S311 - jitter, not crypto
+
+    async def run(self) -> None:
+        log = structlog.get_logger()
+        while True:
+            try:
+                if self.rv is None:
+                    await self.relist()
+                healthy = await self.watch_once()
+            except _WatchIOError as e:
+                if e.status == 410:
+                    # The resourceVersion is too old: relist, at once unless it keeps happening.
+                    self.rv = None
+                    if self.failures:
+                        await asyncio.sleep(self.backoff())
+                    self.failures += 1
+                    continue
+                if not _is_transient(e.status):
+                    raise KubeError(f"watch {self.what}: {e}", status=e.status) from e
+                self.failures += 1
+                delay = self.backoff()
+                log.warning("watch failed", what=self.what, error=str(e), retry_in=round(delay, 3))
+                self.rv = None
+                await asyncio.sleep(delay)
+                continue
+            if not healthy:
+                # Ended at once with nothing on it: resume from the same version, but not in a hot loop.
+                self.failures += 1
+                await asyncio.sleep(self.backoff())
+
+    async def relist(self) -> None:
+        try:
+            items, rv = await _list_pages(self.api, self.path, self.params)
+        except KubeError as e:
+            raise _WatchIOError(str(e), e.status) from e
+        previous = self.known
+        self.known = {obj_key(o): o for o in items}
+        for obj in items:
+            await _deliver(self.on_event, "SYNC", obj)
+        for key, obj in previous.items():
+            if key not in self.known:
+                await _deliver(self.on_event, "DELETED", obj)
+        self.rv = rv or None
+        if self.rv is None:
+            raise _WatchIOError("list returned no resourceVersion", 500)
+        if self.on_synced is not None:
+            self.on_synced()
+
+    async def watch_once(self) -> bool:
+        """One watch request from `self.rv`; True if it was healthy (said anything, or lasted)."""
+        assert self.rv is not None
+        extra = [
+            ("watch", "true"),
+            ("resourceVersion", self.rv),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(self.timeout_seconds)),
+        ]
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.timeout_seconds + 30)
+        started = time.monotonic()
+        try:
+            resp = await _get(self.api, self.path, _query(self.params, extra), timeout)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise _WatchIOError(f"{type(e).__name__}: {e}") from e
+        try:
+            if not 200 <= resp.status < 300:
+                err = await _error_from(resp, f"WATCH {self.path}")
+                raise _WatchIOError(str(err), err.status)
+            reader = _LineReader(resp)
+            said_anything = False
+            while True:
+                try:
+                    line = await reader.readline()
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    raise _WatchIOError(f"{type(e).__name__}: {e}") from e
+                if line is None:
+                    break
+                if not said_anything:
+                    said_anything = True
+                    self.failures = 0
+                await self.handle_line(line)
+        finally:
+            resp.close()
+        return said_anything or time.monotonic() - started >= _MIN_HEALTHY_WATCH_S
+
+    async def handle_line(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+            t = event["type"]
+            obj = event["object"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise _WatchIOError(f"undecodable watch event: {e}") from e
+        if not isinstance(obj, dict) or not isinstance(t, str):
+            raise _WatchIOError(f"malformed watch event: {line[:200]!r}")
+        if t == "ERROR":
+            code = obj.get("code")
+            status = code if isinstance(code, int) else 500
+            raise _WatchIOError(f"ERROR event: {status} {obj.get('reason', '')}: {obj.get('message', '')}", status)
+        rv = _rv(obj)
+        if rv:
+            self.rv = rv
+        if t == "BOOKMARK":
+            return
+        key = obj_key(obj)
+        if t in ("ADDED", "MODIFIED"):
+            self.known[key] = obj
+        elif t == "DELETED":
+            self.known.pop(key, None)
+        else:
+            structlog.get_logger().warning("unknown watch event type", what=self.what, type=t)
+            return
+        await _deliver(self.on_event, t, obj)
+
+
+async def watch(
+    api: Any,
+    path: str,
+    on_event: OnEvent,
+    *,
+    what: str,
+    params: Mapping[str, str] | None = None,
+    timeout_seconds: int = 290,
+    on_synced: Callable[[], None] | None = None,
+    max_backoff: float = 30.0,
+) -> None:
+    """List then watch the collection at `path` forever, delivering events to `on_event`.
+
+    `path` is a collection path (/api/v1/pods, /api/v1/namespaces/x/configmaps,
+    /apis/gpufed.io/v1alpha1/tenants); `params` are extra query parameters (labelSelector,
+    fieldSelector); `what` names the watch in logs and errors. See the module docstring for the
+    events and the error handling. Returns never; raises KubeError on non-transient errors.
+    """
+    await _Watcher(api, path, on_event, what, params, timeout_seconds, on_synced, max_backoff).run()
+
+
+__all__ = ["PAGE_SIZE", "Event", "OnEvent", "get_json", "list_json", "obj_key", "watch"]

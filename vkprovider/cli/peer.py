@@ -1,0 +1,152 @@
+"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `peering.ops.peer`, with rich progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from peering.kube.client import KubeError
+from peering.models import GPU_RESOURCE
+from peering.ops import peer as ops
+from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
+from vkprovider.cli.common import console, fail
+
+Kubeconfig = Annotated[
+    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
+]
+Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
+RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
+RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
+
+#: Steps later layers add to `peer` (network after authentication, virtual node after the grant).
+AFTER_AUTH: list[Step] = []
+AFTER_GRANT: list[Step] = []
+
+
+class _Report:
+    def step(self, text: str) -> None:
+        console.print(f"[cyan]•[/] {text} …")
+
+    def done(self, text: str) -> None:
+        console.print(f"  [green]✓[/] {text}")
+
+
+def _run(coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except (PeerError, KubeError) as e:
+        raise fail(e) from None
+
+
+def peer(
+    kubeconfig: Kubeconfig,
+    remote_kubeconfig: RemoteKubeconfig,
+    context: Context = None,
+    remote_context: RemoteContext = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="nvidia.com/gpu to ask for")] = 0,
+    gpu_product: Annotated[
+        str | None, typer.Option("--gpu-product", help="only GPUs of this nvidia.com/gpu.product")
+    ] = None,
+    cpu: Annotated[str, typer.Option("--cpu", help="CPU to ask for (quantity)")] = "16",
+    memory: Annotated[str, typer.Option("--memory", help="memory to ask for (quantity)")] = "64Gi",
+    pods: Annotated[int, typer.Option("--pods", help="pods to ask for")] = 110,
+    remote_api_server: Annotated[
+        str | None,
+        typer.Option(
+            "--remote-api-server", help="provider API URL as the consumer reaches it [default: from its kubeconfig]"
+        ),
+    ] = None,
+    timeout: Timeout = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig) and negotiate a slice."""
+    resources = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+    if gpus != 0:  # negative values reach validation and get its error
+        resources[GPU_RESOURCE] = str(gpus)
+    req = PeerRequest(
+        consumer=ClusterRef(kubeconfig, context, "consumer"),
+        provider=ClusterRef(remote_kubeconfig, remote_context, "provider"),
+        resources=resources,
+        gpu_product=gpu_product,
+        timeout_s=timeout,
+        provider_api_server=remote_api_server,
+    )
+    result = _run(ops.peer(req, _Report(), after_auth=AFTER_AUTH, after_grant=AFTER_GRANT))
+    table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
+    table.add_column("resource")
+    table.add_column("requested", justify="right")
+    table.add_column("granted", justify="right")
+    for r in sorted(result.requested):
+        table.add_row(r, result.requested[r], result.granted.get(r, "0"))
+    console.print(table)
+    if not result.accepted:
+        raise fail(f"{result.provider_id} denied the slice: {result.reason}: {result.message}", code=3)
+    if result.reason != "Granted":
+        console.print(f"[yellow]note:[/] {result.message}")
+    console.print(f"[bold green]peered[/] {result.consumer_id} with {result.provider_id}")
+
+
+def unpeer(
+    kubeconfig: Kubeconfig,
+    remote_kubeconfig: RemoteKubeconfig,
+    context: Context = None,
+    remote_context: RemoteContext = None,
+    timeout: Timeout = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Remove everything a peering created on both clusters."""
+    _run(
+        ops.unpeer(
+            ClusterRef(kubeconfig, context, "consumer"),
+            ClusterRef(remote_kubeconfig, remote_context, "provider"),
+            _Report(),
+            timeout,
+        )
+    )
+
+
+def info(
+    kubeconfig: Kubeconfig,
+    context: Context = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="table or json")] = "table",
+) -> None:
+    """This cluster's peerings: phase, requested vs granted, used vs granted per resource."""
+    if output not in ("table", "json"):
+        raise fail("--output must be table or json", code=2)
+    data = _run(ops.info(ClusterRef(kubeconfig, context, "cluster")))
+    if output == "json":
+        typer.echo(json.dumps(data, indent=2))
+        return
+    console.print(f"cluster [bold]{data['clusterId']}[/] (key {data['keyFingerprint']})")
+    t = Table(title="providers (this cluster consumes)")
+    for col in ("provider", "phase", "slice", "resource", "requested", "granted", "used", "decision"):
+        t.add_column(col)
+    for p in data["providers"]:
+        if not p["slices"]:
+            t.add_row(p["clusterId"], p["phase"], "-", "", "", "", "", "")
+        for s in p["slices"]:
+            for i, r in enumerate(sorted(s["requested"])):
+                t.add_row(
+                    p["clusterId"] if i == 0 else "",
+                    p["phase"] if i == 0 else "",
+                    s["name"] if i == 0 else "",
+                    r,
+                    s["requested"][r],
+                    s["granted"].get(r, "0"),
+                    s["used"].get(r, "0"),
+                    s["reason"] if i == 0 else "",
+                )
+    console.print(t)
+    if data["consumers"]:
+        c = Table(title="consumers (this cluster provides)")
+        for col in ("consumer", "phase", "granted", "used", "twin namespaces"):
+            c.add_column(col)
+        for x in data["consumers"]:
+            fmt = ", ".join(f"{k}={v}" for k, v in sorted(x["granted"].items()))
+            used = ", ".join(f"{k}={v}" for k, v in sorted(x["used"].items()))
+            c.add_row(x["clusterId"], x["phase"], fmt, used, ", ".join(x["twinNamespaces"]))
+        console.print(c)
