@@ -188,6 +188,10 @@ class TenantStatus(_Model):
     used_nonces: list[str] = Field(
         default_factory=list, description="SHA-256 of answered nonces (most recent last); replays are refused."
     )
+    answered: str = Field(default="", description="SHA-256 of the nonce of the answer the current state results from.")
+    csr_name: str = Field(
+        default="", description="The CertificateSigningRequest of the consumer's current certificate."
+    )
     certificate: str = Field(default="", description="The consumer's client certificate (PEM).")
     ca_data: str = Field(default="", description="This cluster's API server CA (PEM).")
     namespace: str = Field(default="", description="The tenant namespace.")

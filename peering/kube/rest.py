@@ -117,12 +117,20 @@ async def list_items(api: Any, url_path: str, *, params: Mapping[str, str] | Non
 
 
 async def apply(api: Any, url_path: str, obj: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
-    """Server-side apply `obj` at its object path (or `.../status`), as field manager `gpufed`."""
+    """Server-side apply `obj` at its object path (or `.../status`), as field manager `gpufed`.
+
+    Empty maps and lists directly under `status` are left out: the API server turns an applied
+    `{}` that replaces owned keys into null, which a typed CRD schema then refuses. Leaving the
+    field out releases it, which is what an empty value means here.
+    """
+    body = dict(obj)
+    if isinstance(body.get("status"), dict):
+        body["status"] = {k: v for k, v in body["status"].items() if v not in ({}, [], None)}
     return await request(
         api,
         "PATCH",
         url_path,
-        body=dict(obj),
+        body=body,
         params={"fieldManager": FIELD_MANAGER, "force": "true"},
         content_type="application/apply-patch+yaml",
         what=what or f"apply {url_path}",

@@ -164,7 +164,14 @@ class Clusters:
             ):
                 p = self.kubectl(c.name, *args, check=False, timeout=20)
                 out.append(f"$ kubectl {' '.join(args)}\n{p.stdout}{p.stderr}")
-            for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "etcd"):
+            for comp in (
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kwok",
+                "etcd",
+                "gpufed-controller",
+            ):
                 log = self.env.log_path(c.name, comp)
                 try:
                     tail = "\n".join(line[:400] for line in log.read_text(errors="replace").splitlines()[-12:])
