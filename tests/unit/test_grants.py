@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import pytest
 
+from peering import grants
 from peering.grants import (
     Decision,
     GrantError,
@@ -159,3 +160,68 @@ def test_cpu_memory_pods_are_granted_from_the_selected_pool() -> None:
 def test_invalid_requests(resources: dict[str, Decimal], message: str) -> None:
     with pytest.raises(GrantError, match=message):
         run(SliceRequest(resources))
+
+
+# ---- capacity read from API objects, and the quota partition
+
+
+def test_pod_requests_follow_the_scheduler_rules() -> None:
+    pod = {
+        "spec": {
+            "containers": [
+                {"resources": {"requests": {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "2"}}},
+                {"resources": {"requests": {"cpu": "250m"}}},
+                {},
+            ],
+            "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "512Mi"}}}],
+            "overhead": {"cpu": "100m"},
+        }
+    }
+    r = grants.pod_requests(pod)
+    assert r["cpu"] == Decimal("2.1")  # the init container's 2 beats 0.75, plus overhead
+    assert r["memory"] == Decimal(1024**3)
+    assert r["nvidia.com/gpu"] == 2 and r["pods"] == 1
+
+
+def test_node_info_schedulability() -> None:
+    def node(**spec: object) -> dict[str, object]:
+        return {
+            "metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "H100"}},
+            "spec": spec,
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "ephemeral-storage": "1Ti"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+
+    ok = grants.node_info(node())
+    assert ok.schedulable and ok.allocatable == {"nvidia.com/gpu": 8, "cpu": 64}
+    assert grants.node_info(node(taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])).schedulable
+    assert not grants.node_info(node(taints=[{"key": "maintenance", "effect": "NoExecute"}])).schedulable
+    assert not grants.node_info(node(unschedulable=True)).schedulable
+    not_ready = node()
+    not_ready["status"] = {"allocatable": {}, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert not grants.node_info(not_ready).schedulable
+
+
+def test_partition_never_sums_above_the_grant() -> None:
+    grant = {"nvidia.com/gpu": Decimal(8), "cpu": Decimal("10"), "memory": Decimal(3), "pods": Decimal(10)}
+    used = {
+        "b": {"nvidia.com/gpu": Decimal(2), "cpu": Decimal("1.5"), "pods": Decimal(1)},
+        "a": {},
+        "c": {"nvidia.com/gpu": Decimal(1)},
+    }
+    out = grants.partition(grant, used)
+    for r in grants.RESOURCES:
+        assert sum(out[n][r] for n in out) == max(grant[r], sum(u.get(r, Decimal(0)) for u in used.values()))
+        for n in used:
+            assert out[n][r] >= used[n].get(r, Decimal(0)), "a namespace was limited below its usage"
+    # 5 free GPUs over 3 namespaces: 2, 2, 1 in name order on top of usage.
+    assert [out[n]["nvidia.com/gpu"] for n in ("a", "b", "c")] == [2, 4, 2]
+    assert out["a"]["cpu"] + out["b"]["cpu"] + out["c"]["cpu"] == Decimal(10)
+
+
+def test_partition_holds_namespaces_at_usage_when_the_grant_shrank() -> None:
+    out = grants.partition({"nvidia.com/gpu": Decimal(2)}, {"x": {"nvidia.com/gpu": Decimal(3)}})
+    assert out["x"]["nvidia.com/gpu"] == 3
+    assert grants.partition({"cpu": Decimal(1)}, {}) == {}
