@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .PHONY: help venv binaries lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo clean
 
 help:
-	@echo "make demo       create the venv, build the clusters from source, show the GPU nodes"
+	@echo "make demo       create the venv, build the clusters from source, peer them, show the grants"
 	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
 	@echo "other targets:  venv binaries lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
 
@@ -63,6 +63,12 @@ demo: clusters-up
 	  $(BIN)/kubectl --context $$ctx get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count; \
 	done; \
 	echo; $(GPUFED) local status; \
+	echo; echo "=== peering the consumer with gpu-a (8 GPUs) and gpu-b (4 A100s)"; \
+	$(GPUFED) peer --kubeconfig $$KUBECONFIG --context consumer --remote-kubeconfig $$KUBECONFIG --remote-context gpu-a --gpus 8; \
+	$(GPUFED) peer --kubeconfig $$KUBECONFIG --context consumer --remote-kubeconfig $$KUBECONFIG --remote-context gpu-b \
+	  --gpus 4 --gpu-product NVIDIA-A100-SXM4-40GB; \
+	echo; $(GPUFED) info --kubeconfig $$KUBECONFIG --context consumer; \
+	echo; $(BIN)/kubectl --context consumer get rslice -n gpufed; \
 	echo; echo "Clusters keep running: export KUBECONFIG=$$KUBECONFIG; 'make clusters-down' stops them."
 
 clean: clusters-down
