@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import ValidationError
 
 from peering import handshake
+from peering.controllers import status as st_
 from peering.controllers.identity import Identity
 from peering.ids import (
     MANAGED_BY,
@@ -65,27 +65,6 @@ class ConsumerSettings:
     resync_s: float = DEFAULT_RESYNC_S
     #: Concurrent provider reconciles.
     workers: int = 4
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _cond(type_: str, ok: bool | None, reason: str, message: str, old: list[dict[str, Any]]) -> dict[str, Any]:
-    status = "Unknown" if ok is None else ("True" if ok else "False")
-    prev = next((c for c in old if c.get("type") == type_), None)
-    since = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since or _now(),
-    }
-
-
-def _set(conds: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*(c for c in conds if c.get("type") != new["type"]), new]
 
 
 def _b64(s: str | bytes) -> str:
@@ -179,12 +158,8 @@ class ConsumerRole:
         elif status.get("phase") not in ("Failed",):
             status["phase"] = "Authenticating" if spec.challenge or status.get("answer") else "Pending"
             await self._slices_waiting(provider)
-        if _strip(status) != _strip(old):
-            await rest.apply(
-                self.api,
-                rest.path(API_VERSION, "foreignclusters", name, sub="status"),
-                {"apiVersion": API_VERSION, "kind": "ForeignCluster", "metadata": {"name": name}, "status": status},
-            )
+        if st_.without_times(status) != st_.without_times(old):
+            await st_.write(self.api, "ForeignCluster", "foreignclusters", name, status)
         return wait
 
     async def _answer(
@@ -200,14 +175,14 @@ class ConsumerRole:
         try:
             challenge = handshake.Challenge.from_wire(wire.model_dump(by_alias=True))
         except ValueError as e:
-            status["conditions"] = _set(conds, _cond("Authentication", False, "InvalidChallenge", str(e), conds))
+            status["conditions"] = st_.mark(conds, "Authentication", False, "InvalidChallenge", str(e))
             return
         if challenge.provider != provider or challenge.consumer != self.identity.cluster_id:
             msg = (
                 f"the challenge is from {challenge.provider} for {challenge.consumer}; "
                 f"this is {self.identity.cluster_id} peering with {provider}: not answered"
             )
-            status["conditions"] = _set(conds, _cond("Authentication", False, "ChallengeMismatch", msg, conds))
+            status["conditions"] = st_.mark(conds, "Authentication", False, "ChallengeMismatch", msg)
             return
         key = ec.generate_private_key(ec.SECP256R1())
         csr = handshake.make_csr(self.identity.cluster_id, key)
@@ -232,15 +207,12 @@ class ConsumerRole:
             },
         )
         status["answer"] = {"nonce": wire.nonce, "csr": csr.decode(), "signature": _b64(signature)}
-        status["conditions"] = _set(
+        status["conditions"] = st_.mark(
             conds,
-            _cond(
-                "Authentication",
-                None,
-                "ChallengeAnswered",
-                f"answered {provider}'s challenge; waiting for its certificate",
-                conds,
-            ),
+            "Authentication",
+            None,
+            "ChallengeAnswered",
+            f"answered {provider}'s challenge; waiting for its certificate",
         )
         log.info("challenge answered")
 
@@ -266,11 +238,8 @@ class ConsumerRole:
         try:
             cert = x509.load_pem_x509_certificate(spec.certificate.encode())
         except ValueError as e:
-            status["conditions"] = _set(
-                conds,
-                _cond(
-                    "Authentication", False, "InvalidCertificate", f"the provider's certificate is not PEM: {e}", conds
-                ),
+            status["conditions"] = st_.mark(
+                conds, "Authentication", False, "InvalidCertificate", f"the provider's certificate is not PEM: {e}"
             )
             return False
         key_pem = base64.b64decode((pending or {}).get("data", {}).get("tls.key", "")) if pending else b""
@@ -281,15 +250,12 @@ class ConsumerRole:
         except ValueError:
             key = None
         if key is None or _spki(cert.public_key()) != _spki(key.public_key()):
-            status["conditions"] = _set(
+            status["conditions"] = st_.mark(
                 conds,
-                _cond(
-                    "Authentication",
-                    False,
-                    "CertificateMismatch",
-                    "the certificate does not belong to the key this cluster generated; run `gpufed peer` again",
-                    conds,
-                ),
+                "Authentication",
+                False,
+                "CertificateMismatch",
+                "the certificate does not belong to the key this cluster generated; run `gpufed peer` again",
             )
             return False
         kubeconfig = kubeconfig_for(
@@ -329,16 +295,13 @@ class ConsumerRole:
                 uid=pending["metadata"]["uid"],
             )
         status["kubeconfigSecret"] = secret_name
-        status["conditions"] = _set(
+        status["conditions"] = st_.mark(
             conds,
-            _cond(
-                "Authentication",
-                True,
-                "Authenticated",
-                f"holding credentials for {provider} (valid until "
-                f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}) in Secret {SYSTEM_NAMESPACE}/{secret_name}",
-                conds,
-            ),
+            "Authentication",
+            True,
+            "Authenticated",
+            f"holding credentials for {provider} (valid until "
+            f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}) in Secret {SYSTEM_NAMESPACE}/{secret_name}",
         )
         await self._drop_remote(provider)
         log.info("provider credentials stored", secret=secret_name)
@@ -374,22 +337,16 @@ class ConsumerRole:
             old = dict(s.get("status") or {})
             conds = list(old.get("conditions") or [])
             msg = f"waiting for the handshake with {provider} (run `gpufed peer`)"
-            st = {**old, "conditions": _set(conds, _cond("Authentication", None, "Pending", msg, conds))}
-            if _strip(st) != _strip(old):
+            st = {
+                **old,
+                "conditions": st_.mark(conds, "Authentication", None, "Pending", msg),
+            }
+            if st_.without_times(st) != st_.without_times(old):
                 await self._slice_status(s, st)
 
     async def _slice_status(self, s: dict[str, Any], st: dict[str, Any]) -> None:
         meta = s["metadata"]
-        await rest.apply(
-            self.api,
-            rest.path(API_VERSION, "resourceslices", meta["name"], namespace=meta["namespace"], sub="status"),
-            {
-                "apiVersion": API_VERSION,
-                "kind": "ResourceSlice",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                "status": st,
-            },
-        )
+        await st_.write(self.api, "ResourceSlice", "resourceslices", meta["name"], st, meta["namespace"])
 
     async def _slices(self, provider: ClusterID, status: dict[str, Any], log: Any) -> float:
         conds = status["conditions"]
@@ -399,13 +356,11 @@ class ConsumerRole:
             remote_api = await self._remote(provider)
             remote_items = await rest.list_items(remote_api, rest.path(API_VERSION, "resourceslices", namespace=tns))
         except KubeError as e:
-            status["conditions"] = _set(conds, _cond("ProviderReachable", False, "APIError", str(e)[:500], conds))
+            status["conditions"] = st_.mark(conds, "ProviderReachable", False, "APIError", str(e)[:500])
             log.warning("provider unreachable", error=str(e))
             await self._drop_remote(provider)
             return self.settings.resync_s
-        status["conditions"] = _set(
-            conds, _cond("ProviderReachable", True, "Reachable", "the provider's API answers", conds)
-        )
+        status["conditions"] = st_.mark(conds, "ProviderReachable", True, "Reachable", "the provider's API answers")
         remote = {r["metadata"]["name"]: r for r in remote_items}
         settled = True
         for s in local:
@@ -458,11 +413,3 @@ class ConsumerRole:
 
 def _spki(key: Any) -> bytes:
     return bytes(key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
-
-
-def _strip(status: dict[str, Any]) -> dict[str, Any]:
-    out = dict(status)
-    out["conditions"] = [
-        {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []
-    ]
-    return out

@@ -37,6 +37,7 @@ import structlog
 from pydantic import ValidationError
 
 from peering import grants, handshake
+from peering.controllers import status as st_
 from peering.controllers.identity import Identity
 from peering.grants import NodeInfo, PodLoad
 from peering.ids import (
@@ -98,31 +99,8 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
-def _ts(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _sha(nonce_b64: str) -> str:
     return hashlib.sha256(nonce_b64.encode()).hexdigest()
-
-
-def _cond(type_: str, ok: bool | None, reason: str, message: str, old: list[dict[str, Any]]) -> dict[str, Any]:
-    status = "Unknown" if ok is None else ("True" if ok else "False")
-    prev = next((c for c in old if c.get("type") == type_), None)
-    since = (
-        prev["lastTransitionTime"] if prev and prev.get("status") == status and "lastTransitionTime" in prev else None
-    )
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since or _ts(_now()),
-    }
-
-
-def _set_cond(conds: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*(c for c in conds if c.get("type") != new["type"]), new]
 
 
 def _fmt(resources: Mapping[str, Decimal]) -> dict[str, str]:
@@ -245,61 +223,22 @@ class ProviderRole:
 
     async def run(self) -> None:
         label = {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"}
+        running = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+        # (path, handler, name, params, counts for readiness)
+        informers: list[tuple[str, Any, str, dict[str, str] | None, bool]] = [
+            ("/api/v1/nodes", self._on_node, "nodes", None, True),
+            ("/api/v1/pods", self._on_pod, "pods", running, True),
+            (rest.path(API_VERSION, "resourceslices"), self._on_slice, "slices", None, True),
+            (rest.path(API_VERSION, "tenants"), self._on_tenant, "tenants", None, True),
+            ("/api/v1/namespaces", self._on_namespace, "namespaces", {"labelSelector": CONSUMER_LABEL}, True),
+            (rest.path(API_VERSION, "twinnamespaces"), self._on_twin_request, "twinns", None, False),
+            ("/apis/certificates.k8s.io/v1/certificatesigningrequests", self._on_labelled, "csrs", label, False),
+            ("/api/v1/resourcequotas", self._on_labelled, "quotas", label, False),
+        ]
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(
-                watch(self.api, "/api/v1/nodes", self._on_node, what="nodes", on_synced=self._synced_cb("nodes"))
-            )
-            tg.create_task(
-                watch(
-                    self.api,
-                    "/api/v1/pods",
-                    self._on_pod,
-                    what="pods",
-                    params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
-                    on_synced=self._synced_cb("pods"),
-                )
-            )
-            tg.create_task(
-                watch(
-                    self.api,
-                    rest.path(API_VERSION, "resourceslices"),
-                    self._on_slice,
-                    what="resourceslices",
-                    on_synced=self._synced_cb("slices"),
-                )
-            )
-            tg.create_task(
-                watch(
-                    self.api,
-                    rest.path(API_VERSION, "tenants"),
-                    self._on_tenant,
-                    what="tenants",
-                    on_synced=self._synced_cb("tenants"),
-                )
-            )
-            tg.create_task(
-                watch(self.api, rest.path(API_VERSION, "twinnamespaces"), self._on_twin_request, what="twinns")
-            )
-            tg.create_task(
-                watch(
-                    self.api,
-                    "/apis/certificates.k8s.io/v1/certificatesigningrequests",
-                    self._on_labelled,
-                    what="csrs",
-                    params=label,
-                )
-            )
-            tg.create_task(watch(self.api, "/api/v1/resourcequotas", self._on_labelled, what="quotas", params=label))
-            tg.create_task(
-                watch(
-                    self.api,
-                    "/api/v1/namespaces",
-                    self._on_namespace,
-                    what="namespaces",
-                    params={"labelSelector": CONSUMER_LABEL},
-                    on_synced=self._synced_cb("namespaces"),
-                )
-            )
+            for path_, handler, what, params, gates in informers:
+                synced = self._synced_cb(what) if gates else None
+                tg.create_task(watch(self.api, path_, handler, what=what, params=params, on_synced=synced))
             await self.ready.wait()
             tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
 
@@ -320,9 +259,9 @@ class ProviderRole:
                 raise ValueError(f"spec.consumerClusterId {consumer!r} must equal the Tenant's name {name!r}")
         except (ValidationError, ValueError) as e:
             status["phase"] = "Refused"
-            status["conditions"] = _set_cond(
+            status["conditions"] = st_.set_condition(
                 status["conditions"],
-                _cond("Authentication", False, "InvalidTenant", str(e)[:500], status["conditions"]),
+                st_.condition("Authentication", False, "InvalidTenant", str(e)[:500], status["conditions"]),
             )
             await self._write_status(tenant, old_status, status)
             return None
@@ -341,16 +280,7 @@ class ProviderRole:
     async def _write_status(self, tenant: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
         if old == new:
             return
-        await rest.apply(
-            self.api,
-            rest.path(API_VERSION, "tenants", tenant["metadata"]["name"], sub="status"),
-            {
-                "apiVersion": API_VERSION,
-                "kind": "Tenant",
-                "metadata": {"name": tenant["metadata"]["name"]},
-                "status": new,
-            },
-        )
+        await st_.write(self.api, "Tenant", "tenants", tenant["metadata"]["name"], new)
 
     # ---- handshake
 
@@ -377,16 +307,13 @@ class ProviderRole:
                 await self._ensure_tenant_namespace(tenant, consumer)
                 status["csrName"] = await self._submit_csr(tenant, consumer, answer.csr, answer.nonce)
                 status["phase"] = "Challenged"
-                status["conditions"] = _set_cond(
-                    conds,
-                    _cond("Authentication", None, "Verified", verdict.message + "; signing its certificate", conds),
+                status["conditions"] = st_.mark(
+                    conds, "Authentication", None, "Verified", verdict.message + "; signing its certificate"
                 )
             else:
                 log.warning("consumer refused", reason=verdict.reason)
                 status["phase"] = "Refused"
-                status["conditions"] = _set_cond(
-                    conds, _cond("Authentication", False, verdict.reason, verdict.message, conds)
-                )
+                status["conditions"] = st_.mark(conds, "Authentication", False, verdict.reason, verdict.message)
                 await events.emit(self.api, tenant, type_="Warning", reason=verdict.reason, message=verdict.message)
                 return None
         conds = status["conditions"]
@@ -410,15 +337,8 @@ class ProviderRole:
             )
             status["challenge"] = challenge.to_wire()
             status["phase"] = "Challenged"
-            status["conditions"] = _set_cond(
-                conds,
-                _cond(
-                    "Authentication",
-                    None,
-                    "Challenged",
-                    f"waiting for consumer {consumer} to answer the challenge",
-                    conds,
-                ),
+            status["conditions"] = st_.mark(
+                conds, "Authentication", None, "Challenged", f"waiting for consumer {consumer} to answer the challenge"
             )
             return self.settings.challenge_ttl.total_seconds()
         return None
@@ -489,7 +409,7 @@ class ProviderRole:
             msg = (
                 f"the certificate request {status['csrName']} disappeared before it was signed; run `gpufed peer` again"
             )
-            status["conditions"] = _set_cond(conds, _cond("Authentication", False, "CSRLost", msg, conds))
+            status["conditions"] = st_.mark(conds, "Authentication", False, "CSRLost", msg)
             return None
         cst = csr.get("status") or {}
         types = {c.get("type") for c in cst.get("conditions") or []}
@@ -497,7 +417,7 @@ class ProviderRole:
             status["phase"] = "Refused"
             detail = "; ".join(str(c.get("message", "")) for c in cst.get("conditions") or [])
             msg = f"the certificate request {status['csrName']} was denied or failed: {detail}"
-            status["conditions"] = _set_cond(conds, _cond("Authentication", False, "CSRRefused", msg, conds))
+            status["conditions"] = st_.mark(conds, "Authentication", False, "CSRRefused", msg)
             await events.emit(self.api, tenant, type_="Warning", reason="CSRRefused", message=msg)
             return None
         if "Approved" not in types:
@@ -532,16 +452,13 @@ class ProviderRole:
         status["caData"] = (ca.get("data") or {}).get("ca.crt", "")
         status["phase"] = "Authenticated"
         status["namespace"] = tenant_namespace(consumer)
-        status["conditions"] = _set_cond(
+        status["conditions"] = st_.mark(
             conds,
-            _cond(
-                "Authentication",
-                True,
-                "Authenticated",
-                f"consumer {consumer} authenticated (key {handshake.fingerprint(tenant['spec']['publicKey'])}); "
-                f"its identity here is user {handshake.consumer_user(consumer)}",
-                conds,
-            ),
+            "Authentication",
+            True,
+            "Authenticated",
+            f"consumer {consumer} authenticated (key {handshake.fingerprint(tenant['spec']['publicKey'])}); "
+            f"its identity here is user {handshake.consumer_user(consumer)}",
         )
         log.info("consumer certificate issued", csr=status["csrName"])
         await events.emit(
@@ -608,7 +525,7 @@ class ProviderRole:
             except (ValidationError, ValueError) as e:
                 st.update(
                     phase="Refused",
-                    conditions=_set_cond(conds, _cond("Ready", False, "InvalidRequest", str(e)[:500], conds)),
+                    conditions=st_.mark(conds, "Ready", False, "InvalidRequest", str(e)[:500]),
                 )
                 await self._twin_status(req, old, st)
                 continue
@@ -619,7 +536,7 @@ class ProviderRole:
                 st.update(
                     phase="Refused",
                     twin=twin,
-                    conditions=_set_cond(conds, _cond("Ready", False, "NamespaceTaken", msg, conds)),
+                    conditions=st_.mark(conds, "Ready", False, "NamespaceTaken", msg),
                 )
                 if old.get("phase") != "Refused":
                     await events.emit(self.api, req, type_="Warning", reason="NamespaceTaken", message=msg)
@@ -636,7 +553,7 @@ class ProviderRole:
             st.update(
                 phase="Ready",
                 twin=twin,
-                conditions=_set_cond(conds, _cond("Ready", True, "Created", f"twin namespace {twin} is ready", conds)),
+                conditions=st_.mark(conds, "Ready", True, "Created", f"twin namespace {twin} is ready"),
             )
             await self._twin_status(req, old, st)
             ready.append(twin)
@@ -655,16 +572,7 @@ class ProviderRole:
         if old == new:
             return
         meta = req["metadata"]
-        await rest.apply(
-            self.api,
-            rest.path(API_VERSION, "twinnamespaces", meta["name"], namespace=meta["namespace"], sub="status"),
-            {
-                "apiVersion": API_VERSION,
-                "kind": "TwinNamespace",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                "status": new,
-            },
-        )
+        await st_.write(self.api, "TwinNamespace", "twinnamespaces", meta["name"], new, meta["namespace"])
 
     async def _limit_range(self, namespace: str, consumer: ClusterID) -> None:
         await rest.apply(
@@ -743,7 +651,9 @@ class ProviderRole:
             old = dict(s.get("status") or {})
             st: dict[str, Any] = {"conditions": list(old.get("conditions") or [])}
             conds = st["conditions"]
-            auth = _cond("Authentication", True, "Authenticated", f"consumer {consumer} is authenticated", conds)
+            auth = st_.condition(
+                "Authentication", True, "Authenticated", f"consumer {consumer} is authenticated", conds
+            )
             try:
                 sspec = ResourceSliceSpec.model_validate(s.get("spec") or {})
                 request = grants.SliceRequest({r: parse(q) for r, q in sspec.resources.items()}, sspec.gpu_product)
@@ -757,28 +667,19 @@ class ProviderRole:
                     others=self._others((tns, s["metadata"]["name"])),
                     policy=policy,
                 )
-                res = _cond("Resources", decision.accepted, decision.reason, decision.message, conds)
+                res = st_.condition("Resources", decision.accepted, decision.reason, decision.message, conds)
                 granted = dict(decision.granted)
                 used = own
             except (ValidationError, ValueError) as e:
-                res = _cond("Resources", False, "InvalidSlice", f"the slice is invalid: {str(e)[:400]}", conds)
+                res = st_.condition("Resources", False, "InvalidSlice", f"the slice is invalid: {str(e)[:400]}", conds)
                 granted, used = {}, {}
             res["observedGeneration"] = s["metadata"].get("generation", 1)
-            st["conditions"] = _set_cond(_set_cond(conds, auth), res)
+            st["conditions"] = st_.set_condition(st_.set_condition(conds, auth), res)
             st["granted"] = _fmt(granted)
             st["used"] = _fmt({r: v for r, v in used.items() if r in granted})
             total_granted = grants.add(total_granted, granted)
-            if _strip_times(old) != _strip_times(st):
-                await rest.apply(
-                    self.api,
-                    rest.path(API_VERSION, "resourceslices", s["metadata"]["name"], namespace=tns, sub="status"),
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "ResourceSlice",
-                        "metadata": {"name": s["metadata"]["name"], "namespace": tns},
-                        "status": st,
-                    },
-                )
+            if st_.without_times(old) != st_.without_times(st):
+                await st_.write(self.api, "ResourceSlice", "resourceslices", s["metadata"]["name"], st, tns)
                 if res["status"] == "False" and _reason(old) != res["reason"]:
                     await events.emit(self.api, s, type_="Warning", reason=res["reason"], message=res["message"])
         # Enforcement: the tenant namespace holds control objects only; the twins share the grant.
@@ -819,11 +720,3 @@ def _sum(items: Any) -> dict[str, Decimal]:
 
 def _reason(status: dict[str, Any]) -> str:
     return next((str(c.get("reason")) for c in status.get("conditions") or [] if c.get("type") == "Resources"), "")
-
-
-def _strip_times(status: dict[str, Any]) -> dict[str, Any]:
-    out = dict(status)
-    out["conditions"] = [
-        {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []
-    ]
-    return out
