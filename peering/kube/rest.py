@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from peering.kube.client import KubeError
 
@@ -75,10 +76,8 @@ async def request(
             status = resp.status
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         raise KubeError(f"{what}: cannot reach the API server ({type(e).__name__}: {e})") from e
-    except Exception as e:  # the library raises ApiException(status=0) for transport failures it sees
-        if type(e).__name__ == "ApiException":
-            raise KubeError(f"{what}: {getattr(e, 'reason', e)}", status=int(getattr(e, "status", 0) or 0)) from e
-        raise
+    except ApiException as e:  # the library raises it (status 0) for transport failures it sees itself
+        raise KubeError(f"{what}: {e.reason}", status=int(e.status or 0)) from e
     if not 200 <= status < 300:
         message, reason = _message(status, text)
         raise KubeError(f"{what}: {message}", status=status, reason=reason)
