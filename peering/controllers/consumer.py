@@ -71,15 +71,6 @@ def _b64(s: str | bytes) -> str:
     return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
 
 
-def _owner(fc: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ForeignCluster",
-        "name": fc["metadata"]["name"],
-        "uid": fc["metadata"]["uid"],
-    }
-
-
 def kubeconfig_for(provider: str, server: str, ca_pem: str, cert_pem: str, key_pem: str, user: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -150,12 +141,12 @@ class ConsumerRole:
         status = dict(old)
         status["conditions"] = list(status.get("conditions") or [])
         await self._answer(fc, spec, provider, status, log)
-        authenticated = await self._credentials(fc, spec, provider, status, log)
+        credentials = await self._credentials(fc, spec, provider, status, log)
         wait: float | None = None
-        if authenticated:
+        if credentials is not None:
             status["phase"] = "Peered"
-            wait = await self._slices(provider, status, log)
-        elif status.get("phase") not in ("Failed",):
+            wait = await self._slices(provider, credentials, status, log)
+        else:
             status["phase"] = "Authenticating" if spec.challenge or status.get("answer") else "Pending"
             await self._slices_waiting(provider)
         if st_.without_times(status) != st_.without_times(old):
@@ -201,7 +192,7 @@ class ConsumerRole:
                     "name": pending_key_secret(provider),
                     "namespace": SYSTEM_NAMESPACE,
                     "labels": {MANAGED_BY_LABEL: MANAGED_BY, PROVIDER_LABEL: provider},
-                    "ownerReferences": [_owner(fc)],
+                    "ownerReferences": [rest.owner_ref(fc)],
                 },
                 "data": {"tls.key": _b64(key_pem), "nonce": _b64(wire.nonce)},
             },
@@ -218,20 +209,22 @@ class ConsumerRole:
 
     async def _credentials(
         self, fc: dict[str, Any], spec: ForeignClusterSpec, provider: ClusterID, status: dict[str, Any], log: Any
-    ) -> bool:
+    ) -> dict[str, Any] | None:
+        """The Secret with our credentials for `provider`, written from the issued certificate when
+        needed; None while there are none (yet)."""
+        if not spec.certificate:
+            return None
         conds = status["conditions"]
         secret_name = remote_kubeconfig_secret(provider)
         secret_path = rest.path("v1", "secrets", secret_name, namespace=SYSTEM_NAMESPACE)
         existing = await rest.get(self.api, secret_path)
-        if not spec.certificate:
-            return False
         if (
             existing is not None
             and (existing.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
             and ((existing.get("metadata") or {}).get("annotations") or {}).get("gpufed.io/server")
             == spec.api_server_url
         ):
-            return True
+            return existing
         pending = await rest.get(
             self.api, rest.path("v1", "secrets", pending_key_secret(provider), namespace=SYSTEM_NAMESPACE)
         )
@@ -241,7 +234,7 @@ class ConsumerRole:
             status["conditions"] = st_.mark(
                 conds, "Authentication", False, "InvalidCertificate", f"the provider's certificate is not PEM: {e}"
             )
-            return False
+            return None
         key_pem = base64.b64decode((pending or {}).get("data", {}).get("tls.key", "")) if pending else b""
         if not key_pem and existing is not None:
             key_pem = base64.b64decode((existing.get("data") or {}).get("tls.key", ""))  # e.g. the API URL changed
@@ -257,7 +250,7 @@ class ConsumerRole:
                 "CertificateMismatch",
                 "the certificate does not belong to the key this cluster generated; run `gpufed peer` again",
             )
-            return False
+            return None
         kubeconfig = kubeconfig_for(
             provider,
             spec.api_server_url,
@@ -266,7 +259,7 @@ class ConsumerRole:
             key_pem.decode(),
             handshake.consumer_user(self.identity.cluster_id),
         )
-        await rest.apply(
+        secret = await rest.apply(
             self.api,
             secret_path,
             {
@@ -278,7 +271,7 @@ class ConsumerRole:
                     "namespace": SYSTEM_NAMESPACE,
                     "labels": {MANAGED_BY_LABEL: MANAGED_BY, PROVIDER_LABEL: provider},
                     "annotations": {"gpufed.io/server": spec.api_server_url},
-                    "ownerReferences": [_owner(fc)],
+                    "ownerReferences": [rest.owner_ref(fc)],
                 },
                 "data": {
                     "kubeconfig": _b64(yaml.safe_dump(kubeconfig)),
@@ -305,14 +298,10 @@ class ConsumerRole:
         )
         await self._drop_remote(provider)
         log.info("provider credentials stored", secret=secret_name)
-        return True
+        return secret
 
-    async def _remote(self, provider: ClusterID) -> Any:
-        secret = await rest.get(
-            self.api, rest.path("v1", "secrets", remote_kubeconfig_secret(provider), namespace=SYSTEM_NAMESPACE)
-        )
-        if secret is None:
-            raise KubeError(f"no credentials for provider {provider}")
+    async def _remote(self, provider: ClusterID, secret: dict[str, Any]) -> Any:
+        """An API client for `provider` with the credentials in `secret`, kept while the Secret is unchanged."""
         rv = secret["metadata"]["resourceVersion"]
         cached = self._remotes.get(provider)
         if cached and cached[0] == rv:
@@ -348,12 +337,14 @@ class ConsumerRole:
         meta = s["metadata"]
         await st_.write(self.api, "ResourceSlice", "resourceslices", meta["name"], st, meta["namespace"])
 
-    async def _slices(self, provider: ClusterID, status: dict[str, Any], log: Any) -> float:
+    async def _slices(
+        self, provider: ClusterID, credentials: dict[str, Any], status: dict[str, Any], log: Any
+    ) -> float:
         conds = status["conditions"]
         tns = tenant_namespace(self.identity.cluster_id)
         local = await self._local_slices(provider)
         try:
-            remote_api = await self._remote(provider)
+            remote_api = await self._remote(provider, credentials)
             remote_items = await rest.list_items(remote_api, rest.path(API_VERSION, "resourceslices", namespace=tns))
         except KubeError as e:
             status["conditions"] = st_.mark(conds, "ProviderReachable", False, "APIError", str(e)[:500])

@@ -107,15 +107,6 @@ def _fmt(resources: Mapping[str, Decimal]) -> dict[str, str]:
     return {r: format_quantity(v, binary=r == "memory") for r, v in sorted(resources.items())}
 
 
-def _owner(tenant: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "Tenant",
-        "name": tenant["metadata"]["name"],
-        "uid": tenant["metadata"]["uid"],
-    }
-
-
 class ProviderRole:
     """Runs the provider reconcilers of one cluster."""
 
@@ -153,26 +144,29 @@ class ProviderRole:
 
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
+        before = self.nodes.get(name)
         if kind == "DELETED":
             self.nodes.pop(name, None)
         else:
             self.nodes[name] = grants.node_info(obj)
-        self._all_tenants()
+        if self.nodes.get(name) != before:  # heartbeats change nothing a grant depends on
+            self._all_tenants()
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
         phase = (obj.get("status") or {}).get("phase")
         node = (obj.get("spec") or {}).get("nodeName")
+        before = self.pods.get(key)
         if kind == "DELETED" or phase in ("Succeeded", "Failed") or not node:
-            if self.pods.pop(key, None) is None:
-                return
+            self.pods.pop(key, None)
         else:
             try:
                 self.pods[key] = (meta["namespace"], PodLoad(node, grants.pod_requests(obj)))
             except ValueError:
                 return  # a request the apiserver accepted but we cannot parse is ignored, not fatal
-        self._all_tenants()
+        if self.pods.get(key) != before:  # status updates of a bound pod change nothing a grant depends on
+            self._all_tenants()
 
     def _tenant_of_namespace(self, namespace: str) -> str | None:
         if namespace.startswith(TENANT_PREFIX):
@@ -185,13 +179,15 @@ class ProviderRole:
         if tenant is None:
             return
         key = (meta["namespace"], meta["name"])
+        before = self.slices.get(key)
         if kind == "DELETED":
             self.slices.pop(key, None)
         else:
             self.slices[key] = obj
-        # Other tenants' grants reserve capacity: they may need to be re-decided too.
         self.queue.add(tenant)
-        self._all_tenants()
+        # Other tenants see this slice only through its grant (it reserves capacity).
+        if _grant_of(before) != _grant_of(self.slices.get(key)):
+            self._all_tenants()
 
     def _on_tenant(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -259,9 +255,8 @@ class ProviderRole:
                 raise ValueError(f"spec.consumerClusterId {consumer!r} must equal the Tenant's name {name!r}")
         except (ValidationError, ValueError) as e:
             status["phase"] = "Refused"
-            status["conditions"] = st_.set_condition(
-                status["conditions"],
-                st_.condition("Authentication", False, "InvalidTenant", str(e)[:500], status["conditions"]),
+            status["conditions"] = st_.mark(
+                status["conditions"], "Authentication", False, "InvalidTenant", str(e)[:500]
             )
             await self._write_status(tenant, old_status, status)
             return None
@@ -324,10 +319,7 @@ class ProviderRole:
         if status.get("phase") == "Authenticated":
             return None
         ch = status.get("challenge")
-        expired = (
-            ch is not None and dt.datetime.strptime(ch["expiresAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC) < now
-        )
-        if ch is None or expired:
+        if ch is None or handshake.Challenge.from_wire(ch).expires_at < now:
             challenge = handshake.issue_challenge(
                 self.identity.cluster_id,
                 consumer,
@@ -381,7 +373,7 @@ class ProviderRole:
             "metadata": {
                 "name": name,
                 "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
-                "ownerReferences": [_owner(tenant)],
+                "ownerReferences": [rest.owner_ref(tenant)],
             },
             "spec": {
                 "request": base64.b64encode(csr_pem.encode()).decode(),
@@ -479,7 +471,7 @@ class ProviderRole:
                     "name": name,
                     "labels": {MANAGED_BY_LABEL: MANAGED_BY, **labels},
                     "annotations": {ORIGIN_CLUSTER_ANNOTATION: tenant["spec"]["consumerClusterId"]},
-                    "ownerReferences": [_owner(tenant)],
+                    "ownerReferences": [rest.owner_ref(tenant)],
                 },
             },
         )
@@ -592,11 +584,12 @@ class ProviderRole:
 
     # ---- grants and quotas
 
-    def _usage(self, namespaces: set[str]) -> dict[str, dict[str, Decimal]]:
-        out: dict[str, dict[str, Decimal]] = {n: {} for n in namespaces}
+    def _usage(self, consumer: str) -> dict[str, dict[str, Decimal]]:
+        """What the consumer's pods request now, per namespace it owns (tenant and twins)."""
+        out: dict[str, dict[str, Decimal]] = {}
         for ns, load in self.pods.values():
-            if ns in out:
-                out[ns] = grants.add(out[ns], load.requests)
+            if self.ns_owner.get(ns) == consumer:
+                out[ns] = grants.add(out.get(ns, {}), load.requests)
         return out
 
     def _policy(self, spec: TenantSpec) -> grants.TenantPolicy:
@@ -608,44 +601,33 @@ class ProviderRole:
             allow_partial=spec.policy.allow_partial,
         )
 
-    def _others(self, exclude: tuple[str, str]) -> list[grants.OtherGrant]:
-        """Every other slice's grant and its share of its tenant's usage (attributed in slice-name order)."""
-        by_ns: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    def _grant_shares(self) -> dict[tuple[str, str], grants.OtherGrant]:
+        """Every slice's grant and its share of its tenant's usage (attributed in slice-name order)."""
+        out: dict[tuple[str, str], grants.OtherGrant] = {}
+        remaining: dict[str, dict[str, Decimal]] = {}
         for (ns, name), obj in sorted(self.slices.items()):
-            by_ns.setdefault(ns, []).append((name, obj))
-        out = []
-        for ns, items in by_ns.items():
-            remaining = self._tenant_usage(ns[len(TENANT_PREFIX) :])
-            for name, obj in items:
-                try:
-                    granted = {r: parse(q) for r, q in ((obj.get("status") or {}).get("granted") or {}).items()}
-                except ValueError:
-                    continue
-                used = {r: min(remaining.get(r, Decimal(0)), g) for r, g in granted.items()}
-                remaining = {r: v - used.get(r, Decimal(0)) for r, v in remaining.items()}
-                if (ns, name) != exclude:
-                    out.append(grants.OtherGrant(granted, used, (obj.get("spec") or {}).get("gpuProduct")))
+            if ns not in remaining:
+                remaining[ns] = _sum(self._usage(ns[len(TENANT_PREFIX) :]).values())
+            try:
+                granted = {r: parse(q) for r, q in _grant_of(obj).items()}
+            except ValueError:
+                continue
+            used = {r: min(remaining[ns].get(r, Decimal(0)), g) for r, g in granted.items()}
+            remaining[ns] = {r: v - used.get(r, Decimal(0)) for r, v in remaining[ns].items()}
+            out[(ns, name)] = grants.OtherGrant(granted, used, (obj.get("spec") or {}).get("gpuProduct"))
         return out
-
-    def _tenant_usage(self, consumer: str) -> dict[str, Decimal]:
-        """What the consumer's pods request now, over all its namespaces."""
-        total: dict[str, Decimal] = {}
-        for ns, load in self.pods.values():
-            if self.ns_owner.get(ns) == consumer:
-                total = grants.add(total, load.requests)
-        return total
 
     async def _grants(
         self, tenant: dict[str, Any], spec: TenantSpec, consumer: ClusterID, twins: list[str], status: dict[str, Any]
     ) -> None:
         tns = tenant_namespace(consumer)
         policy = self._policy(spec)
-        slices = sorted(
-            await rest.list_items(self.api, rest.path(API_VERSION, "resourceslices", namespace=tns)),
-            key=lambda s: s["metadata"]["name"],
-        )
-        usage = self._usage({tns, *twins})
-        remaining = self._tenant_usage(consumer)
+        # The watch cache is at least as fresh as the event that queued this reconcile.
+        slices = [obj for (ns, _name), obj in sorted(self.slices.items()) if ns == tns]
+        usage = self._usage(consumer)
+        remaining = _sum(usage.values())
+        shares = self._grant_shares()
+        pods = [load for _ns, load in self.pods.values()]
         total_granted: dict[str, Decimal] = {}
         for s in slices:
             old = dict(s.get("status") or {})
@@ -662,9 +644,9 @@ class ProviderRole:
                 decision = grants.decide(
                     request,
                     nodes=self.nodes.values(),
-                    pods=[load for _ns, load in self.pods.values()],
+                    pods=pods,
                     own_usage=own,
-                    others=self._others((tns, s["metadata"]["name"])),
+                    others=[g for key, g in shares.items() if key != (tns, s["metadata"]["name"])],
                     policy=policy,
                 )
                 res = st_.condition("Resources", decision.accepted, decision.reason, decision.message, conds)
@@ -720,3 +702,7 @@ def _sum(items: Any) -> dict[str, Decimal]:
 
 def _reason(status: dict[str, Any]) -> str:
     return next((str(c.get("reason")) for c in status.get("conditions") or [] if c.get("type") == "Resources"), "")
+
+
+def _grant_of(slice_: dict[str, Any] | None) -> dict[str, str]:
+    return dict(((slice_ or {}).get("status") or {}).get("granted") or {})

@@ -1,10 +1,12 @@
 """Raw-JSON REST calls through a kubernetes-asyncio ApiClient: get, create, server-side apply, delete.
 
-Owns: the few verbs the controllers and the CLI need, on plain dicts (no generated models, so core
-kinds and gpufed's CRDs are handled alike), URL paths for objects, and the mapping of every
-failure to `KubeError` with the API server's own message (e.g. "pods is forbidden: User ... cannot
-list resource ..."). Writes use server-side apply with ONE field manager, `gpufed` (DESIGN.md §4);
-deletes can carry a UID precondition.
+Owns: the few verbs the controllers, the CLI and `watch` need, on plain dicts (no generated models,
+so core kinds and gpufed's CRDs are handled alike), URL paths and owner references for objects,
+paginated lists (with `kind`/`apiVersion` filled in on the items, which the API server leaves out,
+and a restart when a continue token expires), and the mapping of every failure to `KubeError`
+with the API server's own message (e.g. "pods is forbidden: User ... cannot list resource ...").
+Writes use server-side apply with ONE field manager, `gpufed` (DESIGN.md §4); deletes can carry a
+UID precondition.
 
 Does not: retry, cache or watch (see `watch` and `queue`).
 """
@@ -21,6 +23,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from peering.kube.client import KubeError
 
 FIELD_MANAGER = "gpufed"
+#: Items per page of a list.
+PAGE_SIZE = 500
 #: Seconds a single request may take (watches use their own timeouts).
 REQUEST_TIMEOUT_S = 30.0
 
@@ -36,14 +40,23 @@ def path(api_version: str, plural: str, name: str = "", namespace: str | None = 
     return p
 
 
-def _message(status: int, text: str) -> tuple[str, str]:
+def owner_ref(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to `obj` (as read from the API server), for garbage collection."""
+    meta = obj["metadata"]
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"]}
+
+
+def error_from(status: int, text: str, what: str) -> KubeError:
+    """KubeError for a non-2xx answer, with the message of the API server's Status object."""
     try:
         body = json.loads(text)
     except ValueError:
-        return text.strip()[:300] or f"HTTP {status}", ""
+        body = None
     if isinstance(body, dict):
-        return str(body.get("message") or f"HTTP {status}"), str(body.get("reason") or "")
-    return f"HTTP {status}", ""
+        message, reason = str(body.get("message") or f"HTTP {status}"), str(body.get("reason") or "")
+    else:
+        message, reason = text.strip()[:300] or f"HTTP {status}", ""
+    return KubeError(f"{what}: {status} {message}", status=status, reason=reason)
 
 
 async def request(
@@ -79,8 +92,7 @@ async def request(
     except ApiException as e:  # the library raises it (status 0) for transport failures it sees itself
         raise KubeError(f"{what}: {e.reason}", status=int(e.status or 0)) from e
     if not 200 <= status < 300:
-        message, reason = _message(status, text)
-        raise KubeError(f"{what}: {message}", status=status, reason=reason)
+        raise error_from(status, text, what)
     if not text:
         return {}
     try:
@@ -100,19 +112,51 @@ async def get(api: Any, url_path: str, *, what: str = "") -> dict[str, Any] | No
         raise
 
 
-async def list_items(api: Any, url_path: str, *, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Every item of a collection (paginated)."""
+async def list_with_version(
+    api: Any, url_path: str, *, params: Mapping[str, str] | None = None
+) -> tuple[list[dict[str, Any]], str]:
+    """Every item of a collection (paginated) and the list's resourceVersion.
+
+    A continue token that expires mid-list (410) restarts the list, up to three times in all.
+    """
+    for attempt in range(3):
+        try:
+            return await _list_pages(api, url_path, params)
+        except KubeError as e:
+            if e.status != 410 or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _list_pages(api: Any, url_path: str, params: Mapping[str, str] | None) -> tuple[list[dict[str, Any]], str]:
     items: list[dict[str, Any]] = []
-    cont = ""
+    rv = ""
+    token = ""
     while True:
-        p = {**(params or {}), "limit": "500"}
-        if cont:
-            p["continue"] = cont
-        page = await request(api, "GET", url_path, params=p)
-        items.extend(page.get("items") or [])
-        cont = str((page.get("metadata") or {}).get("continue") or "")
-        if not cont:
-            return items
+        p = {**(params or {}), "limit": str(PAGE_SIZE)}
+        if token:
+            p["continue"] = token
+        page = await request(api, "GET", url_path, params=p, what=f"LIST {url_path}")
+        meta = page.get("metadata") or {}
+        rv = rv or str(meta.get("resourceVersion") or "")
+        kind = str(page.get("kind") or "")
+        for item in page.get("items") or []:
+            if not isinstance(item, dict):
+                continue
+            if kind.endswith("List"):
+                item.setdefault("kind", kind.removesuffix("List"))
+            if page.get("apiVersion"):
+                item.setdefault("apiVersion", page["apiVersion"])
+            items.append(item)
+        token = str(meta.get("continue") or "")
+        if not token:
+            return items, rv
+
+
+async def list_items(api: Any, url_path: str, *, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every item of a collection (see `list_with_version`)."""
+    items, _rv = await list_with_version(api, url_path, params=params)
+    return items
 
 
 async def apply(api: Any, url_path: str, obj: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
@@ -158,4 +202,17 @@ async def delete(
     return True
 
 
-__all__ = ["FIELD_MANAGER", "apply", "delete", "get", "list_items", "merge_patch", "path", "request"]
+__all__ = [
+    "FIELD_MANAGER",
+    "PAGE_SIZE",
+    "apply",
+    "delete",
+    "error_from",
+    "get",
+    "list_items",
+    "list_with_version",
+    "merge_patch",
+    "owner_ref",
+    "path",
+    "request",
+]

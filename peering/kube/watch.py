@@ -1,9 +1,9 @@
-"""Raw-JSON reads and a resilient list+watch for any Kubernetes collection, core or custom.
+"""A resilient list+watch for any Kubernetes collection, core or custom.
 
-Owns: `get_json` and `list_json` (plain reads, paginated for lists) and `watch` (list, then watch
-from the list's resourceVersion, forever). All work on JSON dicts, not kubernetes-asyncio models,
-so one code path serves every kind. Requests go through the caller's ApiClient (`api_client` in
-`peering.kube.client`), so host, TLS and credentials come from the kubeconfig.
+Owns: `watch` (list, then watch from the list's resourceVersion, forever) on JSON dicts, not
+kubernetes-asyncio models, so one code path serves every kind. Lists go through
+`peering.kube.rest`; the watch stream is read here. Requests use the caller's ApiClient
+(`api_client` in `peering.kube.client`), so host, TLS and credentials come from the kubeconfig.
 
 Invariants of `watch`:
 - every (re)list delivers each listed object as ("SYNC", obj), then ("DELETED", last known obj) for
@@ -17,9 +17,8 @@ Invariants of `watch`:
 - exceptions raised by `on_event` / `on_synced` propagate unchanged and end the watch;
   cancellation propagates and closes the open stream.
 
-Objects from a LIST lack `kind`/`apiVersion` on the server's side; they are filled in from the list
-(its kind minus "List") so SYNC objects look like watched ones. Objects are keyed by
-(namespace, name); namespace is "" for cluster-scoped kinds.
+Listed objects get `kind`/`apiVersion` from the list (`rest.list_with_version`), so SYNC objects
+look like watched ones. Objects are keyed by (namespace, name); "" for cluster-scoped kinds.
 
 Does not: cache beyond what relist diffing needs, decode into models, write anything, or
 rate-limit the callbacks (hand keys to a `WorkQueue` for that).
@@ -38,16 +37,15 @@ from typing import Any
 import aiohttp
 import structlog
 
+from peering.kube import rest
 from peering.kube.client import KubeError
 
 Event = tuple[str, dict[str, Any]]
 ObjKey = tuple[str, str]
 
-PAGE_SIZE = 500
 _BASE_BACKOFF = 0.2
 _JITTER = 0.1
 _MIN_HEALTHY_WATCH_S = 1.0  # a watch that ends sooner with no line at all counts as a failure
-_READ_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=10)
 _TRANSIENT_STATUS = frozenset({0, 408, 429})
 
 
@@ -95,88 +93,6 @@ async def _get(api: Any, path: str, query: list[tuple[str, str]], client_timeout
         _preload_content=False,
         _request_timeout=client_timeout,
     )
-
-
-async def _error_from(resp: aiohttp.ClientResponse, what: str) -> KubeError:
-    """KubeError for a non-2xx response, with the Status object's message when there is one."""
-    status = resp.status
-    reason = resp.reason or ""
-    message = ""
-    try:
-        body = await resp.read()
-        doc = json.loads(body) if body else {}
-        if isinstance(doc, dict):
-            message = str(doc.get("message") or "")
-            reason = str(doc.get("reason") or reason)
-    except (ValueError, aiohttp.ClientError, OSError, TimeoutError):
-        pass
-    finally:
-        resp.release()
-    return KubeError(f"{what}: {status} {reason}" + (f": {message}" if message else ""), status=status, reason=reason)
-
-
-async def _get_doc(api: Any, path: str, query: list[tuple[str, str]], what: str) -> dict[str, Any]:
-    """GET and decode one JSON object. Raises KubeError (status 0 for transport failures)."""
-    try:
-        resp = await _get(api, path, query, _READ_TIMEOUT)
-        if not 200 <= resp.status < 300:
-            raise await _error_from(resp, what)
-        try:
-            doc = await resp.json(content_type=None)
-        finally:
-            resp.release()
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
-        raise KubeError(f"{what}: {type(e).__name__}: {e}") from e
-    if not isinstance(doc, dict):
-        raise KubeError(f"{what}: response is not a JSON object")
-    return doc
-
-
-async def get_json(api: Any, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """GET `path` (e.g. /api/v1/namespaces/x/pods/y) as a JSON dict. Errors raise KubeError (404 → status 404)."""
-    return await _get_doc(api, path, _query(params), f"GET {path}")
-
-
-async def _list_pages(api: Any, path: str, params: Mapping[str, str] | None) -> tuple[list[dict[str, Any]], str]:
-    """All items of a collection, paginated, and the list's resourceVersion. Raises KubeError."""
-    what = f"LIST {path}"
-    items: list[dict[str, Any]] = []
-    rv = ""
-    token = ""
-    while True:
-        extra = [("limit", str(PAGE_SIZE))] + ([("continue", token)] if token else [])
-        doc = await _get_doc(api, path, _query(params, extra), what)
-        meta = doc.get("metadata") or {}
-        rv = rv or str(meta.get("resourceVersion") or "")
-        kind = str(doc.get("kind") or "")
-        item_kind = kind.removesuffix("List") if kind.endswith("List") else ""
-        api_version = doc.get("apiVersion")
-        for item in doc.get("items") or []:
-            if not isinstance(item, dict):
-                continue
-            if item_kind:
-                item.setdefault("kind", item_kind)
-            if api_version:
-                item.setdefault("apiVersion", api_version)
-            items.append(item)
-        token = str(meta.get("continue") or "")
-        if not token:
-            return items, rv
-
-
-async def list_json(api: Any, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Every item of the collection at `path` (paginated), with kind/apiVersion filled in.
-
-    A continue token that expires mid-list (410) restarts the list, up to three times in all.
-    """
-    for attempt in range(3):
-        try:
-            items, _ = await _list_pages(api, path, params)
-            return items
-        except KubeError as e:
-            if e.status != 410 or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
 
 
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None] | None]
@@ -277,7 +193,7 @@ class _Watcher:
 
     async def relist(self) -> None:
         try:
-            items, rv = await _list_pages(self.api, self.path, self.params)
+            items, rv = await rest.list_with_version(self.api, self.path, params=self.params)
         except KubeError as e:
             raise _WatchIOError(str(e), e.status) from e
         previous = self.known
@@ -310,7 +226,11 @@ class _Watcher:
             raise _WatchIOError(f"{type(e).__name__}: {e}") from e
         try:
             if not 200 <= resp.status < 300:
-                err = await _error_from(resp, f"WATCH {self.path}")
+                try:
+                    text = await resp.text()
+                except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+                    text = ""
+                err = rest.error_from(resp.status, text, f"WATCH {self.path}")
                 raise _WatchIOError(str(err), err.status)
             reader = _LineReader(resp)
             said_anything = False
@@ -379,4 +299,4 @@ async def watch(
     await _Watcher(api, path, on_event, what, params, timeout_seconds, on_synced, max_backoff).run()
 
 
-__all__ = ["PAGE_SIZE", "Event", "OnEvent", "get_json", "list_json", "obj_key", "watch"]
+__all__ = ["Event", "OnEvent", "obj_key", "watch"]

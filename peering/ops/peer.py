@@ -201,6 +201,10 @@ def _fc_body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "ForeignCluster", "metadata": {"name": name}, "spec": spec}
 
 
+def _tenant_body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "Tenant", "metadata": {"name": name}, "spec": spec}
+
+
 async def _handshake(p: Peers, report: Reporter, deadline: float, provider_server: str) -> bool:
     """Carry the handshake; True when it was already done."""
     tenant_path = rest.path(API_VERSION, "tenants", p.consumer_id)
@@ -225,7 +229,7 @@ async def _handshake(p: Peers, report: Reporter, deadline: float, provider_serve
     await rest.apply(
         p.provider_api,
         tenant_path,
-        {"apiVersion": API_VERSION, "kind": "Tenant", "metadata": {"name": p.consumer_id}, "spec": spec},
+        _tenant_body(p.consumer_id, spec),
     )
 
     report.step(f"waiting for {p.provider_id}'s challenge")
@@ -266,12 +270,7 @@ async def _handshake(p: Peers, report: Reporter, deadline: float, provider_serve
     await rest.apply(
         p.provider_api,
         tenant_path,
-        {
-            "apiVersion": API_VERSION,
-            "kind": "Tenant",
-            "metadata": {"name": p.consumer_id},
-            "spec": {**spec, "answer": ans},
-        },
+        _tenant_body(p.consumer_id, {**spec, "answer": ans}),
     )
     report.step(f"{p.provider_id} verifies the signature and signs the consumer's certificate")
 

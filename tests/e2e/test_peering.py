@@ -452,6 +452,37 @@ def test_rbac_matrix_with_the_consumers_real_credentials(
                 f"{what} should be Forbidden: {r.stdout}{r.stderr}"
             )
 
+        # A second twin namespace shares the grant: the quotas together never exceed it, and the
+        # namespace using GPUs keeps what it uses.
+        second = f"team-b-{consumer}"
+        r = k(
+            "create",
+            "-f",
+            "-",
+            input_text=json.dumps(
+                {
+                    "apiVersion": "gpufed.io/v1alpha1",
+                    "kind": "TwinNamespace",
+                    "metadata": {"name": "team-b", "namespace": tenant_ns},
+                    "spec": {"namespace": "team-b"},
+                }
+            ),
+        )
+        assert r.returncode == 0, r.stderr
+
+        def gpu_hard() -> dict[str, int]:
+            quotas = clusters.kubectl_json("gpu-a", "get", "resourcequota", "-A", "-l", f"{CONSUMER_LABEL}={consumer}")
+            return {
+                q["metadata"]["namespace"]: int(q["spec"]["hard"]["requests.nvidia.com/gpu"]) for q in quotas["items"]
+            }
+
+        def settled() -> dict[str, int] | None:
+            h = gpu_hard()
+            return h if second in h and h.get(twin, 0) >= 2 and sum(h.values()) == 8 else None
+
+        split = eventually("the grant split over both twins", settled)
+        assert split[tenant_ns] == 0 and split[twin] + split[second] == 8 and split[second] >= 1, split
+
         # The grant is enforced even against direct API use: 8 GPUs granted, 2 in use.
         greedy = {**pod, "metadata": {"name": "greedy", "namespace": twin}}
         greedy["spec"] = {
@@ -471,13 +502,15 @@ def test_rbac_matrix_with_the_consumers_real_credentials(
         )
         assert r.returncode != 0 and "exceeded quota: gpufed-grant" in r.stderr, r.stderr
 
-        # Withdrawing the request removes the twin namespace.
-        assert k("delete", "twinnamespace", "team-a", "-n", tenant_ns).returncode == 0
-        eventually(
-            "the twin namespace to go",
-            lambda: clusters.kubectl("gpu-a", "get", "namespace", twin, check=False).returncode != 0,
-            timeout=90,
-        )
+        # Withdrawing the requests removes the twin namespaces.
+        assert k("delete", "twinnamespace", "team-a", "team-b", "-n", tenant_ns).returncode == 0
+
+        def twins_gone() -> bool:
+            return all(
+                clusters.kubectl("gpu-a", "get", "namespace", ns, check=False).returncode != 0 for ns in (twin, second)
+            )
+
+        eventually("the twin namespaces to go", twins_gone, timeout=90)
     finally:
         clusters.kubectl("gpu-a", "delete", "namespace", "gpufed-tenant-someone-else", "--wait=false", check=False)
 

@@ -1,4 +1,4 @@
-"""watch/get_json/list_json against a small fake API server on 127.0.0.1: pagination, SYNC and
+"""watch and rest reads against a small fake API server on 127.0.0.1: pagination, SYNC and
 on_synced, event delivery, bookmarks, 410 relists, retries on 5xx, KubeError on 403/404.
 """
 
@@ -17,6 +17,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
+from peering.kube import rest
 from peering.kube import watch as kw
 from peering.kube.client import KubeError
 
@@ -173,7 +174,7 @@ async def test_lists_paginated_then_watches_and_delivers(
     fake: tuple[FakeApi, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, api = fake
-    monkeypatch.setattr(kw, "PAGE_SIZE", 2)
+    monkeypatch.setattr(rest, "PAGE_SIZE", 2)
     server.objects = {n: cm(n, "90") for n in ("a", "b", "c")}
     server.watches = [
         [ev("ADDED", cm("d", "101")), ev("MODIFIED", cm("a", "102", "x")), ev("DELETED", cm("b", "103")), HANG]
@@ -346,32 +347,33 @@ async def test_cancellation_propagates_promptly(fake: tuple[FakeApi, Any]) -> No
     assert task.cancelled()
 
 
-async def test_get_json_and_list_json(fake: tuple[FakeApi, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_rest_get_and_list_items(fake: tuple[FakeApi, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     server, api = fake
-    monkeypatch.setattr(kw, "PAGE_SIZE", 2)
+    monkeypatch.setattr(rest, "PAGE_SIZE", 2)
     server.objects = {n: cm(n, "90") for n in ("a", "b", "c", "d", "e")}
-    got = await kw.get_json(api, PATH + "/c")
+    got = await rest.request(api, "GET", PATH + "/c")
     assert got["metadata"]["name"] == "c"
     assert got["kind"] == "ConfigMap"
     with pytest.raises(KubeError) as err:
-        await kw.get_json(api, PATH + "/zzz")
+        await rest.request(api, "GET", PATH + "/zzz")
     assert err.value.status == 404
     assert err.value.not_found
-    items = await kw.list_json(api, PATH, {"labelSelector": "x=y"})
+    items = await rest.list_items(api, PATH, params={"labelSelector": "x=y"})
+    assert await rest.get(api, PATH + "/zzz") is None
     assert [i["metadata"]["name"] for i in items] == ["a", "b", "c", "d", "e"]
     assert all(i["kind"] == "ConfigMap" for i in items)
     assert len(server.list_queries) == 3
     assert all(q["labelSelector"] == "x=y" for q in server.list_queries)
 
 
-async def test_list_json_restarts_when_the_continue_token_expires(
+async def test_list_items_restarts_when_the_continue_token_expires(
     fake: tuple[FakeApi, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, api = fake
-    monkeypatch.setattr(kw, "PAGE_SIZE", 2)
+    monkeypatch.setattr(rest, "PAGE_SIZE", 2)
     server.objects = {n: cm(n, "90") for n in ("a", "b", "c")}
     server.continue_statuses = [410]
-    items = await kw.list_json(api, PATH)
+    items = await rest.list_items(api, PATH)
     assert [i["metadata"]["name"] for i in items] == ["a", "b", "c"]
     assert [q.get("continue") for q in server.list_queries] == [None, "2", None, "2"]
 
@@ -380,7 +382,7 @@ async def test_unreachable_server_is_kube_error_with_status_zero() -> None:
     dead = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{closed_port()}"))
     try:
         with pytest.raises(KubeError) as err:
-            await kw.get_json(dead, PATH + "/a")
+            await rest.request(dead, "GET", PATH + "/a")
     finally:
         await dead.close()
     assert err.value.status == 0
