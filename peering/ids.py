@@ -86,3 +86,34 @@ def remote_kubeconfig_secret(provider: ClusterID) -> str:
 def pending_key_secret(provider: ClusterID) -> str:
     """Consumer-side Secret holding the private key of a CSR not yet signed by `provider`."""
     return f"gpufed-csr-key-{provider}"
+
+
+# ---- offloading (DESIGN.md §5): virtual nodes, remote twins of pods, offloaded namespaces
+
+#: Labels of every virtual node (`TYPE_LABEL=VIRTUAL_NODE_TYPE` is what selectors use).
+VIRTUAL_NODE_TYPE_LABELS = {
+    "type": "virtual-kubelet",
+    "kubernetes.io/role": "agent",
+    "gpufed.io/type": "virtual-node",
+}
+TYPE_LABEL = "gpufed.io/type"
+VIRTUAL_NODE_TYPE = "virtual-node"
+#: On a virtual node: the provider behind it.
+REMOTE_CLUSTER_LABEL = "gpufed.io/remote-cluster-id"
+#: Taint of every virtual node; pods of offloaded namespaces get its toleration from the webhook.
+VIRTUAL_NODE_TAINT_KEY = "gpufed.io/virtual-node"
+VIRTUAL_NODE_TAINT = {"key": VIRTUAL_NODE_TAINT_KEY, "value": "true", "effect": "NoExecute"}
+#: On remote twins (pods, ConfigMaps, Secrets): the consumer cluster, the local object's UID, and
+#: the virtual node whose kubelet owns the twin (several virtual nodes may share a provider).
+ORIGIN_CLUSTER_LABEL = "gpufed.io/origin-cluster-id"
+ORIGIN_UID_LABEL = "gpufed.io/origin-uid"
+ORIGIN_NODE_LABEL = "gpufed.io/origin-node"
+#: On consumer namespaces that are offloaded (the webhook's namespaceSelector); value: the strategy.
+OFFLOADING_LABEL = "gpufed.io/offloading"
+#: Name of the NamespaceOffloading object in an offloaded namespace.
+NAMESPACE_OFFLOADING = "offloading"
+
+
+def virtual_node_name(provider: ClusterID) -> str:
+    """Default virtual node for a provider (one per peering)."""
+    return f"gpufed-{provider}"

@@ -59,7 +59,7 @@ def test_ports_do_not_collide_across_clusters() -> None:
         assert not seen & set(ports)
         seen |= set(ports)
     assert topo.ports("consumer").apiserver == 20000
-    assert topo.ports("gpu-a").apiserver == 20010
+    assert topo.ports("gpu-a").apiserver == 20020
 
 
 @pytest.mark.parametrize(

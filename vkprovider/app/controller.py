@@ -29,6 +29,34 @@ class PreflightError(Exception):
     """The cluster lacks something the controller needs; the message says what to install."""
 
 
+#: Default port range for the kubelet APIs of the virtual kubelets the controller starts.
+DEFAULT_KUBELET_PORTS = (10250, 10259)
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """The offloading admission webhook served by the controller (vkprovider.webhook)."""
+
+    #: TCP port of the HTTPS server; None: no webhook (pods then need the toleration by hand).
+    port: int | None = None
+    #: Address the API server reaches the webhook on (the MutatingWebhookConfiguration's URL host).
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class VirtualKubeletsSettings:
+    """How the controller starts one `gpufed virtual-kubelet` process per peered provider."""
+
+    #: kubeconfig of the virtual kubelets' identity; None: the controller starts none (Helm runs them).
+    kubeconfig: Path | None = None
+    #: First and last TCP port for their kubelet APIs (one port per virtual node).
+    kubelet_ports: tuple[int, int] = DEFAULT_KUBELET_PORTS
+    #: Address the virtual nodes publish for their kubelet API (status.addresses InternalIP).
+    node_address: str = "127.0.0.1"
+    #: Directory for their log files (`virtual-kubelet-<node>.log`); None: inherit stderr.
+    log_dir: Path | None = None
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
     #: kubeconfig file of the controller's identity.
@@ -41,6 +69,8 @@ class ControllerSettings:
     cluster_id: str | None = None
     provider: ProviderSettings = field(default_factory=ProviderSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    virtual_kubelets: VirtualKubeletsSettings = field(default_factory=VirtualKubeletsSettings)
 
 
 async def preflight(api: Any) -> None:

@@ -12,7 +12,14 @@ import typer
 
 from peering.controllers.identity import IdentityError
 from peering.kube.client import KubeError
-from vkprovider.app.controller import ControllerSettings, PreflightError, run
+from vkprovider.app.controller import (
+    DEFAULT_KUBELET_PORTS,
+    ControllerSettings,
+    PreflightError,
+    VirtualKubeletsSettings,
+    WebhookSettings,
+    run,
+)
 from vkprovider.cli.common import configure_logging, fail
 
 
@@ -31,10 +38,55 @@ def controller(
         typer.Option("--cluster-id", envvar="GPUFED_CLUSTER_ID", help="explicit ClusterID (first start only)"),
     ] = None,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
+    webhook_port: Annotated[
+        int | None,
+        typer.Option("--webhook-port", envvar="GPUFED_WEBHOOK_PORT", help="serve the offloading webhook on this port"),
+    ] = None,
+    webhook_host: Annotated[
+        str,
+        typer.Option("--webhook-host", envvar="GPUFED_WEBHOOK_HOST", help="address the API server reaches it on"),
+    ] = "127.0.0.1",
+    vk_kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--virtual-kubelet-kubeconfig",
+            envvar="GPUFED_VIRTUAL_KUBELET_KUBECONFIG",
+            help="start a virtual kubelet per peered provider, with this identity",
+        ),
+    ] = None,
+    kubelet_ports: Annotated[
+        str,
+        typer.Option(
+            "--kubelet-ports", envvar="GPUFED_KUBELET_PORTS", help="port range FIRST-LAST for their kubelet APIs"
+        ),
+    ] = f"{DEFAULT_KUBELET_PORTS[0]}-{DEFAULT_KUBELET_PORTS[1]}",
+    node_address: Annotated[
+        str, typer.Option("--node-address", envvar="GPUFED_NODE_ADDRESS", help="address virtual nodes publish")
+    ] = "127.0.0.1",
+    log_dir: Annotated[
+        Path | None, typer.Option("--log-dir", envvar="GPUFED_LOG_DIR", help="log files of the virtual kubelets")
+    ] = None,
 ) -> None:
-    """Run the per-cluster control plane: identity and both peering roles (provider and consumer)."""
+    """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
     configure_logging(log_level)
-    settings = ControllerSettings(kubeconfig=kubeconfig, context=context, name_hint=cluster_name, cluster_id=cluster_id)
+    try:
+        first, last = (int(p) for p in kubelet_ports.split("-", 1))
+        if not 0 < first <= last < 65536:
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(
+            f"--kubelet-ports must be FIRST-LAST, e.g. 10250-10259 (got {kubelet_ports!r})"
+        ) from None
+    settings = ControllerSettings(
+        kubeconfig=kubeconfig,
+        context=context,
+        name_hint=cluster_name,
+        cluster_id=cluster_id,
+        webhook=WebhookSettings(port=webhook_port, host=webhook_host),
+        virtual_kubelets=VirtualKubeletsSettings(
+            kubeconfig=vk_kubeconfig, kubelet_ports=(first, last), node_address=node_address, log_dir=log_dir
+        ),
+    )
 
     async def main() -> None:
         task = asyncio.current_task()

@@ -58,6 +58,8 @@ LOG_TAIL_LINES = 30
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 #: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
 CONTROLLER = "gpufed-controller"
+#: Identity of the virtual kubelets the controller starts (one process per virtual node).
+VIRTUAL_KUBELET = "gpufed-virtual-kubelet"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 
 Progress = Callable[[str], None]
@@ -178,7 +180,9 @@ def _orphans(directory: Path, bin_dir: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ours = exe.parent == bins or b"vkprovider.cli\x00controller" in cmdline
+        ours = exe.parent == bins or any(
+            b"vkprovider.cli\x00" + verb in cmdline for verb in (b"controller", b"virtual-kubelet")
+        )
         if ours and needle in cmdline:
             out.append(int(entry.name))
     return out
@@ -334,7 +338,7 @@ class LocalEnvironment:
         exec_dir.mkdir(parents=True, exist_ok=True)
         exec_dir.chmod(0o1777)  # kwok exec runs as nobody, who cannot enter the 0700 state directory
         pki = ensure_pki(d / "pki", cluster=spec.name, service_cidr=spec.service_cidr)
-        for identity in ("admin", "controller-manager", "scheduler", "kwok", CONTROLLER):
+        for identity in ("admin", "controller-manager", "scheduler", "kwok", CONTROLLER, VIRTUAL_KUBELET):
             kubeconfig.write(
                 self.kubeconfig_path(spec.name, identity),
                 kubeconfig.build(spec.name, self.server(spec.name), pki, identity),
@@ -474,6 +478,12 @@ class LocalEnvironment:
                 f"--kubeconfig={self.kubeconfig_path(spec.name, CONTROLLER)}",
                 f"--cluster-name={spec.name}",
                 "--log-level=info",
+                f"--webhook-port={ports.webhook}",
+                "--webhook-host=127.0.0.1",
+                f"--virtual-kubelet-kubeconfig={self.kubeconfig_path(spec.name, VIRTUAL_KUBELET)}",
+                f"--kubelet-ports={ports.kubelet_ports[0]}-{ports.kubelet_ports[1]}",
+                "--node-address=127.0.0.1",
+                f"--log-dir={d / 'logs'}",
             ]
         if component == "kwok":
             return [

@@ -58,6 +58,8 @@ CLIENTS: tuple[ClientIdentity, ...] = (
     ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)),
     # gpufed's controller: only what deploy/rbac/controller.yaml grants the user gpufed:controller.
     ClientIdentity("gpufed-controller", "gpufed:controller"),
+    # gpufed's virtual kubelets: only what deploy/rbac/virtual-kubelet.yaml grants gpufed:virtual-kubelet.
+    ClientIdentity("gpufed-virtual-kubelet", "gpufed:virtual-kubelet"),
 )
 
 

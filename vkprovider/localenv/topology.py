@@ -27,7 +27,7 @@ DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 #: First loopback port handed out; each cluster gets a block of `PORTS_PER_CLUSTER`.
 DEFAULT_BASE_PORT = 17000
 #: Ports reserved per cluster (see `ClusterPorts`).
-PORTS_PER_CLUSTER = 10
+PORTS_PER_CLUSTER = 20
 #: Seconds a Job's pod runs on a kwok node before it completes with exit code 0.
 DEFAULT_JOB_SECONDS = 5.0
 
@@ -206,6 +206,16 @@ class ClusterPorts:
     def kwok(self) -> int:
         return self.base + 5
 
+    @property
+    def webhook(self) -> int:
+        """gpufed's admission webhook (served by the controller)."""
+        return self.base + 6
+
+    @property
+    def kubelet_ports(self) -> tuple[int, int]:
+        """First and last port for virtual kubelets' kubelet APIs (one per virtual node)."""
+        return (self.base + 10, self.base + PORTS_PER_CLUSTER - 1)
+
     def all(self) -> dict[str, int]:
         return {
             "kube-apiserver": self.apiserver,
@@ -214,6 +224,7 @@ class ClusterPorts:
             "kube-controller-manager": self.controller_manager,
             "kube-scheduler": self.scheduler,
             "kwok (kubelet API)": self.kwok,
+            "gpufed webhook": self.webhook,
         }
 
 
