@@ -31,7 +31,8 @@ from vkprovider.localenv.launcher import LocalEnvironment, LocalSettings
 from vkprovider.localenv.topology import Topology, default_topology
 
 REPO = Path(__file__).resolve().parents[2]
-E2E_BASE_PORT = 18000
+#: Parallel sessions (e.g. two worktrees) set GPUFED_E2E_BASE_PORT and GPUFED_E2E_DIR apart.
+E2E_BASE_PORT = int(os.environ.get("GPUFED_E2E_BASE_PORT", "18000"))
 #: Job pods on the e2e clusters run this long before completing.
 E2E_JOB_SECONDS = 3.0
 
@@ -193,7 +194,7 @@ def clusters(request: pytest.FixtureRequest) -> Iterator[Clusters]:
         except (OSError, ValueError, KeyError) as e:
             pytest.fail(f"--reuse-clusters: no running environment in {state_dir} ({e}); run `make clusters-up`")
     else:
-        state_dir = REPO / ".cache" / "e2e"
+        state_dir = Path(os.environ.get("GPUFED_E2E_DIR", REPO / ".cache" / "e2e"))
         topo = default_topology(base_port=E2E_BASE_PORT, job_seconds=E2E_JOB_SECONDS)
     env = LocalEnvironment(LocalSettings(state_dir, bin_dir, build_script=build, manifests_dir=REPO / "deploy"), topo)
     # Idempotent: with --reuse-clusters this only verifies (and completes) the running environment.
