@@ -306,3 +306,19 @@ def partition(grant: Resources, used: Mapping[str, Resources]) -> dict[str, dict
         for i, n in enumerate(names):
             out[n][r] = used[n].get(r, Decimal(0)) + unit * (each + (1 if i < extra else 0))
     return out
+
+
+#: Label prefixes copied from a provider's GPU nodes onto the consumer's virtual node.
+GPU_LABEL_PREFIXES = ("nvidia.com/",)
+
+
+def shared_gpu_labels(nodes: Iterable[NodeInfo], product: str | None) -> dict[str, str]:
+    """The nvidia.com/* labels that every schedulable GPU node of `product` (all when None) carries
+    with the same value: what a pod's nodeSelector may rely on wherever the provider places it."""
+    common: dict[str, str] | None = None
+    for n in nodes:
+        if not n.schedulable or not _node_matches(n, product) or n.allocatable.get(GPU, Decimal(0)) <= 0:
+            continue
+        mine = {k: v for k, v in n.labels.items() if k.startswith(GPU_LABEL_PREFIXES)}
+        common = mine if common is None else {k: v for k, v in common.items() if mine.get(k) == v}
+    return dict(sorted((common or {}).items()))

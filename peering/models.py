@@ -139,6 +139,10 @@ class ResourceSliceStatus(_Model):
     )
     granted: dict[str, str] = Field(default_factory=dict, description="What the provider granted.")
     used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods use of the grant.")
+    node_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="nvidia.com/* labels every GPU node behind the grant shares (copied onto the virtual node).",
+    )
 
 
 class ResourceSlice(_Model):

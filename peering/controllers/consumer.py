@@ -387,7 +387,9 @@ class ConsumerRole:
                 ],
                 "granted": rst.get("granted") or {},
                 "used": rst.get("used") or {},
+                "nodeLabels": rst.get("nodeLabels") or {},
             }
+            st = {k: v for k, v in st.items() if v not in ({}, [])}  # the API server stores no empty maps
             if st != (s.get("status") or {}):
                 await self._slice_status(s, st)
         local_names = {s["metadata"]["name"] for s in local}

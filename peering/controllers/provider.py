@@ -652,6 +652,7 @@ class ProviderRole:
                 res = st_.condition("Resources", decision.accepted, decision.reason, decision.message, conds)
                 granted = dict(decision.granted)
                 used = own
+                st["nodeLabels"] = grants.shared_gpu_labels(self.nodes.values(), sspec.gpu_product)
             except (ValidationError, ValueError) as e:
                 res = st_.condition("Resources", False, "InvalidSlice", f"the slice is invalid: {str(e)[:400]}", conds)
                 granted, used = {}, {}

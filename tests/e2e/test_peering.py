@@ -11,8 +11,6 @@ import base64
 import datetime as dt
 import json
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,88 +21,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from peering import handshake
-from peering.ids import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
-from tests.e2e.conftest import REPO, Clusters
+from peering.ids import CONSUMER_LABEL
+from tests.e2e.conftest import Clusters
+from tests.e2e.helpers import cluster_id, eventually, gpufed, leftovers, out, peer, unpeer
 
 pytestmark = pytest.mark.e2e
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 L4 = "NVIDIA-L4"
-
-
-def gpufed(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vkprovider.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )
-
-
-def peer(clusters: Clusters, provider: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    kc = str(clusters.kubeconfig)
-    return gpufed(
-        "peer",
-        "--kubeconfig",
-        kc,
-        "--context",
-        "consumer",
-        "--remote-kubeconfig",
-        kc,
-        "--remote-context",
-        provider,
-        *extra,
-    )
-
-
-def unpeer(clusters: Clusters, provider: str) -> subprocess.CompletedProcess[str]:
-    kc = str(clusters.kubeconfig)
-    return gpufed(
-        "unpeer", "--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", provider
-    )
-
-
-def cluster_id(clusters: Clusters, context: str) -> ClusterID:
-    cm = clusters.kubectl_json(context, "get", "configmap", "-n", "gpufed", "gpufed-identity")
-    return ClusterID(cm["data"]["clusterId"])
-
-
-def eventually(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-def out(p: subprocess.CompletedProcess[str]) -> str:
-    return p.stdout + p.stderr
-
-
-def leftovers(clusters: Clusters) -> list[str]:
-    """Every peering object on any cluster (installation objects such as CRDs and roles excluded)."""
-    found = []
-    for c in ("consumer", "gpu-a", "gpu-b"):
-        for kind in (
-            "tenants.gpufed.io",
-            "foreignclusters.gpufed.io",
-            "resourceslices.gpufed.io",
-            "twinnamespaces.gpufed.io",
-        ):
-            items = clusters.kubectl_json(c, "get", kind, "-A")["items"]
-            found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
-        for kind in ("namespaces", "certificatesigningrequests"):
-            items = clusters.kubectl_json(c, "get", kind, "-l", CONSUMER_LABEL)["items"]
-            found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
-        secrets = clusters.kubectl_json(c, "get", "secrets", "-n", "gpufed", "-l", PROVIDER_LABEL)["items"]
-        found += [f"{c}: secret/{i['metadata']['name']}" for i in secrets]
-    return found
 
 
 def slice_of(clusters: Clusters, provider_id: str) -> dict[str, Any]:

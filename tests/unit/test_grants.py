@@ -225,3 +225,20 @@ def test_partition_holds_namespaces_at_usage_when_the_grant_shrank() -> None:
     out = grants.partition({"nvidia.com/gpu": Decimal(2)}, {"x": {"nvidia.com/gpu": Decimal(3)}})
     assert out["x"]["nvidia.com/gpu"] == 3
     assert grants.partition({"cpu": Decimal(1)}, {}) == {}
+
+
+def test_shared_gpu_labels_are_the_intersection_over_matching_gpu_nodes() -> None:
+    from peering.grants import NodeInfo, shared_gpu_labels
+
+    gpu = {"nvidia.com/gpu": Decimal(8)}
+    nodes = [
+        NodeInfo("a", gpu, {"nvidia.com/gpu.product": "H100", "nvidia.com/gpu.memory": "81559", "zone": "x"}),
+        NodeInfo("b", gpu, {"nvidia.com/gpu.product": "H100", "nvidia.com/gpu.memory": "81920"}),
+        NodeInfo("c", gpu, {"nvidia.com/gpu.product": "L4", "nvidia.com/gpu.memory": "23034"}),
+        NodeInfo("cpu", {"cpu": Decimal(4)}, {"nvidia.com/gpu.product": "H100"}),
+        NodeInfo("cordoned", gpu, {"nvidia.com/gpu.product": "H100"}, schedulable=False),
+    ]
+    assert shared_gpu_labels(nodes, "H100") == {"nvidia.com/gpu.product": "H100"}
+    assert shared_gpu_labels(nodes[:1], None) == {"nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.product": "H100"}
+    assert shared_gpu_labels(nodes, None) == {}
+    assert shared_gpu_labels(nodes, "B200") == {}

@@ -1,0 +1,101 @@
+"""Helpers the e2e modules share: the gpufed CLI as a user runs it, peering, polling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from peering.ids import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
+from tests.e2e.conftest import REPO, Clusters
+
+
+def gpufed(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vkprovider.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
+
+
+def peer(clusters: Clusters, provider: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    kc = str(clusters.kubeconfig)
+    return gpufed(
+        "peer",
+        "--kubeconfig",
+        kc,
+        "--context",
+        "consumer",
+        "--remote-kubeconfig",
+        kc,
+        "--remote-context",
+        provider,
+        *extra,
+    )
+
+
+def unpeer(clusters: Clusters, provider: str) -> subprocess.CompletedProcess[str]:
+    kc = str(clusters.kubeconfig)
+    return gpufed(
+        "unpeer", "--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", provider
+    )
+
+
+def cluster_id(clusters: Clusters, context: str) -> ClusterID:
+    cm = clusters.kubectl_json(context, "get", "configmap", "-n", "gpufed", "gpufed-identity")
+    return ClusterID(cm["data"]["clusterId"])
+
+
+def eventually(what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def out(p: subprocess.CompletedProcess[str]) -> str:
+    return p.stdout + p.stderr
+
+
+def leftovers(clusters: Clusters) -> list[str]:
+    """Every peering object on any cluster (installation objects such as CRDs and roles excluded)."""
+    found = []
+    for c in ("consumer", "gpu-a", "gpu-b"):
+        for kind in (
+            "tenants.gpufed.io",
+            "foreignclusters.gpufed.io",
+            "resourceslices.gpufed.io",
+            "twinnamespaces.gpufed.io",
+        ):
+            items = clusters.kubectl_json(c, "get", kind, "-A")["items"]
+            found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
+        for kind in ("namespaces", "certificatesigningrequests"):
+            items = clusters.kubectl_json(c, "get", kind, "-l", CONSUMER_LABEL)["items"]
+            found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
+        secrets = clusters.kubectl_json(c, "get", "secrets", "-n", "gpufed", "-l", PROVIDER_LABEL)["items"]
+        found += [f"{c}: secret/{i['metadata']['name']}" for i in secrets]
+    return found
+
+
+def peered_session(clusters: Clusters, providers: dict[str, tuple[str, ...]]) -> Iterator[dict[str, ClusterID]]:
+    """Peer the consumer with each provider (extra `gpufed peer` flags per provider) for the
+    duration of a module; unpeer afterwards and check that nothing is left. Yields context -> ClusterID."""
+    for provider, extra in providers.items():
+        p = peer(clusters, provider, *extra)
+        assert p.returncode == 0, out(p)
+    try:
+        yield {c: cluster_id(clusters, c) for c in ("consumer", *providers)}
+    finally:
+        for provider in providers:
+            p = unpeer(clusters, provider)
+            assert p.returncode == 0, out(p)
