@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from peering.kube.budget import budget_of
 from peering.kube.client import KubeError
 
 FIELD_MANAGER = "gpufed"
@@ -73,6 +74,9 @@ async def request(
     """One request; the decoded JSON response, or KubeError (status 0 when no answer came)."""
     what = what or f"{method} {url_path}"
     headers = {"Accept": "application/json", "Content-Type": content_type}
+    budget = budget_of(api)
+    if budget is not None:
+        await budget.acquire()
     try:
         resp = await api.call_api(
             url_path,
@@ -186,13 +190,34 @@ async def merge_patch(api: Any, url_path: str, patch: Mapping[str, Any], *, what
     )
 
 
+async def strategic_patch(api: Any, url_path: str, patch: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
+    """Strategic-merge patch (core kinds): lists with merge keys, e.g. conditions by `type`, are merged
+    item by item, so conditions other components own are kept."""
+    return await request(
+        api, "PATCH", url_path, body=dict(patch), content_type="application/strategic-merge-patch+json", what=what
+    )
+
+
+async def create(api: Any, url_path: str, obj: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
+    """POST `obj` to its collection path; KubeError with `conflict` when it already exists."""
+    return await request(api, "POST", url_path, body=dict(obj), what=what or f"create {url_path}")
+
+
 async def delete(
-    api: Any, url_path: str, *, uid: str | None = None, propagation: str = "Background", what: str = ""
+    api: Any,
+    url_path: str,
+    *,
+    uid: str | None = None,
+    propagation: str = "Background",
+    grace_period_s: int | None = None,
+    what: str = "",
 ) -> bool:
     """Delete; False when it was already gone. With `uid`, only that incarnation is deleted."""
     body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
     if uid:
         body["preconditions"] = {"uid": uid}
+    if grace_period_s is not None:
+        body["gracePeriodSeconds"] = grace_period_s
     try:
         await request(api, "DELETE", url_path, body=body, what=what or f"delete {url_path}")
     except KubeError as e:
@@ -206,6 +231,7 @@ __all__ = [
     "FIELD_MANAGER",
     "PAGE_SIZE",
     "apply",
+    "create",
     "delete",
     "error_from",
     "get",
@@ -215,4 +241,5 @@ __all__ = [
     "owner_ref",
     "path",
     "request",
+    "strategic_patch",
 ]
