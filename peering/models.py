@@ -1,8 +1,9 @@
 """gpufed's CRDs as pydantic models (`gpufed.io/v1alpha1`), and their CustomResourceDefinitions.
 
-Owns: the spec/status shapes of ForeignCluster, ResourceSlice, Tenant and TwinNamespace (camelCase
-on the wire), the handshake messages they carry,
-their validation, and `crd_manifests()`, which turns the models into CRDs with structural OpenAPI
+Owns: the spec/status shapes of ForeignCluster, ResourceSlice, Tenant, TwinNamespace and
+NamespaceOffloading (camelCase on the wire), the handshake messages they carry, their validation
+(CEL rules included where the API server must enforce them), node-selector matching for
+NamespaceOffloading's cluster selector, and `crd_manifests()`, which turns the models into CRDs with structural OpenAPI
 schemas and `kubectl get` columns. `python -m peering.models deploy/crds` writes them; a unit test
 fails when the files drift from the models.
 
@@ -17,10 +18,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from peering.ids import MAX_CLUSTER_ID
+from peering.ids import MAX_CLUSTER_ID, NAMESPACE_OFFLOADING, SYSTEM_NAMESPACE, TENANT_PREFIX
 from peering.quantity import QuantityError, parse
 
 GROUP = "gpufed.io"
@@ -34,6 +35,9 @@ SLICE_RESOURCES = ("cpu", "memory", "pods", GPU_RESOURCE)
 #: Non-negative Kubernetes quantity (no sign allowed).
 QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+]?[0-9]+)?$"
 CLUSTER_ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: Namespaces a twin may never be (a provider's system and gpufed's own).
+RESERVED_NAMESPACES = frozenset({"default", SYSTEM_NAMESPACE})
+RESERVED_NAMESPACE_PREFIXES = ("kube-", TENANT_PREFIX)
 
 
 class _Model(BaseModel):
@@ -224,8 +228,21 @@ class TwinNamespaceSpec(_Model):
     namespace: str = Field(
         max_length=32,
         pattern=CLUSTER_ID_PATTERN,
-        description="The consumer namespace to twin; the twin is `<namespace>-<consumer-id>`.",
+        description="The consumer namespace to twin.",
     )
+    twin_name: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=CLUSTER_ID_PATTERN,
+        description="Name of the twin namespace; unset: `<namespace>-<consumer-id>`.",
+    )
+
+    @field_validator("twin_name")
+    @classmethod
+    def _not_reserved(cls, v: str | None) -> str | None:
+        if v is not None and (v in RESERVED_NAMESPACES or v.startswith(RESERVED_NAMESPACE_PREFIXES)):
+            raise ValueError(f"twin namespace name {v!r} is reserved")
+        return v
 
 
 class TwinNamespaceStatus(_Model):
@@ -249,8 +266,171 @@ class TwinNamespace(_Model):
     status: TwinNamespaceStatus | None = None
 
 
-CRDKind = type[ForeignCluster] | type[ResourceSlice] | type[Tenant] | type[TwinNamespace]
-KINDS: tuple[CRDKind, ...] = (ForeignCluster, ResourceSlice, Tenant, TwinNamespace)
+# ---- NamespaceOffloading (consumer side, in the offloaded namespace, always named `offloading`)
+
+PodOffloadingStrategy = Literal["Local", "Remote", "LocalAndRemote"]
+NamespaceMappingStrategy = Literal["DefaultName", "EnforceSameName", "SelectedName"]
+POD_STRATEGIES: tuple[str, ...] = ("Local", "Remote", "LocalAndRemote")
+MAPPING_STRATEGIES: tuple[str, ...] = ("DefaultName", "EnforceSameName", "SelectedName")
+SELECTOR_OPERATORS: tuple[str, ...] = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+class NodeSelectorRequirement(_Model):
+    """One expression over a virtual node's labels (Kubernetes' NodeSelectorRequirement)."""
+
+    key: str = Field(min_length=1, max_length=317, description="Label key, e.g. nvidia.com/gpu.product.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(
+        default_factory=list,
+        description="In/NotIn: one or more values; Exists/DoesNotExist: none; Gt/Lt: one integer.",
+    )
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> NodeSelectorRequirement:
+        n = len(self.values)
+        if self.operator in ("In", "NotIn") and n == 0:
+            raise ValueError(f"{self.key}: operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and n:
+            raise ValueError(f"{self.key}: operator {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt"):
+            if n != 1:
+                raise ValueError(f"{self.key}: operator {self.operator} needs exactly one value")
+            try:
+                int(self.values[0])
+            except ValueError:
+                msg = f"{self.key}: operator {self.operator} needs an integer, not {self.values[0]!r}"
+                raise ValueError(msg) from None
+        return self
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        value = labels.get(self.key)
+        if self.operator == "In":
+            return value is not None and value in self.values
+        if self.operator == "NotIn":
+            return value is None or value not in self.values
+        if self.operator == "Exists":
+            return value is not None
+        if self.operator == "DoesNotExist":
+            return value is None
+        try:
+            have, want = int(value or ""), int(self.values[0])
+        except ValueError:
+            return False
+        return have > want if self.operator == "Gt" else have < want
+
+
+class NodeSelectorTerm(_Model):
+    match_expressions: list[NodeSelectorRequirement] = Field(default_factory=list, description="All must hold (AND).")
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        # As in Kubernetes, a term without expressions matches nothing.
+        return bool(self.match_expressions) and all(e.matches(labels) for e in self.match_expressions)
+
+
+class NodeSelector(_Model):
+    node_selector_terms: list[NodeSelectorTerm] = Field(
+        default_factory=list, description="Any may hold (OR); none: every provider."
+    )
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """True when a node with `labels` is selected; an empty selector selects every node."""
+        if not self.node_selector_terms:
+            return True
+        return any(t.matches(labels) for t in self.node_selector_terms)
+
+
+class NamespaceOffloadingSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.namespaceMappingStrategy) && self.namespaceMappingStrategy == 'SelectedName')"
+                    " == has(self.remoteNamespaceName)",
+                    "message": "remoteNamespaceName is required with, and only allowed with, "
+                    "namespaceMappingStrategy SelectedName",
+                }
+            ]
+        }
+    )
+
+    pod_offloading_strategy: PodOffloadingStrategy = Field(
+        default="LocalAndRemote",
+        description="Where the namespace's pods may run: Local (never offloaded), Remote (only on virtual "
+        "nodes) or LocalAndRemote (wherever the scheduler puts them). Default LocalAndRemote.",
+    )
+    namespace_mapping_strategy: NamespaceMappingStrategy = Field(
+        default="DefaultName",
+        description="Name of the twin namespace on each provider: DefaultName (`<namespace>-<consumer-id>`), "
+        "EnforceSameName (the same name) or SelectedName (remoteNamespaceName). Default DefaultName.",
+    )
+    remote_namespace_name: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=CLUSTER_ID_PATTERN,
+        description="The twin namespace's name with namespaceMappingStrategy SelectedName.",
+    )
+    cluster_selector: NodeSelector = Field(
+        default_factory=NodeSelector,
+        description="Providers whose virtual node matches (node-affinity semantics over virtual node labels, "
+        "e.g. nvidia.com/gpu.product, gpufed.io/remote-cluster-id); empty: every provider.",
+    )
+
+    @model_validator(mode="after")
+    def _remote_name_only_when_selected(self) -> NamespaceOffloadingSpec:
+        if (self.namespace_mapping_strategy == "SelectedName") != (self.remote_namespace_name is not None):
+            raise ValueError(
+                "remoteNamespaceName is required with, and only allowed with, namespaceMappingStrategy SelectedName"
+            )
+        return self
+
+    def twin_name(self, namespace: str) -> str | None:
+        """`TwinNamespace.spec.twinName` for the consumer namespace `namespace` (None: the provider's default)."""
+        if self.namespace_mapping_strategy == "EnforceSameName":
+            return namespace
+        if self.namespace_mapping_strategy == "SelectedName":
+            return self.remote_namespace_name
+        return None
+
+
+class RemoteNamespaceStatus(_Model):
+    cluster_id: str = Field(description="The provider.")
+    namespace: str = Field(default="", description="The twin namespace on that provider.")
+    phase: Literal["Pending", "Ready", "Refused", "Unreachable", "Terminating"] = "Pending"
+    message: str = Field(default="", description="What a human needs to know.")
+
+
+class NamespaceOffloadingStatus(_Model):
+    phase: Literal["Pending", "Ready", "Partial", "Failed", "Terminating"] = "Pending"
+    remote_namespaces: list[RemoteNamespaceStatus] = Field(
+        default_factory=list, description="One entry per selected provider."
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, description="The spec generation the status describes.")
+
+
+class NamespaceOffloading(_Model):
+    kind: ClassVar[str] = "NamespaceOffloading"
+    plural: ClassVar[str] = "namespaceoffloadings"
+    scope: ClassVar[str] = "Namespaced"
+    short_names: ClassVar[list[str]] = ["nsoff"]
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("Pods", "string", ".spec.podOffloadingStrategy"),
+        ("Mapping", "string", ".spec.namespaceMappingStrategy"),
+        ("Phase", "string", ".status.phase"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    root_validations: ClassVar[list[dict[str, str]]] = [
+        {
+            "rule": f"self.metadata.name == '{NAMESPACE_OFFLOADING}'",
+            "message": f"a NamespaceOffloading must be named {NAMESPACE_OFFLOADING!r} (one per namespace)",
+        }
+    ]
+    spec: NamespaceOffloadingSpec
+    status: NamespaceOffloadingStatus | None = None
+
+
+CRDKind = type[ForeignCluster] | type[ResourceSlice] | type[Tenant] | type[TwinNamespace] | type[NamespaceOffloading]
+KINDS: tuple[CRDKind, ...] = (ForeignCluster, ResourceSlice, Tenant, TwinNamespace, NamespaceOffloading)
 
 
 # ---- CRD generation
@@ -322,6 +502,9 @@ def crd(model: CRDKind) -> dict[str, Any]:
         },
         "required": ["spec"],
     }
+    validations: list[dict[str, str]] = getattr(model, "root_validations", [])
+    if validations:
+        schema["x-kubernetes-validations"] = validations
     names: dict[str, Any] = {
         "kind": model.kind,
         "listKind": f"{model.kind}List",

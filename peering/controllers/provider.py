@@ -6,7 +6,9 @@ Owns, per Tenant (one per consumer, key = consumer ClusterID), level-triggered a
   roles there, submit the consumer's CSR to this cluster's CSR API (signer
   kubernetes.io/kube-apiserver-client), approve it and publish the certificate and CA;
 - twin namespaces the consumer asks for with TwinNamespace objects in its tenant namespace: created
-  here (the consumer has no namespace rights), labelled, bound, quota'd; removed when the request goes;
+  here (the consumer has no namespace rights) under `spec.twinName` or `<namespace>-<consumer-id>`,
+  labelled, bound, quota'd; removed when the request goes; a name that exists and is not this
+  consumer's twin of the same namespace is refused (phase Refused + Warning Event);
 - grants: every ResourceSlice in the tenant namespace is decided against LIVE capacity
   (`peering.grants.decide` over the node and pod caches this role keeps from watches) and the policy
   in the Tenant; re-decided when slices, nodes, pods or other tenants change;
@@ -513,7 +515,7 @@ class ProviderRole:
             conds = list(st.get("conditions") or [])
             try:
                 spec = TwinNamespaceSpec.model_validate(req.get("spec") or {})
-                twin = twin_namespace(spec.namespace, consumer)
+                twin = spec.twin_name or twin_namespace(spec.namespace, consumer)
             except (ValidationError, ValueError) as e:
                 st.update(
                     phase="Refused",
@@ -522,9 +524,16 @@ class ProviderRole:
                 await self._twin_status(req, old, st)
                 continue
             existing = await rest.get(self.api, rest.path("v1", "namespaces", twin))
-            owner = ((existing or {}).get("metadata", {}).get("labels") or {}).get(CONSUMER_LABEL)
-            if existing is not None and owner != consumer:
-                msg = f"namespace {twin} already exists and does not belong to consumer {consumer}; it is left alone"
+            labels = (existing or {}).get("metadata", {}).get("labels") or {}
+            # Adopt only this consumer's twin of this same namespace: a chosen name (twinName) may
+            # collide with anything, including the tenant namespace or another namespace's twin.
+            if existing is not None and (
+                labels.get(CONSUMER_LABEL) != consumer or labels.get(TWIN_OF_LABEL) != spec.namespace
+            ):
+                msg = (
+                    f"namespace {twin} already exists and is not consumer {consumer}'s twin of "
+                    f"{spec.namespace}; it is left alone"
+                )
                 st.update(
                     phase="Refused",
                     twin=twin,
