@@ -1,0 +1,146 @@
+"""The offloading webhook's decision: how a new pod of an offloaded namespace must change.
+
+Owns `mutate`, which turns a pod, the namespace's pod offloading strategy and its cluster selector
+into RFC 6902 JSON-patch operations for an AdmissionReview response:
+
+- Remote: the virtual-node toleration, and required node affinity `gpufed.io/type In
+  [virtual-node]` AND the selector's expressions (one term per selector term);
+- LocalAndRemote: the toleration; with a selector also required affinity of the terms
+  [`gpufed.io/type NotIn [virtual-node]`] OR [`In [virtual-node]` AND selector…], so local nodes
+  stay allowed while only the selected virtual nodes qualify;
+- Local: required affinity `gpufed.io/type NotIn [virtual-node]` (no toleration).
+
+Invariants:
+- the user's settings are never removed: required node-selector terms are ORed by Kubernetes, so
+  our expressions are ANDed into every existing term (the cross product with ours); preferred
+  affinity, nodeSelector and other tolerations are left as they are;
+- idempotent: a pod that already tolerates the taint and whose every required term already implies
+  one of ours gets no operations (the API server may reinvoke the webhook; reinvocationPolicy
+  IfNeeded);
+- pure: no I/O; the input pod is never modified.
+
+Does not: decide which namespaces are offloaded (the webhook's cache of NamespaceOffloadings does),
+or validate the selector (the CRD schema and `peering.models.NodeSelector` do).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from peering.ids import TYPE_LABEL, VIRTUAL_NODE_TAINT, VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TYPE
+
+STRATEGIES = ("Local", "Remote", "LocalAndRemote")
+#: The toleration pods that may run on virtual nodes receive.
+TOLERATION: dict[str, str] = {"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
+ON_VIRTUAL: dict[str, Any] = {"key": TYPE_LABEL, "operator": "In", "values": [VIRTUAL_NODE_TYPE]}
+NOT_ON_VIRTUAL: dict[str, Any] = {"key": TYPE_LABEL, "operator": "NotIn", "values": [VIRTUAL_NODE_TYPE]}
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+Expr = dict[str, Any]
+
+
+def _tolerates(tol: Mapping[str, Any], taint: Mapping[str, str]) -> bool:
+    """Whether `tol` tolerates `taint` for good (a tolerationSeconds would evict the pod later)."""
+    if tol.get("tolerationSeconds") is not None:
+        return False
+    if tol.get("effect") and tol.get("effect") != taint["effect"]:
+        return False
+    op = tol.get("operator") or "Equal"
+    if not tol.get("key"):
+        return op == "Exists"
+    if tol.get("key") != taint["key"]:
+        return False
+    return op == "Exists" or tol.get("value", "") == taint["value"]
+
+
+def selector_terms(cluster_selector: Mapping[str, Any] | None) -> list[list[Expr]]:
+    """The selector's terms as lists of expressions; [] for no selector (or one without terms)."""
+    terms = (cluster_selector or {}).get("nodeSelectorTerms") or []
+    return [[dict(e) for e in (t.get("matchExpressions") or [])] for t in terms]
+
+
+def required_terms(strategy: str, cluster_selector: Mapping[str, Any] | None) -> list[list[Expr]]:
+    """What the strategy requires, as alternatives (OR) of expression lists (AND); [] for nothing."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown pod offloading strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    selected = [[dict(ON_VIRTUAL), *t] for t in selector_terms(cluster_selector) if t]
+    if strategy == "Local":
+        return [[dict(NOT_ON_VIRTUAL)]]
+    if strategy == "Remote":
+        return selected or [[dict(ON_VIRTUAL)]]
+    return [[dict(NOT_ON_VIRTUAL)], *selected] if selected else []
+
+
+def _implies(term: Mapping[str, Any], ours: Sequence[Expr]) -> bool:
+    have = term.get("matchExpressions") or []
+    return all(e in have for e in ours)
+
+
+def _merge(existing: Sequence[Mapping[str, Any]], ours: Sequence[Sequence[Expr]]) -> list[dict[str, Any]]:
+    """`existing` AND `ours`, in disjunctive form: terms that already imply one of ours stay as they
+    are; every other term is crossed with each of ours."""
+    if not existing:
+        return [{"matchExpressions": [dict(e) for e in o]} for o in ours]
+    out: list[dict[str, Any]] = []
+    for term in existing:
+        if any(_implies(term, o) for o in ours):
+            out.append(copy.deepcopy(dict(term)))
+            continue
+        for o in ours:
+            t = copy.deepcopy(dict(term))
+            have = list(t.get("matchExpressions") or [])
+            t["matchExpressions"] = have + [dict(e) for e in o if e not in have]
+            if t not in out:
+                out.append(t)
+    return out
+
+
+def _escape(segment: str) -> str:
+    return segment.replace("~", "~0").replace("/", "~1")
+
+
+def mutate(pod: Mapping[str, Any], strategy: str, cluster_selector: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """JSON-patch operations that make `pod` follow `strategy` and `cluster_selector` (see module doc)."""
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    ops: list[dict[str, Any]] = []
+    if strategy in ("Remote", "LocalAndRemote"):
+        tolerations = spec.get("tolerations")
+        if not any(_tolerates(t, VIRTUAL_NODE_TAINT) for t in tolerations or []):
+            if tolerations is None:
+                ops.append({"op": "add", "path": "/spec/tolerations", "value": [dict(TOLERATION)]})
+            else:
+                ops.append({"op": "add", "path": "/spec/tolerations/-", "value": dict(TOLERATION)})
+    ours = required_terms(strategy, cluster_selector)
+    if not ours:
+        return ops
+    affinity: Mapping[str, Any] | None = spec.get("affinity")
+    node_affinity: Mapping[str, Any] | None = (affinity or {}).get("nodeAffinity")
+    required: Mapping[str, Any] | None = (node_affinity or {}).get(_REQUIRED)
+    existing = list((required or {}).get("nodeSelectorTerms") or [])
+    if existing and all(any(_implies(t, o) for o in ours) for t in existing):
+        return ops
+    terms = _merge(existing, ours)
+    if affinity is None:
+        value: Any = {"nodeAffinity": {_REQUIRED: {"nodeSelectorTerms": terms}}}
+        ops.append({"op": "add", "path": "/spec/affinity", "value": value})
+    elif node_affinity is None:
+        ops.append(
+            {"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {_REQUIRED: {"nodeSelectorTerms": terms}}}
+        )
+    elif required is None:
+        ops.append(
+            {
+                "op": "add",
+                "path": f"/spec/affinity/nodeAffinity/{_escape(_REQUIRED)}",
+                "value": {"nodeSelectorTerms": terms},
+            }
+        )
+    else:
+        path = f"/spec/affinity/nodeAffinity/{_escape(_REQUIRED)}/nodeSelectorTerms"
+        ops.append({"op": "add" if "nodeSelectorTerms" not in required else "replace", "path": path, "value": terms})
+    return ops
+
+
+__all__ = ["NOT_ON_VIRTUAL", "ON_VIRTUAL", "STRATEGIES", "TOLERATION", "mutate", "required_terms", "selector_terms"]
