@@ -1,0 +1,526 @@
+"""Pod forge: a consumer's local pod <-> its remote twin on a provider, as plain API dicts.
+
+Owns: what a remote twin pod looks like (metadata, origin labels, the spec with everything that only
+makes sense on the consumer removed), the status patch that mirrors the twin's status onto the local
+pod, the terminal status reported when a pod is deleted, which ConfigMaps and Secrets a pod needs,
+their remote twins, and the ownership test every update/delete of a remote object must pass.
+
+Invariants: a remote twin always carries the origin labels (consumer ClusterID, local UID, and for
+pods the virtual node); nothing bound to the consumer cluster (service-account tokens and
+service-account-token Secrets, priority classes, custom schedulers, node names, virtual-node-only
+scheduling terms) reaches the provider; GPU scheduling intent (requests/limits, GPU product
+selectors, GPU taint tolerations) always does; a status patch never touches `qosClass` or
+`nominatedNodeName`.
+
+Does not: talk to any API server, decide when to create/update/delete, translate IPs itself (the
+caller hands in `to_local_ip`), or give the remote pod an identity: the projected service-account
+token volume is dropped and the twin runs with `automountServiceAccountToken: false`; a
+consumer-issued token for it arrives with a later issue.
+
+Pure: no I/O, no client imports; inputs are the dicts the API server returns and are never mutated.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from peering.ids import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    ORIGIN_CLUSTER_LABEL,
+    ORIGIN_NODE_LABEL,
+    ORIGIN_UID_LABEL,
+    VIRTUAL_NODE_TAINT_KEY,
+    VIRTUAL_NODE_TYPE_LABELS,
+)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+#: Annotation kubectl writes on `apply`: it describes the local object, not the twin.
+LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+#: Prefix of gpufed's own labels/annotations and of every label only virtual nodes carry.
+GPUFED_PREFIX = "gpufed.io/"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: Name prefix of the projected service-account volume the ServiceAccount admission plugin adds.
+SA_VOLUME_PREFIX = "kube-api-access-"
+#: ConfigMap every kube-api-access volume projects (the consumer's cluster CA).
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+SA_TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"  # noqa: S105 -- a Secret type, not a password
+#: Tolerations the DefaultTolerationSeconds admission plugin adds (the provider's adds its own).
+DEFAULT_TOLERATION_KEYS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+DEFAULT_TOLERATION_SECONDS = 300
+#: The only field a nodeSelectorTerm's matchFields may use; it names consumer nodes.
+NODE_NAME_FIELD = "metadata.name"
+KILLED_EXIT_CODE = 137
+#: Reason of the Ready/ContainersReady conditions of a pod being deleted.
+DELETED_REASON = "PodDeleted"
+#: strategic-merge directive that replaces a merge-keyed list instead of merging into it.
+_REPLACE = {"$patch": "replace"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a twin goes: consumer identity, owning virtual node, twin namespace on the provider."""
+
+    consumer: str
+    node: str
+    namespace: str
+    provider: str = ""
+
+
+@dataclass(frozen=True, order=True)
+class Reference:
+    """A ConfigMap or Secret a pod needs in its namespace."""
+
+    kind: str
+    name: str
+    optional: bool
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod reached a phase it never leaves."""
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _annotations(meta: Mapping[str, Any], *, drop_gpufed: bool) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (meta.get("annotations") or {}).items():
+        # last-applied describes the local object; a later `kubectl apply` against the provider would
+        # compute a wrong three-way diff from it.
+        if key == LAST_APPLIED_ANNOTATION:
+            continue
+        # gpufed.io/* annotations are our own bookkeeping on the consumer side (webhook decisions,
+        # offloading state); on the provider they would be mistaken for the provider's own.
+        if drop_gpufed and key.startswith(GPUFED_PREFIX):
+            continue
+        out[key] = value
+    return out
+
+
+def _origin_labels(local_meta: Mapping[str, Any], target: Target) -> dict[str, str]:
+    return {
+        ORIGIN_CLUSTER_LABEL: target.consumer,
+        ORIGIN_UID_LABEL: str(local_meta.get("uid", "")),
+        MANAGED_BY_LABEL: MANAGED_BY,
+    }
+
+
+def _twin_metadata(local: Mapping[str, Any], target: Target, extra_labels: Mapping[str, str]) -> dict[str, Any]:
+    # A whitelist, not a copy: ownerReferences point at consumer objects (the provider's garbage
+    # collector would delete the twin at once), uid/resourceVersion/creationTimestamp/managedFields
+    # are server-assigned, generateName is moot (the name is fixed), finalizers belong to consumer
+    # controllers (nobody would remove them remotely), deletion fields are the server's.
+    meta = local.get("metadata") or {}
+    return {
+        "name": meta.get("name", ""),
+        "namespace": target.namespace,
+        # origin labels last: a local label must not be able to forge ownership.
+        "labels": {**(meta.get("labels") or {}), **extra_labels},
+        "annotations": _annotations(meta, drop_gpufed=True),
+    }
+
+
+# ---------------------------------------------------------------- pod spec
+
+
+def _is_token_volume(volume: Mapping[str, Any]) -> bool:
+    """The projected service-account token volume(s): bound to the consumer's API server."""
+    if str(volume.get("name", "")).startswith(SA_VOLUME_PREFIX):
+        return True
+    sources = (volume.get("projected") or {}).get("sources") or []
+    return any("serviceAccountToken" in source for source in sources)
+
+
+def _virtual_only_key(key: str) -> bool:
+    """A node label only virtual nodes carry: satisfied by the virtual node, absent on provider nodes."""
+    return key.startswith(GPUFED_PREFIX) or key in VIRTUAL_NODE_TYPE_LABELS or key == HOSTNAME_LABEL
+
+
+def _filter_term(term: Mapping[str, Any]) -> dict[str, Any]:
+    """A nodeSelectorTerm without its virtual-node-only requirements (may come back empty)."""
+    out = {k: v for k, v in term.items() if k not in ("matchExpressions", "matchFields")}
+    expressions = [e for e in term.get("matchExpressions") or [] if not _virtual_only_key(str(e.get("key", "")))]
+    # matchFields can only name nodes (metadata.name), and node names are the consumer's.
+    fields = [f for f in term.get("matchFields") or [] if f.get("key") != NODE_NAME_FIELD]
+    if expressions:
+        out["matchExpressions"] = expressions
+    if fields:
+        out["matchFields"] = fields
+    return out
+
+
+def _node_affinity(affinity: dict[str, Any]) -> dict[str, Any]:
+    required_key = "requiredDuringSchedulingIgnoredDuringExecution"
+    preferred_key = "preferredDuringSchedulingIgnoredDuringExecution"
+    out = dict(affinity)
+    required = affinity.get(required_key)
+    if required is not None:
+        terms = required.get("nodeSelectorTerms") or []
+        filtered = [_filter_term(t) for t in terms]
+        # Terms are ORed, and an EMPTY term matches no node at all. A term that became empty was
+        # made only of virtual-node requirements, i.e. the virtual node itself satisfied the whole
+        # OR: remotely there is nothing left to require. (A term that was empty to begin with stays:
+        # it did not become satisfiable by being filtered.)
+        if any(f == {} and t != {} for t, f in zip(terms, filtered, strict=True)):
+            del out[required_key]
+        else:
+            out[required_key] = {**required, "nodeSelectorTerms": filtered}
+    preferred = affinity.get(preferred_key)
+    if preferred is not None:
+        kept = []
+        for item in preferred:
+            preference = _filter_term(item.get("preference") or {})
+            # An empty preference only adds a constant weight to every node: drop it.
+            if preference:
+                kept.append({**item, "preference": preference})
+        if kept:
+            out[preferred_key] = kept
+        else:
+            del out[preferred_key]
+    return out
+
+
+def _is_default_toleration(toleration: Mapping[str, Any]) -> bool:
+    # Only the exact shape the admission plugin adds; a user-tuned not-ready toleration is intent.
+    return (
+        toleration.get("key") in DEFAULT_TOLERATION_KEYS
+        and toleration.get("operator") == "Exists"
+        and toleration.get("effect") == "NoExecute"
+        and toleration.get("tolerationSeconds") == DEFAULT_TOLERATION_SECONDS
+    )
+
+
+def _scheduling(spec: dict[str, Any]) -> None:
+    selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if not _virtual_only_key(k)}
+    # Virtual-node keys were satisfied by the virtual node; provider nodes do not carry them, so
+    # keeping them would leave the twin Pending forever. GPU keys (nvidia.com/gpu.product, ...) stay:
+    # they pick the product on the provider.
+    if selector:
+        spec["nodeSelector"] = selector
+    else:
+        spec.pop("nodeSelector", None)
+
+    affinity = spec.get("affinity")
+    if affinity is not None:
+        affinity = dict(affinity)
+        if "nodeAffinity" in affinity:
+            node_affinity = _node_affinity(affinity["nodeAffinity"])
+            if node_affinity:
+                affinity["nodeAffinity"] = node_affinity
+            else:
+                del affinity["nodeAffinity"]
+        if affinity:
+            spec["affinity"] = affinity
+        else:
+            del spec["affinity"]
+
+    tolerations = [
+        t
+        for t in spec.get("tolerations") or []
+        # The virtual node's taint does not exist remotely; the default not-ready/unreachable
+        # tolerations are re-added by the provider's admission with the provider's own defaults.
+        # Everything else stays: GPU taints on provider nodes must still be tolerated.
+        if t.get("key") != VIRTUAL_NODE_TAINT_KEY and not _is_default_toleration(t)
+    ]
+    if tolerations:
+        spec["tolerations"] = tolerations
+    else:
+        spec.pop("tolerations", None)
+
+
+def _remote_spec(local_spec: Mapping[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(dict(local_spec))
+    # The provider's scheduler places the twin; the consumer's node name is the virtual node.
+    spec.pop("nodeName", None)
+    # The priority class may not exist remotely, and the Priority admission plugin rejects a pod
+    # with a priority value but no (existing) class; the provider applies its own default.
+    for key in ("priority", "priorityClassName", "preemptionPolicy"):
+        spec.pop(key, None)
+    # Custom schedulers of the consumer do not run on the provider: the twin would stay Pending.
+    spec.pop("schedulerName", None)
+    # Ephemeral containers can only be added through the subresource, never on create.
+    spec.pop("ephemeralContainers", None)
+    # The RuntimeClass admission plugin fills overhead from the class and rejects a pod whose
+    # overhead differs from the provider's class: let the provider fill its own.
+    spec.pop("overhead", None)
+    # Readiness gates name conditions that consumer-side controllers set on the local pod; nobody
+    # sets them on the twin, which would never become Ready. local_status folds them back in.
+    spec.pop("readinessGates", None)
+    # The consumer's service account does not exist on the provider, and its token is bound to
+    # the consumer's API server: run without an identity (see the module docstring).
+    spec.pop("serviceAccountName", None)
+    spec.pop("serviceAccount", None)
+    spec["automountServiceAccountToken"] = False
+    dropped = {v.get("name") for v in spec.get("volumes") or [] if _is_token_volume(v)}
+    if dropped:
+        volumes = [v for v in spec["volumes"] if v.get("name") not in dropped]
+        if volumes:
+            spec["volumes"] = volumes
+        else:
+            del spec["volumes"]
+        for kind in ("containers", "initContainers"):
+            for container in spec.get(kind) or []:
+                mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in dropped]
+                if mounts:
+                    container["volumeMounts"] = mounts
+                else:
+                    container.pop("volumeMounts", None)
+    _scheduling(spec)
+    return spec
+
+
+def remote_pod(local: Mapping[str, Any], target: Target) -> dict[str, Any]:
+    """The twin of `local` to create on the provider (never a `status`)."""
+    meta = local.get("metadata") or {}
+    labels = {**_origin_labels(meta, target), ORIGIN_NODE_LABEL: target.node}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _twin_metadata(local, target, labels),
+        "spec": _remote_spec(local.get("spec") or {}),
+    }
+
+
+# ---------------------------------------------------------------- status
+
+
+def _readiness_gate_problem(local: Mapping[str, Any]) -> str | None:
+    """Why the local pod's readiness gates are not all True (None when they are)."""
+    conditions = {c.get("type"): c for c in (local.get("status") or {}).get("conditions") or []}
+    for gate in (local.get("spec") or {}).get("readinessGates") or []:
+        kind = gate.get("conditionType")
+        condition = conditions.get(kind)
+        if condition is None:
+            return f'corresponding condition of pod readiness gate "{kind}" does not exist.'
+        if condition.get("status") != "True":
+            return f'the status of pod readiness gate "{kind}" is not "True", but {condition.get("status")}'
+    return None
+
+
+def local_status(
+    remote: Mapping[str, Any],
+    local: Mapping[str, Any],
+    *,
+    host_ip: str,
+    to_local_ip: Callable[[str], str] = lambda ip: ip,
+) -> dict[str, Any]:
+    """Body of a strategic-merge patch of the local pod's `status` subresource mirroring `remote`.
+
+    podIPs/hostIPs are merge-keyed lists in the API: they carry a `$patch: replace` element so that
+    a new remote IP replaces the old one (merging would keep both and fail validation). Conditions
+    merge by type, so conditions only the consumer sets (readiness gates, DisruptionTarget) stay.
+    `qosClass` and `nominatedNodeName` are never touched (the API server owns the first, the
+    consumer's scheduler the second).
+    """
+    rstatus = remote.get("status") or {}
+    status: dict[str, Any] = {
+        "phase": rstatus.get("phase"),
+        "reason": rstatus.get("reason"),
+        "message": rstatus.get("message"),
+    }
+    conditions = copy.deepcopy(list(rstatus.get("conditions") or []))
+    problem = _readiness_gate_problem(local)
+    if problem is not None:
+        # What the kubelet does: Ready also needs every readiness gate condition True locally.
+        for condition in conditions:
+            if condition.get("type") == "Ready" and condition.get("status") == "True":
+                condition.update(status="False", reason="ReadinessGatesNotReady", message=problem)
+    if conditions:
+        status["conditions"] = conditions
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in rstatus:
+            status[key] = copy.deepcopy(rstatus[key])
+    if rstatus.get("startTime"):
+        status["startTime"] = rstatus["startTime"]
+    ips = [to_local_ip(str(item["ip"])) for item in rstatus.get("podIPs") or [] if item.get("ip")]
+    if not ips and rstatus.get("podIP"):
+        ips = [to_local_ip(str(rstatus["podIP"]))]
+    status["podIP"] = ips[0] if ips else None
+    status["podIPs"] = [_REPLACE, *({"ip": ip} for ip in ips)] if ips else None
+    status["hostIP"] = host_ip or None
+    status["hostIPs"] = [_REPLACE, {"ip": host_ip}] if host_ip else None
+    return {"status": status}
+
+
+def _without_directives(items: Iterable[Any]) -> list[Any]:
+    return [i for i in items if not (isinstance(i, Mapping) and "$patch" in i)]
+
+
+def _condition_differs(patch: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    if current is None:
+        return True
+    # lastProbeTime changes on every probe without meaning anything to a reader.
+    return any(
+        value != current.get(key) for key, value in patch.items() if key != "lastProbeTime" and value is not None
+    )
+
+
+def status_differs(patch: Mapping[str, Any], local: Mapping[str, Any]) -> bool:
+    """Whether applying the status `patch` to `local` would change anything that matters."""
+    current = local.get("status") or {}
+    for key, value in (patch.get("status") or {}).items():
+        if key == "conditions":
+            by_type = {c.get("type"): c for c in current.get("conditions") or []}
+            if any(_condition_differs(c, by_type.get(c.get("type"))) for c in value):
+                return True
+        elif isinstance(value, list):
+            if _without_directives(value) != (current.get(key) or []):
+                return True
+        elif value != current.get(key):
+            # None (delete) against an absent field is no change: .get() gives None for both.
+            return True
+    return False
+
+
+def terminated_status(
+    local: Mapping[str, Any], remote: Mapping[str, Any] | None, *, now: str, message: str
+) -> dict[str, Any]:
+    """Status patch reporting every container of a deleted pod as terminated (phase unchanged).
+
+    A container already terminated locally keeps its status; else the remote's terminated state
+    is used when the remote reported one, else it is reported killed (137) at `now`. Containers
+    without any status yet (a pending pod) get a full entry too, since the list is replaced as a whole.
+    """
+    spec = local.get("spec") or {}
+    lstatus = local.get("status") or {}
+    rstatus = (remote or {}).get("status") or {}
+    status: dict[str, Any] = {}
+    for spec_key, status_key in (("containers", "containerStatuses"), ("initContainers", "initContainerStatuses")):
+        containers = spec.get(spec_key) or []
+        if not containers and status_key not in lstatus:
+            continue
+        local_by_name = {s.get("name"): s for s in lstatus.get(status_key) or []}
+        remote_by_name = {s.get("name"): s for s in rstatus.get(status_key) or []}
+        entries = []
+        for container in containers:
+            name = container.get("name")
+            mine = local_by_name.get(name)
+            theirs = remote_by_name.get(name)
+            if mine is not None and "terminated" in (mine.get("state") or {}):
+                entries.append(copy.deepcopy(mine))
+                continue
+            entry = copy.deepcopy(
+                mine or theirs or {"name": name, "image": container.get("image", ""), "imageID": "", "restartCount": 0}
+            )
+            remote_terminated = ((theirs or {}).get("state") or {}).get("terminated")
+            if remote_terminated is not None:
+                terminated = copy.deepcopy(remote_terminated)
+            else:
+                terminated = {"exitCode": KILLED_EXIT_CODE, "reason": "Killed", "message": message}
+                started = _started_at(mine) or _started_at(theirs)
+                if started:
+                    terminated["startedAt"] = started
+                terminated["finishedAt"] = now
+            entry.update(state={"terminated": terminated}, ready=False, started=False)
+            entries.append(entry)
+        status[status_key] = entries
+    current = {c.get("type"): c for c in lstatus.get("conditions") or []}
+    conditions = []
+    for kind in ("Ready", "ContainersReady"):
+        before = current.get(kind) or {}
+        # lastTransitionTime moves only when the status does (as the kubelet does it).
+        since = before.get("lastTransitionTime") if before.get("status") == "False" else now
+        conditions.append(
+            {
+                "type": kind,
+                "status": "False",
+                "reason": DELETED_REASON,
+                "lastProbeTime": None,
+                "lastTransitionTime": since,
+            }
+        )
+    status["conditions"] = conditions
+    return {"status": status}
+
+
+def _started_at(container_status: Mapping[str, Any] | None) -> str | None:
+    running = ((container_status or {}).get("state") or {}).get("running") or {}
+    started = running.get("startedAt")
+    return str(started) if started else None
+
+
+# ---------------------------------------------------------------- ConfigMaps and Secrets
+
+
+def _env_references(container: Mapping[str, Any]) -> Iterable[Reference]:
+    for env in container.get("env") or []:
+        source = env.get("valueFrom") or {}
+        for field, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
+            ref = source.get(field)
+            if ref and ref.get("name"):
+                yield Reference(kind, ref["name"], bool(ref.get("optional", False)))
+    for env_from in container.get("envFrom") or []:
+        for field, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
+            ref = env_from.get(field)
+            if ref and ref.get("name"):
+                yield Reference(kind, ref["name"], bool(ref.get("optional", False)))
+
+
+def _volume_references(volume: Mapping[str, Any]) -> Iterable[Reference]:
+    # Volumes remote_pod drops need nothing remotely (kube-root-ca.crt is the consumer's CA).
+    if _is_token_volume(volume):
+        return
+    config_map = volume.get("configMap")
+    if config_map and config_map.get("name"):
+        yield Reference("ConfigMap", config_map["name"], bool(config_map.get("optional", False)))
+    secret = volume.get("secret")
+    if secret and secret.get("secretName"):
+        yield Reference("Secret", secret["secretName"], bool(secret.get("optional", False)))
+    for source in (volume.get("projected") or {}).get("sources") or []:
+        for field, kind in (("configMap", "ConfigMap"), ("secret", "Secret")):
+            ref = source.get(field)
+            if ref and ref.get("name"):
+                yield Reference(kind, ref["name"], bool(ref.get("optional", False)))
+
+
+def references(pod: Mapping[str, Any]) -> list[Reference]:
+    """ConfigMaps and Secrets `pod` needs, sorted; a name needed both optionally and not is required."""
+    spec = pod.get("spec") or {}
+    found: list[Reference] = []
+    for volume in spec.get("volumes") or []:
+        found.extend(_volume_references(volume))
+    for kind in ("containers", "initContainers", "ephemeralContainers"):
+        for container in spec.get(kind) or []:
+            found.extend(_env_references(container))
+    # A pull secret the provider cannot use is not fatal: the image may be public or pre-pulled.
+    found.extend(Reference("Secret", s["name"], True) for s in spec.get("imagePullSecrets") or [] if s.get("name"))
+    optional: dict[tuple[str, str], bool] = {}
+    for ref in found:
+        key = (ref.kind, ref.name)
+        optional[key] = optional.get(key, True) and ref.optional
+    return sorted(Reference(kind, name, opt) for (kind, name), opt in optional.items())
+
+
+def remote_object(local: Mapping[str, Any], target: Target) -> dict[str, Any] | None:
+    """Twin of a ConfigMap or Secret; None for other kinds and service-account-token Secrets."""
+    kind = local.get("kind")
+    if kind not in ("ConfigMap", "Secret"):
+        return None
+    # A service-account token is bound to the consumer's API server: useless and a leak remotely.
+    if kind == "Secret" and local.get("type") == SA_TOKEN_SECRET_TYPE:
+        return None
+    meta = local.get("metadata") or {}
+    # No ORIGIN_NODE_LABEL: several virtual nodes share one twin namespace and its objects.
+    metadata = _twin_metadata(local, target, _origin_labels(meta, target))
+    # Only last-applied is dropped here: annotations on ConfigMaps/Secrets are the user's data.
+    metadata["annotations"] = _annotations(meta, drop_gpufed=False)
+    out: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
+    fields = ("data", "binaryData", "immutable") if kind == "ConfigMap" else ("type", "data", "immutable")
+    for field in fields:
+        if field in local:
+            out[field] = copy.deepcopy(local[field])
+    return out
+
+
+def owned_by(remote: Mapping[str, Any], consumer: str, uid: str | None = None) -> bool:
+    """Whether `remote` is the twin of an object of `consumer` (of the object `uid` when given)."""
+    labels = (remote.get("metadata") or {}).get("labels") or {}
+    if labels.get(ORIGIN_CLUSTER_LABEL) != consumer:
+        return False
+    return uid is None or labels.get(ORIGIN_UID_LABEL) == uid
