@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -24,7 +25,9 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def emit(api: Any, obj: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+async def emit(
+    api: Any, obj: Mapping[str, Any], *, type_: str, reason: str, message: str, component: str = COMPONENT
+) -> None:
     """Record an Event about `obj` (Normal or Warning). Events of cluster-scoped objects go to `default`."""
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
@@ -54,11 +57,11 @@ async def emit(api: Any, obj: dict[str, Any], *, type_: str, reason: str, messag
                 "type": type_,
                 "reason": reason,
                 "message": message[:1024],
-                "source": {"component": COMPONENT},
+                "source": {"component": component},
                 "firstTimestamp": _now(),
                 "lastTimestamp": _now(),
                 "count": 1,
-                "reportingComponent": COMPONENT,
+                "reportingComponent": component,
             },
         )
     except KubeError as e:

@@ -23,6 +23,7 @@ from peering.ids import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE
 from peering.kube import rest
 from peering.kube.client import KubeError, api_client
 from peering.models import GROUP, KINDS
+from vkprovider.app.supervisor import Supervisor, SupervisorSettings
 
 
 class PreflightError(Exception):
@@ -106,6 +107,12 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
         async with asyncio.TaskGroup() as tg:
             tg.create_task(provider.run())
             tg.create_task(consumer.run())
+            vks = settings.virtual_kubelets
+            if vks.kubeconfig is not None:
+                supervisor = Supervisor(
+                    api, SupervisorSettings(vks.kubeconfig, vks.kubelet_ports, vks.node_address, vks.log_dir)
+                )
+                tg.create_task(supervisor.run())
             await provider.ready.wait()
             log.info("controller ready", cluster=identity.cluster_id)
             if ready is not None:

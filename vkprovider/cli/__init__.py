@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from vkprovider.cli import controller, local
+from vkprovider.cli import controller, local, virtual_kubelet
 from vkprovider.cli import peer as peering_cmds
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.add_typer(local.app, name="local")
 app.command(name="controller")(controller.controller)
+app.command(name="virtual-kubelet")(virtual_kubelet.virtual_kubelet)
 app.command(name="peer")(peering_cmds.peer)
 app.command(name="unpeer")(peering_cmds.unpeer)
 app.command(name="info")(peering_cmds.info)

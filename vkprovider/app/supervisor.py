@@ -1,0 +1,178 @@
+"""Starts and keeps running one `gpufed virtual-kubelet` process per peered provider.
+
+Owns: the set of virtual-kubelet child processes of this controller — one per ForeignCluster with
+role Provider whose credentials exist (phase Peered); a kubelet port for each from the configured
+range (kept while the process lives); restarts with capped backoff when a process exits while its
+peering exists (a crash or `kill -9` is survived: the new process adopts the node and its pods);
+stopping them when the controller stops. When a peering is removed the virtual kubelet sees it
+itself, deletes its Node and exits 0; the supervisor then does not restart it.
+
+This is how the local environment runs virtual kubelets; in a real cluster the Helm chart runs them
+as Deployments and this supervisor is off (no --virtual-kubelet-kubeconfig).
+
+Does not: talk to providers, or read the virtual kubelets' logs (they write their own files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from peering.kube import rest
+from peering.kube.watch import watch
+from peering.models import API_VERSION
+
+#: Backoff (s) between restarts of a virtual kubelet that keeps exiting: doubles up to the cap.
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+#: A process that ran this long (s) before exiting restarts without backoff.
+HEALTHY_RUN_S = 60.0
+#: Seconds a stopping process gets before SIGKILL.
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    kubeconfig: Path
+    kubelet_ports: tuple[int, int]
+    node_address: str
+    log_dir: Path | None = None
+    context: str | None = None
+
+
+def node_name(provider: str) -> str:
+    return f"gpufed-{provider}"
+
+
+class Child:
+    def __init__(self, provider: str, port: int) -> None:
+        self.provider = provider
+        self.port = port
+        self.proc: asyncio.subprocess.Process | None = None
+        self.wanted = True
+        self.task: asyncio.Task[None] | None = None
+
+
+class Supervisor:
+    def __init__(self, api: Any, settings: SupervisorSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self.children: dict[str, Child] = {}
+        self._log = structlog.get_logger().bind(component="virtual-kubelet-supervisor")
+        self._tg: asyncio.TaskGroup | None = None
+
+    def _peered(self, obj: dict[str, Any]) -> bool:
+        spec = obj.get("spec") or {}
+        st = obj.get("status") or {}
+        return (
+            "Provider" in (spec.get("roles") or [])
+            and not obj["metadata"].get("deletionTimestamp")
+            and bool(st.get("kubeconfigSecret"))
+        )
+
+    def _on_fc(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        want = kind != "DELETED" and self._peered(obj)
+        child = self.children.get(name)
+        if want and child is None:
+            self._spawn(name)
+        elif not want and child is not None and kind == "DELETED":
+            # The virtual kubelet removes its node and exits by itself; stop waiting for it otherwise.
+            child.wanted = False
+
+    def _free_port(self) -> int:
+        used = {c.port for c in self.children.values()}
+        first, last = self.settings.kubelet_ports
+        for p in range(first, last + 1):
+            if p not in used:
+                return p
+        raise RuntimeError(f"no free kubelet port in {first}-{last} for another virtual kubelet")
+
+    def _spawn(self, provider: str) -> None:
+        assert self._tg is not None
+        try:
+            port = self._free_port()
+        except RuntimeError as e:
+            self._log.error("virtual kubelet not started", remote_cluster=provider, error=str(e))
+            return
+        child = Child(provider, port)
+        self.children[provider] = child
+        child.task = self._tg.create_task(self._keep(child))
+
+    def command(self, child: Child) -> list[str]:
+        s = self.settings
+        cmd = [
+            sys.executable,
+            "-m",
+            "vkprovider.cli",
+            "virtual-kubelet",
+            f"--kubeconfig={s.kubeconfig}",
+            f"--provider-cluster-id={child.provider}",
+            f"--node-name={node_name(child.provider)}",
+            f"--node-address={s.node_address}",
+            f"--kubelet-port={child.port}",
+        ]
+        if s.context:
+            cmd.append(f"--context={s.context}")
+        return cmd
+
+    async def _keep(self, child: Child) -> None:
+        backoff = RESTART_BACKOFF_S
+        loop = asyncio.get_running_loop()
+        log = self._log.bind(remote_cluster=child.provider, node=node_name(child.provider))
+        try:
+            while child.wanted:
+                out: Any = None
+                if self.settings.log_dir is not None:
+                    self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+                    out = (self.settings.log_dir / f"virtual-kubelet-{child.provider}.log").open("ab")
+                try:
+                    child.proc = await asyncio.create_subprocess_exec(
+                        *self.command(child), stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL
+                    )
+                finally:
+                    if out is not None:
+                        out.close()
+                started = loop.time()
+                log.info("virtual kubelet started", pid=child.proc.pid, port=child.port)
+                code = await child.proc.wait()
+                if code == 0 or not child.wanted:
+                    log.info("virtual kubelet exited", code=code)
+                    if code == 0:
+                        break
+                    continue
+                ran = loop.time() - started
+                backoff = RESTART_BACKOFF_S if ran >= HEALTHY_RUN_S else min(backoff * 2, RESTART_BACKOFF_MAX_S)
+                log.warning("virtual kubelet died; restarting", code=code, ran_s=round(ran, 1), restart_in_s=backoff)
+                await asyncio.sleep(backoff)
+                fc = await rest.get(self.api, rest.path(API_VERSION, "foreignclusters", child.provider))
+                child.wanted = fc is not None and self._peered(fc)
+        finally:
+            await self._stop(child)
+            self.children.pop(child.provider, None)
+
+    async def _stop(self, child: Child) -> None:
+        proc = child.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.shield(asyncio.wait_for(proc.wait(), STOP_GRACE_S))
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tg.create_task(
+                watch(self.api, rest.path(API_VERSION, "foreignclusters"), self._on_fc, what="foreignclusters")
+            )

@@ -1,0 +1,149 @@
+"""`gpufed virtual-kubelet`: one virtual node backed by one peered provider.
+
+Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
+the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
+clear log line), the provider client (same budget), and `RemoteProvider` + `NodeController` +
+`PodController` under one TaskGroup. The Node is owned by the provider's ForeignCluster: when
+that is deleted (unpeer) this process removes its Node and exits; an ordinary stop (SIGTERM,
+crash, kill -9) leaves the Node and its pods in place for the next start to adopt.
+
+Does not: pick ports or restart itself (the controller's supervisor does, or a Deployment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, ClusterID, remote_kubeconfig_secret
+from peering.kube import rest
+from peering.kube.budget import set_budget
+from peering.kube.client import KubeError, api_client, client_from_dict
+from peering.kube.watch import watch
+from peering.models import API_VERSION
+from vkprovider.node.node import NodeController, NodeSettings
+from vkprovider.node.pods import PodController, PodSettings
+from vkprovider.remote.provider import RemoteProvider, RemoteSettings
+
+#: Client budget towards each API server: a kubelet runs with 50 QPS / burst 100; one virtual
+#: kubelet stands for a whole provider, so it gets more (it is still bounded).
+DEFAULT_QPS = 200.0
+DEFAULT_BURST = 400
+#: Seconds between checks for the provider credentials while they do not exist yet.
+CREDENTIALS_POLL_S = 2.0
+
+
+class VirtualKubeletError(Exception):
+    """Cannot start: the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class VirtualKubeletSettings:
+    #: kubeconfig of the virtual kubelet's identity on the consumer.
+    kubeconfig: Path
+    #: ClusterID of the provider behind this virtual node.
+    provider: str
+    #: Node name (default gpufed-<provider>).
+    node_name: str
+    context: str | None = None
+    #: Address and kubelet port the node publishes.
+    node_address: str = "127.0.0.1"
+    kubelet_port: int = 10250
+    #: Request budget per API server (queries per second, burst).
+    qps: float = DEFAULT_QPS
+    burst: int = DEFAULT_BURST
+    pods: PodSettings = field(default_factory=PodSettings)
+    version: str = "v0.0.0-gpufed"
+
+
+async def _cluster_id(api: Any) -> str:
+    cm = await rest.get(api, rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE))
+    if cm is None or not (cm.get("data") or {}).get("clusterId"):
+        raise VirtualKubeletError(
+            f"no cluster identity (ConfigMap {SYSTEM_NAMESPACE}/{IDENTITY_CONFIGMAP}): is `gpufed controller` running?"
+        )
+    return str(cm["data"]["clusterId"])
+
+
+async def _credentials(api: Any, provider: str, log: Any) -> dict[str, Any]:
+    name = remote_kubeconfig_secret(ClusterID(provider))
+    waited = False
+    while True:
+        secret = await rest.get(api, rest.path("v1", "secrets", name, namespace=SYSTEM_NAMESPACE))
+        if secret is not None and (secret.get("data") or {}).get("kubeconfig"):
+            return dict(yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"])))
+        if not waited:
+            log.info("waiting for the provider credentials", secret=f"{SYSTEM_NAMESPACE}/{name}")
+            waited = True
+        await asyncio.sleep(CREDENTIALS_POLL_S)
+
+
+async def run(settings: VirtualKubeletSettings) -> None:
+    log = structlog.get_logger().bind(node=settings.node_name, remote_cluster=settings.provider)
+    async with api_client(settings.kubeconfig, settings.context) as api:
+        set_budget(api, settings.qps, settings.burst)
+        consumer = await _cluster_id(api)
+        fc = await rest.get(api, rest.path(API_VERSION, "foreignclusters", settings.provider))
+        if fc is None or fc["metadata"].get("deletionTimestamp"):
+            raise VirtualKubeletError(
+                f"provider {settings.provider} is not peered (no ForeignCluster {settings.provider})"
+            )
+        cfg = await _credentials(api, settings.provider, log)
+        remote_api = await client_from_dict(cfg)
+        try:
+            set_budget(remote_api, settings.qps, settings.burst)
+            provider = RemoteProvider(
+                api,
+                remote_api,
+                RemoteSettings(consumer, settings.provider, settings.node_name, settings.node_address),
+            )
+            node = NodeController(
+                api,
+                provider,
+                NodeSettings(
+                    name=settings.node_name,
+                    address=settings.node_address,
+                    kubelet_port=settings.kubelet_port,
+                    owner_references=(rest.owner_ref(fc),),
+                    version=settings.version,
+                ),
+            )
+            pods = PodController(api, provider, settings.node_name, settings.pods)
+            unpeered = asyncio.Event()
+            fc_uid = fc["metadata"]["uid"]
+
+            def on_fc(kind: str, obj: dict[str, Any]) -> None:
+                meta = obj["metadata"]
+                if meta.get("uid") == fc_uid and (kind == "DELETED" or meta.get("deletionTimestamp")):
+                    unpeered.set()
+
+            log.info("virtual kubelet starting", consumer=consumer)
+            async with asyncio.TaskGroup() as tg:
+                tasks = [
+                    tg.create_task(node.run()),
+                    tg.create_task(pods.run()),
+                    tg.create_task(
+                        watch(
+                            api,
+                            rest.path(API_VERSION, "foreignclusters"),
+                            on_fc,
+                            what="foreignclusters",
+                            params={"fieldSelector": f"metadata.name={settings.provider}"},
+                        )
+                    ),
+                ]
+                await unpeered.wait()
+                log.info("provider unpeered; removing the virtual node")
+                for t in tasks:
+                    t.cancel()
+            with contextlib.suppress(KubeError):
+                await node.remove()
+        finally:
+            await remote_api.close()

@@ -1,0 +1,78 @@
+"""`gpufed virtual-kubelet`: flags and GPUFED_* variables -> VirtualKubeletSettings -> app.virtual_kubelet.run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from peering.kube.client import KubeError
+from vkprovider.app.virtual_kubelet import (
+    DEFAULT_BURST,
+    DEFAULT_QPS,
+    VirtualKubeletError,
+    VirtualKubeletSettings,
+    run,
+)
+from vkprovider.cli.common import configure_logging, fail
+from vkprovider.node.pods import PodSettings
+
+
+def virtual_kubelet(
+    kubeconfig: Annotated[
+        Path, typer.Option("--kubeconfig", envvar="GPUFED_KUBECONFIG", help="kubeconfig of the virtual kubelet")
+    ],
+    provider: Annotated[
+        str, typer.Option("--provider-cluster-id", envvar="GPUFED_PROVIDER", help="ClusterID of the provider")
+    ],
+    node_name: Annotated[
+        str | None, typer.Option("--node-name", envvar="GPUFED_NODE_NAME", help="[default: gpufed-<provider>]")
+    ] = None,
+    context: Annotated[str | None, typer.Option("--context", envvar="GPUFED_CONTEXT")] = None,
+    node_address: Annotated[
+        str, typer.Option("--node-address", envvar="GPUFED_NODE_ADDRESS", help="InternalIP the node publishes")
+    ] = "127.0.0.1",
+    kubelet_port: Annotated[
+        int, typer.Option("--kubelet-port", envvar="GPUFED_KUBELET_PORT", help="port of its kubelet API")
+    ] = 10250,
+    qps: Annotated[float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")] = DEFAULT_QPS,
+    burst: Annotated[int, typer.Option("--burst", envvar="GPUFED_BURST", help="request burst")] = DEFAULT_BURST,
+    workers: Annotated[int, typer.Option("--workers", envvar="GPUFED_WORKERS", help="concurrent pod reconciles")] = 32,
+    log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
+) -> None:
+    """Run one virtual node backed by a peered provider (the controller starts one per provider)."""
+    configure_logging(log_level)
+    if qps <= 0 or burst < 1 or workers < 1:
+        raise typer.BadParameter("--qps must be > 0, --burst and --workers >= 1")
+    from importlib.metadata import version
+
+    settings = VirtualKubeletSettings(
+        kubeconfig=kubeconfig,
+        provider=provider,
+        node_name=node_name or f"gpufed-{provider}",
+        context=context,
+        node_address=node_address,
+        kubelet_port=kubelet_port,
+        qps=qps,
+        burst=burst,
+        pods=PodSettings(workers=workers),
+        version=f"v{version('gpufed')}-gpufed",
+    )
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await run(settings)
+
+    try:
+        asyncio.run(main())
+    except (VirtualKubeletError, KubeError) as e:
+        raise fail(e) from None

@@ -1,0 +1,315 @@
+"""The virtual Node: registration, status heartbeats and the node lease (DESIGN.md §6).
+
+Owns, for one Node name:
+- registration: the Node is created with the provider's labels, the virtual-node taint, capacity,
+  addresses and kubelet port; labels and the taint we own are merged into an existing Node without
+  touching others' labels or taints; a deleted Node is recreated (a watch on the name sees it);
+- status: conditions Ready / MemoryPressure / DiskPressure / PIDPressure / NetworkUnavailable,
+  capacity, allocatable, addresses, daemonEndpoints, nodeInfo — sent as a strategic-merge patch
+  of nodes/status (conditions merge by type: conditions other components set are kept), at once
+  when anything changes and at least every `status_interval_s` (heartbeat);
+- the Lease `kube-node-lease/<node>` (owner: the Node), renewed every `lease_renew_s` with
+  `lease_duration_s`, which is what the node-lifecycle controller watches for liveness;
+- `remove()`: deleting the Node (on unpeer) — never on an ordinary stop, so restarts keep pods bound.
+
+Does not: know where resources come from (`NodeProvider.node_state`), or touch pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from peering.ids import VIRTUAL_NODE_TAINT
+from peering.kube import rest
+from peering.kube.client import KubeError
+from peering.kube.watch import watch
+from vkprovider.node.provider import NodeProvider, NodeState
+
+LEASE_DURATION_S = 40
+LEASE_RENEW_S = 10.0
+STATUS_INTERVAL_S = 60.0
+#: Seconds between reads of the provider's node state (capacity and health).
+STATE_POLL_S = 5.0
+PRESSURE_CONDITIONS = (
+    ("MemoryPressure", "KubeletHasSufficientMemory", "the provider has sufficient memory"),
+    ("DiskPressure", "KubeletHasNoDiskPressure", "the provider has no disk pressure"),
+    ("PIDPressure", "KubeletHasSufficientPID", "the provider has sufficient PIDs"),
+    ("NetworkUnavailable", "RouteCreated", "the pod network of the provider is reachable"),
+)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    #: Node name.
+    name: str
+    #: InternalIP the node publishes (where its kubelet API listens).
+    address: str = "127.0.0.1"
+    #: Port of its kubelet API (daemonEndpoints.kubeletEndpoint.Port).
+    kubelet_port: int = 10250
+    #: Lease duration (s) and renewal interval (s); the kubelet's defaults.
+    lease_duration_s: int = LEASE_DURATION_S
+    lease_renew_s: float = LEASE_RENEW_S
+    #: Longest interval (s) between status patches when nothing changes.
+    status_interval_s: float = STATUS_INTERVAL_S
+    #: Interval (s) between reads of the provider's state.
+    state_poll_s: float = STATE_POLL_S
+    #: nodeInfo.kubeletVersion (shown by `kubectl get nodes`).
+    version: str = "v0.0.0-gpufed"
+    #: ownerReferences of the Node (e.g. the ForeignCluster: unpeering garbage-collects it).
+    owner_references: tuple[Mapping[str, Any], ...] = ()
+    #: Extra labels (on top of the provider's).
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def conditions(state: NodeState, previous: list[Mapping[str, Any]], now: str) -> list[dict[str, Any]]:
+    """Our five conditions; lastTransitionTime kept while a condition's status is unchanged."""
+    prev = {str(c.get("type")): c for c in previous}
+    want: list[tuple[str, str, str, str]] = [
+        ("Ready", "True" if state.ready else "False", state.reason, state.message),
+        *((t, "False", r, m) for t, r, m in PRESSURE_CONDITIONS),
+    ]
+    out = []
+    for type_, status, reason, message in want:
+        old = prev.get(type_) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == status else None
+        out.append(
+            {
+                "type": type_,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": since or now,
+            }
+        )
+    return out
+
+
+class NodeController:
+    """Keeps one virtual Node registered, its status fresh and its lease renewed."""
+
+    def __init__(self, api: Any, provider: NodeProvider, settings: NodeSettings) -> None:
+        self.api = api
+        self.provider = provider
+        self.settings = settings
+        self.ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._node_uid: str | None = None
+        self._sent: tuple[Any, ...] | None = None
+        self._sent_at = 0.0
+        self._log = structlog.get_logger().bind(node=settings.name)
+
+    @property
+    def _path(self) -> str:
+        return rest.path("v1", "nodes", self.settings.name)
+
+    # ---- shapes
+
+    def _labels(self, state: NodeState) -> dict[str, str]:
+        return {
+            **dict(state.labels),
+            **dict(self.settings.labels),
+            "kubernetes.io/hostname": self.settings.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+        }
+
+    def _status(self, state: NodeState, previous: list[Mapping[str, Any]]) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "capacity": dict(state.capacity),
+            "allocatable": dict(state.allocatable),
+            "conditions": conditions(state, previous, _now()),
+            "addresses": [
+                {"type": "InternalIP", "address": s.address},
+                {"type": "Hostname", "address": s.name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": s.kubelet_port}},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": s.version,
+                "kubeProxyVersion": "",
+                "containerRuntimeVersion": "gpufed://remote",
+                "osImage": "gpufed virtual node",
+                "kernelVersion": "",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        }
+
+    def _node(self, state: NodeState) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": self.settings.name,
+            "labels": self._labels(state),
+            "annotations": dict(state.annotations),
+        }
+        if self.settings.owner_references:
+            meta["ownerReferences"] = [dict(o) for o in self.settings.owner_references]
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": meta,
+            "spec": {"taints": [dict(VIRTUAL_NODE_TAINT)]},
+            "status": self._status(state, []),
+        }
+
+    # ---- loops
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._status_loop())
+            tg.create_task(self._lease_loop())
+            tg.create_task(
+                watch(
+                    self.api,
+                    "/api/v1/nodes",
+                    self._on_node,
+                    what=f"node {self.settings.name}",
+                    params={"fieldSelector": f"metadata.name={self.settings.name}"},
+                )
+            )
+
+    def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._log.warning("node deleted by someone else; registering it again")
+            self._node_uid = None
+            self._sent = None
+            self._wake.set()
+
+    async def _status_loop(self) -> None:
+        while True:
+            self._wake.clear()  # before the sync: a deletion seen during it wakes the next round
+            try:
+                await self.sync()
+            except KubeError as e:
+                self._log.warning("node status not written", error=str(e))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.state_poll_s)
+
+    async def sync(self) -> None:
+        """Register the Node if needed, then patch its status when it changed or a heartbeat is due."""
+        state = await self.provider.node_state()
+        node = await rest.get(self.api, self._path)
+        if node is None:
+            node = await self._register(state)
+        self._node_uid = node["metadata"]["uid"]
+        await self._merge_meta(node, state)
+        key = (
+            tuple(sorted(state.capacity.items())),
+            tuple(sorted(state.allocatable.items())),
+            state.ready,
+            state.reason,
+            state.message,
+        )
+        loop = asyncio.get_running_loop()
+        if key == self._sent and loop.time() - self._sent_at < self.settings.status_interval_s:
+            return
+        previous = list((node.get("status") or {}).get("conditions") or [])
+        await rest.strategic_patch(
+            self.api,
+            self._path + "/status",
+            {"status": self._status(state, previous)},
+            what=f"patch status of node {self.settings.name}",
+        )
+        if key != self._sent:
+            self._log.info("node status", ready=state.ready, reason=state.reason, allocatable=dict(state.allocatable))
+        self._sent, self._sent_at = key, loop.time()
+        self.ready.set()
+
+    async def _register(self, state: NodeState) -> dict[str, Any]:
+        try:
+            node = await rest.create(self.api, "/api/v1/nodes", self._node(state))
+            self._log.info("node registered")
+        except KubeError as e:
+            if not e.conflict:
+                raise
+            found = await rest.get(self.api, self._path)
+            if found is None:
+                raise
+            node = found
+        self._sent = None
+        return node
+
+    async def _merge_meta(self, node: Mapping[str, Any], state: NodeState) -> None:
+        """Our labels, annotations and taint onto the Node, leaving everything else as it is."""
+        meta = node.get("metadata") or {}
+        labels = dict(meta.get("labels") or {})
+        annotations = dict(meta.get("annotations") or {})
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        patch: dict[str, Any] = {}
+        want_labels = self._labels(state)
+        if any(labels.get(k) != v for k, v in want_labels.items()):
+            patch.setdefault("metadata", {})["labels"] = want_labels
+        if any(annotations.get(k) != v for k, v in state.annotations.items()):
+            patch.setdefault("metadata", {})["annotations"] = dict(state.annotations)
+        if not any(
+            t.get("key") == VIRTUAL_NODE_TAINT["key"] and t.get("effect") == VIRTUAL_NODE_TAINT["effect"]
+            for t in taints
+        ):
+            # The taint list has no merge key usable by a merge patch: send the whole list, guarded.
+            patch.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
+            patch["spec"] = {"taints": [*taints, dict(VIRTUAL_NODE_TAINT)]}
+        if patch:
+            await rest.merge_patch(self.api, self._path, patch, what=f"label node {self.settings.name}")
+
+    async def _lease_loop(self) -> None:
+        while True:
+            try:
+                await self.renew_lease()
+                delay = self.settings.lease_renew_s
+            except KubeError as e:
+                self._log.warning("lease not renewed", error=str(e))
+                delay = min(self.settings.lease_renew_s, 2.0)
+            await asyncio.sleep(delay)
+
+    async def renew_lease(self) -> None:
+        if self._node_uid is None:
+            return  # the lease is owned by the Node: wait for its registration
+        name = self.settings.name
+        url = rest.path("coordination.k8s.io/v1", "leases", name, namespace="kube-node-lease")
+        lease = await rest.get(self.api, url)
+        spec = {
+            "holderIdentity": name,
+            "leaseDurationSeconds": self.settings.lease_duration_s,
+            "renewTime": _micro_now(),
+        }
+        if lease is None:
+            await rest.create(
+                self.api,
+                rest.path("coordination.k8s.io/v1", "leases", namespace="kube-node-lease"),
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": name,
+                        "namespace": "kube-node-lease",
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": self._node_uid}],
+                    },
+                    "spec": spec,
+                },
+            )
+            return
+        lease["spec"] = {**(lease.get("spec") or {}), **spec}
+        await rest.request(self.api, "PUT", url, body=lease, what=f"renew lease {name}")
+
+    async def remove(self) -> None:
+        """Delete the Node (its Lease goes with it by garbage collection)."""
+        await rest.delete(self.api, self._path, what=f"delete node {self.settings.name}")
+        self._log.info("node removed")

@@ -1,0 +1,216 @@
+"""The pod controller of a virtual node: local pods bound to it <-> their twins at the provider.
+
+Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, backoff):
+- creation of the twin for a pod bound to the node, and its status reflected back through the
+  status subresource (strategic merge on the API server's current object: conditions merge by
+  type, qosClass is never sent);
+- graceful deletion: on deletionTimestamp the twin is stopped with the pod's grace period; once it
+  is gone (or terminal) the containers' terminal states are reported and the local pod is deleted
+  with grace 0 and a UID precondition. A pod deleted locally at once (force delete) or a twin whose
+  local pod is gone is removed at the provider. Finalizers are left to their owners: our delete
+  only sets what a kubelet would;
+- terminal pods are final: a Succeeded/Failed pod is never updated again and its twin is never
+  recreated (a Job's completed pods stay completed across restarts);
+- startup: every twin and every local pod is reconciled once both views are complete, so a
+  restarted virtual kubelet adopts running twins (matched by origin UID), deletes twins whose local
+  pod is gone, and recreates missing twins of non-terminal pods — nothing is duplicated;
+- refusals: a `ProviderError` sets `status.reason=ProviderFailed` with the provider's message and a
+  Warning Event on the pod, then retries with capped backoff; nothing fails silently.
+
+Does not: know the provider (see `provider.PodProvider`), schedule, or touch pods of other nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from peering.kube import events, rest
+from peering.kube.client import KubeError
+from peering.kube.queue import WorkQueue
+from peering.kube.watch import watch
+from vkprovider.forge.pods import is_terminal, status_differs, terminated_status
+from vkprovider.node.provider import PodProvider, ProviderError, Twin
+
+#: Reason on pods the provider refused (what virtual-kubelet and its users expect).
+PROVIDER_FAILED = "ProviderFailed"
+COMPONENT = "gpufed-virtual-kubelet"
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    #: Concurrent pod reconciles.
+    workers: int = 32
+    #: Longest wait (s) between retries of a refused pod.
+    max_retry_s: float = 60.0
+    #: Seconds between re-checks of a pod whose twin is being deleted (notifications usually come first).
+    deletion_poll_s: float = 2.0
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodController:
+    def __init__(self, api: Any, provider: PodProvider, node: str, settings: PodSettings | None = None) -> None:
+        self.api = api
+        self.provider = provider
+        self.node = node
+        self.settings = settings or PodSettings()
+        self.pods: dict[Key, dict[str, Any]] = {}
+        self.queue: WorkQueue[Key] = WorkQueue(f"pods:{node}")
+        self.ready = asyncio.Event()
+        self._local_synced = asyncio.Event()
+        self._refusals: dict[Key, int] = {}
+        self._log = structlog.get_logger().bind(node=node)
+
+    def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if kind == "DELETED":
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = obj
+        self.queue.add(key)
+
+    def _notify(self, namespace: str, name: str) -> None:
+        self.queue.add((namespace, name))
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.provider.run(self._notify))
+            tg.create_task(
+                watch(
+                    self.api,
+                    "/api/v1/pods",
+                    self._on_pod,
+                    what=f"pods on {self.node}",
+                    params={"fieldSelector": f"spec.nodeName={self.node}"},
+                    on_synced=self._local_synced.set,
+                )
+            )
+            await self._local_synced.wait()
+            await self.provider.ready.wait()
+            # Startup reconciliation: both views are complete; every key on either side once.
+            for t in self.provider.twins():
+                self.queue.add((t.namespace, t.name))
+            for key in list(self.pods):
+                self.queue.add(key)
+            self._log.info("pod controller synced", local=len(self.pods), remote=len(self.provider.twins()))
+            self.ready.set()
+            tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
+
+    # ---- one pod
+
+    async def reconcile(self, key: Key) -> float | None:
+        namespace, name = key
+        pod = self.pods.get(key)
+        twin = self.provider.twin(namespace, name)
+        if pod is None:
+            if twin is not None:  # deleted here (also force deletes): nothing may keep running there
+                self._log.info("removing twin of a deleted pod", namespace=namespace, pod=name)
+                await self._delete_twin(twin, 0)
+            self._refusals.pop(key, None)
+            return None
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if twin is not None and twin.origin_uid != uid:
+            # A twin of an earlier pod with the same name (e.g. a StatefulSet replica): never adopt it.
+            self._log.info("removing stale twin", namespace=namespace, pod=name, origin_uid=twin.origin_uid)
+            await self._delete_twin(twin, 0)
+            return self.settings.deletion_poll_s
+        if meta.get("deletionTimestamp"):
+            return await self._finish_deletion(pod, twin)
+        if is_terminal(pod):
+            return None
+        if twin is None:
+            return await self._create(key, pod)
+        self._refusals.pop(key, None)
+        if not twin.terminal and not twin.deleting:
+            await self.provider.update_pod(pod, twin)
+        patch = self.provider.pod_status(pod, twin)
+        if status_differs(patch, pod):
+            await self._patch_status(pod, patch)
+        return None
+
+    async def _create(self, key: Key, pod: dict[str, Any]) -> float | None:
+        namespace, name = key
+        try:
+            await self.provider.create_pod(pod)
+        except ProviderError as e:
+            n = self._refusals.get(key, 0) + 1
+            self._refusals[key] = n
+            message = str(e)
+            self._log.warning("provider refused pod", namespace=namespace, pod=name, reason=e.reason, error=message)
+            status = pod.get("status") or {}
+            if status.get("reason") != PROVIDER_FAILED or status.get("message") != message:
+                await self._patch_status(pod, {"status": {"reason": PROVIDER_FAILED, "message": message}})
+            await events.emit(self.api, pod, type_="Warning", reason=e.reason, message=message, component=COMPONENT)
+            if not e.retry:
+                return None
+            return float(min(self.settings.max_retry_s, 2 ** min(n, 10) * 0.5))
+        if self._refusals.pop(key, None) is not None:
+            await self._patch_status(pod, {"status": {"reason": None, "message": None}})
+        self._log.debug("twin created", namespace=namespace, pod=name)
+        return None
+
+    async def _finish_deletion(self, pod: dict[str, Any], twin: Twin | None) -> float | None:
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if twin is not None and not twin.terminal:
+            if not twin.deleting:
+                grace = int(meta.get("deletionGracePeriodSeconds") or 0)
+                await self.provider.delete_pod(namespace, name, twin.origin_uid, grace)
+                self._log.info("stopping twin", namespace=namespace, pod=name, grace_s=grace)
+            return self.settings.deletion_poll_s
+        if not is_terminal(pod):
+            final = terminated_status(
+                pod,
+                twin.raw if twin is not None else None,
+                now=_now(),
+                message=f"stopped on the provider because the pod was deleted (node {self.node})",
+            )
+            if status_differs(final, pod):
+                try:
+                    await self._patch_status(pod, final)
+                except KubeError as e:
+                    if not e.not_found:
+                        raise
+        if twin is not None:
+            await self._delete_twin(twin, 0)
+        try:
+            await rest.delete(
+                self.api,
+                rest.path("v1", "pods", name, namespace=namespace),
+                uid=meta["uid"],
+                grace_period_s=0,
+                what=f"delete pod {namespace}/{name}",
+            )
+        except KubeError as e:
+            if not e.conflict:  # 409: the UID precondition failed, a new pod took the name
+                raise
+        self._log.info("pod deleted", namespace=namespace, pod=name)
+        return None
+
+    async def _delete_twin(self, twin: Twin, grace: int) -> None:
+        try:
+            await self.provider.delete_pod(twin.namespace, twin.name, twin.origin_uid, grace)
+        except ProviderError as e:
+            self._log.warning("twin not deleted", namespace=twin.namespace, pod=twin.name, error=str(e))
+            raise
+
+    async def _patch_status(self, pod: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
+        meta = pod["metadata"]
+        await rest.strategic_patch(
+            self.api,
+            rest.path("v1", "pods", meta["name"], namespace=meta["namespace"], sub="status"),
+            patch,
+            what=f"patch status of pod {meta['namespace']}/{meta['name']}",
+        )

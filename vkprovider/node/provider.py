@@ -1,0 +1,93 @@
+"""The contract between the virtual kubelet's controllers and a provider (DESIGN.md §3).
+
+Owns: `PodProvider` and `NodeProvider` (what `vkprovider.node` needs from whatever runs pods),
+`Twin` (what the provider knows of one local pod's remote twin), `NodeState`, and `ProviderError`
+(a refusal users must see). The contract, which `tests/unit/provider_conformance.py` checks against
+every implementation (fakes included):
+
+- `run(notify)` watches the provider; it calls `notify(namespace, name)` with the LOCAL key of a pod
+  whenever its twin appears, changes or disappears, and sets `ready` once its view is complete
+  (every twin that exists is in `twins()`). It runs until cancelled.
+- `twins()` / `twin(ns, name)` answer from that view without I/O. A twin carries the LOCAL pod's UID
+  it was created for; a twin whose UID is not the local pod's is stale and must be deleted.
+- `create_pod(pod)` creates the twin of a local pod. Idempotent: a twin of the same UID that
+  already exists is success. Refusals (quota, policy, a missing ConfigMap) raise `ProviderError`
+  with a message for the user; transient failures raise `ProviderError(retry=True)`.
+- `update_pod(pod)` brings the mutable fields of an existing twin in line (images, deadline).
+- `delete_pod(ns, name, uid, grace_period_s)` stops the twin of that UID; a missing twin is success.
+- `pod_status(pod, twin)` is the status the LOCAL pod should show, as the body of a strategic-merge
+  patch of its status subresource (`{"status": {...}}`), in local terms (IPs translated).
+- `NodeProvider.node_state()` is what the virtual node advertises now; it raises nothing: an
+  unhealthy provider is a NodeState with ready False and the reason.
+
+Does not: talk to the consumer's API server (the controllers do), or decide when to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Notify = Callable[[str, str], None]
+
+
+class ProviderError(Exception):
+    """The provider refused or failed a pod; `reason` is CamelCase, the message is for the user."""
+
+    def __init__(self, message: str, *, reason: str = "ProviderFailed", retry: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A remote twin as the provider sees it, keyed by the LOCAL pod's namespace and name."""
+
+    namespace: str
+    name: str
+    #: UID of the local pod this twin was created for.
+    origin_uid: str
+    #: Succeeded or Failed remotely.
+    terminal: bool
+    #: The provider is already deleting it.
+    deleting: bool
+    #: The provider's own object (opaque to the controllers; handed back to `pod_status`).
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a virtual node advertises: resources, labels, and health with a reason."""
+
+    capacity: Mapping[str, str]
+    allocatable: Mapping[str, str]
+    labels: Mapping[str, str]
+    ready: bool
+    reason: str
+    message: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+class PodProvider(Protocol):
+    ready: asyncio.Event
+
+    async def run(self, notify: Notify) -> None: ...
+
+    def twins(self) -> list[Twin]: ...
+
+    def twin(self, namespace: str, name: str) -> Twin | None: ...
+
+    async def create_pod(self, pod: Mapping[str, Any]) -> None: ...
+
+    async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None: ...
+
+    async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_s: int) -> None: ...
+
+    def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]: ...
+
+
+class NodeProvider(Protocol):
+    async def node_state(self) -> NodeState: ...

@@ -1,0 +1,463 @@
+"""`RemoteProvider`: the PodProvider and NodeProvider of a virtual node backed by a peered cluster.
+
+Owns, for one (consumer, provider, virtual node):
+- the provider-side view: TwinNamespaces of this consumer (from its tenant namespace: which local
+  namespace maps to which twin namespace), and per ready twin namespace a watch on the twins this
+  virtual node owns (label `gpufed.io/origin-node=<node>`) and on the namespace's Events;
+- creating twins (forge.pods.remote_pod) after the ConfigMaps and Secrets they reference exist in
+  the twin namespace (copied from the consumer, never overwriting an object gpufed did not create),
+  deleting them with UID preconditions, mapping API refusals to `ProviderError` with the provider's
+  own message (e.g. the quota's "exceeded quota: gpufed-grant, requested: ...");
+- remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
+  replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement);
+- the node's state: capacity and GPU labels from this provider's granted ResourceSlices (consumer
+  side, namespace gpufed), Ready when the provider's API answers and something is granted.
+
+Does not: decide when to create or delete (vkprovider.node does), or keep credentials fresh (a
+new Secret means a new process; the supervisor restarts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import structlog
+
+from peering.ids import (
+    ORIGIN_NODE_LABEL,
+    ORIGIN_UID_LABEL,
+    REMOTE_CLUSTER_LABEL,
+    SYSTEM_NAMESPACE,
+    VIRTUAL_NODE_TYPE_LABELS,
+    ClusterID,
+    tenant_namespace,
+)
+from peering.kube import events, rest
+from peering.kube.client import KubeError
+from peering.kube.watch import watch
+from peering.models import API_VERSION
+from peering.quantity import format_quantity, parse
+from vkprovider.forge import pods as forge
+from vkprovider.node.provider import NodeState, Notify, ProviderError, Twin
+from vkprovider.remote.translate import Identity, IPTranslator
+
+COMPONENT = "gpufed-virtual-kubelet"
+#: Events of remote twins not mirrored (the consumer's own components already report these).
+SKIPPED_EVENT_REASONS = frozenset({"Scheduled"})
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    #: This (consumer) cluster's ClusterID.
+    consumer: str
+    #: The provider's ClusterID.
+    provider: str
+    #: The virtual node this provider serves.
+    node: str
+    #: hostIP reported for offloaded pods (the virtual node's address).
+    host_ip: str = "127.0.0.1"
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return str(meta["namespace"]), str(meta["name"])
+
+
+class RemoteProvider:
+    def __init__(
+        self,
+        local_api: Any,
+        remote_api: Any,
+        settings: RemoteSettings,
+        translator: IPTranslator | None = None,
+    ) -> None:
+        self.local = local_api
+        self.remote = remote_api
+        self.settings = settings
+        self.translator = translator or Identity()
+        self.ready = asyncio.Event()
+        self.tenant_ns = tenant_namespace(ClusterID(settings.consumer))
+        #: local namespace -> twin namespace (Ready TwinNamespaces only), and back.
+        self.twin_ns: dict[str, str] = {}
+        self.local_ns: dict[str, str] = {}
+        #: (local namespace, name) -> the twin pod as last seen (or as created).
+        self._twins: dict[tuple[str, str], dict[str, Any]] = {}
+        self._slices: dict[str, dict[str, Any]] = {}
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._synced: dict[str, asyncio.Event] = {}
+        #: (twin namespace, kind, name) -> resourceVersion of the local object last copied there.
+        self._copied: dict[tuple[str, str, str], str] = {}
+        self._notify: Notify = lambda _ns, _name: None
+        self._tg: asyncio.TaskGroup | None = None
+        self._log = structlog.get_logger().bind(remote_cluster=settings.provider, node=settings.node)
+
+    # ---- provider view
+
+    async def run(self, notify: Notify) -> None:
+        self._notify = notify
+        twins_synced = asyncio.Event()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(
+                    watch(
+                        self.remote,
+                        rest.path(API_VERSION, "twinnamespaces", namespace=self.tenant_ns),
+                        self._on_twin_namespace,
+                        what="twinnamespaces",
+                        on_synced=twins_synced.set,
+                    )
+                )
+                tg.create_task(
+                    watch(
+                        self.local,
+                        rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE),
+                        self._on_slice,
+                        what="resourceslices",
+                    )
+                )
+                self._tg = tg
+                await twins_synced.wait()
+                for ns in list(self.twin_ns.values()):
+                    self._start_watches(ns)
+                await asyncio.gather(*(e.wait() for e in self._synced.values()))
+                self.ready.set()
+                self._log.info("provider view synced", twin_namespaces=len(self.twin_ns), twins=len(self._twins))
+        finally:
+            for t in self._watches.values():
+                t.cancel()
+
+    def _on_slice(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED" or (obj.get("spec") or {}).get("providerClusterId") != self.settings.provider:
+            self._slices.pop(name, None)
+        else:
+            self._slices[name] = obj
+
+    def _on_twin_namespace(self, kind: str, obj: dict[str, Any]) -> None:
+        local = str((obj.get("spec") or {}).get("namespace") or "")
+        st = obj.get("status") or {}
+        twin = str(st.get("twin") or "")
+        gone = kind == "DELETED" or obj["metadata"].get("deletionTimestamp") or st.get("phase") != "Ready"
+        if gone:
+            old = self.twin_ns.pop(local, None)
+            if old:
+                self.local_ns.pop(old, None)
+                self._stop_watches(old)
+            return
+        if not twin or self.twin_ns.get(local) == twin:
+            return
+        self.twin_ns[local] = twin
+        self.local_ns[twin] = local
+        if self._tg is not None:
+            self._start_watches(twin)
+        # Pods that waited for this namespace go again now.
+        for (ns, name), _ in list(self._twins.items()):
+            if ns == local:
+                self._notify(ns, name)
+
+    def _start_watches(self, twin_ns: str) -> None:
+        if twin_ns in self._watches or self._tg is None:
+            return
+        synced = self._synced.setdefault(twin_ns, asyncio.Event())
+        selector = {"labelSelector": f"{ORIGIN_NODE_LABEL}={self.settings.node}"}
+
+        async def both() -> None:
+            while True:
+                try:
+                    await watch_twins()
+                except KubeError as e:  # e.g. 403 while the provider is still binding the namespace
+                    self._log.warning("cannot watch twin namespace; retrying", namespace=twin_ns, error=str(e))
+                    await asyncio.sleep(2.0)
+
+        async def watch_twins() -> None:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(
+                    watch(
+                        self.remote,
+                        rest.path("v1", "pods", namespace=twin_ns),
+                        self._on_twin,
+                        what=f"twins in {twin_ns}",
+                        params=selector,
+                        on_synced=synced.set,
+                    )
+                )
+                tg.create_task(
+                    watch(self.remote, rest.path("v1", "events", namespace=twin_ns), self._on_event, what="events")
+                )
+
+        self._watches[twin_ns] = self._tg.create_task(both())
+        self._log.info("watching twin namespace", namespace=twin_ns)
+
+    def _stop_watches(self, twin_ns: str) -> None:
+        task = self._watches.pop(twin_ns, None)
+        self._synced.pop(twin_ns, None)
+        if task is not None:
+            task.cancel()
+        for key, pod in list(self._twins.items()):
+            if pod["metadata"]["namespace"] == twin_ns:
+                del self._twins[key]
+                self._notify(*key)
+
+    def _on_twin(self, kind: str, obj: dict[str, Any]) -> None:
+        local_ns = self.local_ns.get(obj["metadata"]["namespace"])
+        if local_ns is None:
+            return
+        key = (local_ns, obj["metadata"]["name"])
+        if kind == "DELETED":
+            current = self._twins.get(key)
+            if current is not None and current["metadata"].get("uid") == obj["metadata"].get("uid"):
+                del self._twins[key]
+        else:
+            self._twins[key] = obj
+        self._notify(*key)
+
+    def _on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "ADDED" and kind != "MODIFIED":
+            return  # SYNC replays history after every (re)list; only new events are mirrored
+        inv = obj.get("involvedObject") or {}
+        if inv.get("kind") != "Pod" or obj.get("reason") in SKIPPED_EVENT_REASONS:
+            return
+        local_ns = self.local_ns.get(str(inv.get("namespace") or ""))
+        twin = self._twins.get((local_ns or "", str(inv.get("name") or "")))
+        if local_ns is None or twin is None:
+            return
+        labels = twin["metadata"].get("labels") or {}
+        local_pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"namespace": local_ns, "name": inv.get("name"), "uid": labels.get(ORIGIN_UID_LABEL)},
+        }
+        message = f"{obj.get('message') or ''} (on {self.settings.provider})"
+        if self._tg is None:
+            return
+        self._tg.create_task(
+            events.emit(
+                self.local,
+                local_pod,
+                type_=str(obj.get("type") or "Normal"),
+                reason=str(obj.get("reason") or "Remote"),
+                message=message,
+                component=COMPONENT,
+            )
+        )
+
+    def _twin_of(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Twin:
+        meta = pod["metadata"]
+        return Twin(
+            namespace=key[0],
+            name=key[1],
+            origin_uid=str((meta.get("labels") or {}).get(ORIGIN_UID_LABEL) or ""),
+            terminal=forge.is_terminal(pod),
+            deleting=bool(meta.get("deletionTimestamp")),
+            raw=pod,
+        )
+
+    def twins(self) -> list[Twin]:
+        return [self._twin_of(k, p) for k, p in list(self._twins.items())]
+
+    def twin(self, namespace: str, name: str) -> Twin | None:
+        pod = self._twins.get((namespace, name))
+        return None if pod is None else self._twin_of((namespace, name), pod)
+
+    # ---- pods
+
+    def _target(self, namespace: str) -> forge.Target:
+        twin_ns = self.twin_ns.get(namespace)
+        if twin_ns is None:
+            raise ProviderError(
+                f"namespace {namespace} is not offloaded to provider {self.settings.provider} "
+                f"(run `gpufed offload-namespace {namespace}`, or wait for its twin namespace)",
+                reason="NamespaceNotOffloaded",
+            )
+        return forge.Target(self.settings.consumer, self.settings.node, twin_ns, self.settings.provider)
+
+    async def create_pod(self, pod: Mapping[str, Any]) -> None:
+        namespace, name = _key(pod)
+        target = self._target(namespace)
+        for ref in forge.references(pod):
+            await self._copy_reference(namespace, ref, target)
+        body = forge.remote_pod(pod, target)
+        url = rest.path("v1", "pods", namespace=target.namespace)
+        try:
+            created = await rest.create(self.remote, url, body, what=f"create twin {target.namespace}/{name}")
+        except KubeError as e:
+            if e.conflict:
+                await self._adopt(pod, target)
+                return
+            raise self._refusal(e, f"the provider {self.settings.provider} refused the pod") from e
+        # Seen at once: the next reconcile must not create it again before the watch reports it.
+        self._twins.setdefault((namespace, name), created)
+
+    async def _adopt(self, pod: Mapping[str, Any], target: forge.Target) -> None:
+        namespace, name = _key(pod)
+        existing = await self._get_remote(rest.path("v1", "pods", name, namespace=target.namespace))
+        if existing is None:
+            raise ProviderError("the twin was being replaced; retrying", reason="TwinConflict")
+        if not forge.owned_by(existing, self.settings.consumer):
+            raise ProviderError(
+                f"pod {target.namespace}/{name} on {self.settings.provider} was not created by gpufed; "
+                "it is left alone and this pod cannot be offloaded under that name",
+                reason="NameCollision",
+                retry=True,
+            )
+        if forge.owned_by(existing, self.settings.consumer, pod["metadata"]["uid"]):
+            self._twins.setdefault((namespace, name), existing)
+            return
+        raise ProviderError("an earlier twin with this name is still being removed; retrying", reason="TwinConflict")
+
+    async def _get_remote(self, url: str) -> dict[str, Any] | None:
+        try:
+            return await rest.get(self.remote, url)
+        except KubeError as e:
+            raise self._refusal(e, f"cannot read from provider {self.settings.provider}") from e
+
+    async def _copy_reference(self, namespace: str, ref: forge.Reference, target: forge.Target) -> None:
+        plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
+        try:
+            local = await rest.get(self.local, rest.path("v1", plural, ref.name, namespace=namespace))
+        except KubeError as e:
+            raise ProviderError(
+                f"cannot read {ref.kind} {namespace}/{ref.name}: {e}", reason="ReferenceUnreadable"
+            ) from e
+        if local is None:
+            if ref.optional:
+                return
+            raise ProviderError(
+                f'{ref.kind} "{ref.name}" not found in namespace {namespace}: the pod cannot start on '
+                f"{self.settings.provider} until it exists",
+                reason="ReferenceNotFound",
+            )
+        rv = str(local["metadata"].get("resourceVersion"))
+        cache_key = (target.namespace, ref.kind, ref.name)
+        if self._copied.get(cache_key) == rv:
+            return
+        local.setdefault("kind", ref.kind)
+        local.setdefault("apiVersion", "v1")
+        twin = forge.remote_object(local, target)
+        if twin is None:
+            return
+        url = rest.path("v1", plural, ref.name, namespace=target.namespace)
+        existing = await self._get_remote(url)
+        if existing is not None and not forge.owned_by(existing, self.settings.consumer):
+            raise ProviderError(
+                f"{ref.kind} {target.namespace}/{ref.name} on {self.settings.provider} was not created by gpufed; "
+                "it is left alone",
+                reason="NameCollision",
+            )
+        try:
+            await rest.apply(self.remote, url, twin, what=f"copy {ref.kind} {ref.name}")
+        except KubeError as e:
+            raise self._refusal(e, f"cannot copy {ref.kind} {ref.name} to {self.settings.provider}") from e
+        self._copied[cache_key] = rv
+
+    def _refusal(self, e: KubeError, what: str) -> ProviderError:
+        if e.transient:
+            return ProviderError(f"{what}: {e}", reason="ProviderUnavailable")
+        if e.status == 403 and "exceeded quota" in str(e):
+            return ProviderError(f"{what}: {e}", reason="QuotaExceeded")
+        if e.status == 422:
+            return ProviderError(f"{what}: {e}", reason="InvalidPod", retry=False)
+        return ProviderError(f"{what}: {e}", reason="ProviderFailed")
+
+    async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None:
+        """Images and activeDeadlineSeconds are the mutable fields of a running pod that matter."""
+        local_spec = pod.get("spec") or {}
+        remote_spec = twin.raw.get("spec") or {}
+        patch: dict[str, Any] = {}
+        for field in ("containers", "initContainers"):
+            want = {c["name"]: c.get("image") for c in local_spec.get(field) or []}
+            have = {c["name"]: c.get("image") for c in remote_spec.get(field) or []}
+            changed = [{"name": n, "image": img} for n, img in want.items() if n in have and have[n] != img]
+            if changed:
+                patch.setdefault("spec", {})[field] = changed
+        if local_spec.get("activeDeadlineSeconds") != remote_spec.get("activeDeadlineSeconds"):
+            patch.setdefault("spec", {})["activeDeadlineSeconds"] = local_spec.get("activeDeadlineSeconds")
+        if not patch:
+            return
+        meta = twin.raw["metadata"]
+        try:
+            await rest.strategic_patch(
+                self.remote, rest.path("v1", "pods", meta["name"], namespace=meta["namespace"]), patch
+            )
+        except KubeError as e:
+            raise self._refusal(e, "cannot update the twin") from e
+
+    async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_s: int) -> None:
+        pod = self._twins.get((namespace, name))
+        if pod is None:
+            return
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(ORIGIN_UID_LABEL) != uid:
+            return
+        meta = pod["metadata"]
+        try:
+            await rest.delete(
+                self.remote,
+                rest.path("v1", "pods", meta["name"], namespace=meta["namespace"]),
+                uid=meta["uid"],
+                grace_period_s=grace_period_s,
+                what=f"delete twin {meta['namespace']}/{meta['name']}",
+            )
+        except KubeError as e:
+            if e.conflict:  # the UID precondition: that twin is already gone
+                return
+            raise self._refusal(e, "cannot delete the twin") from e
+        if grace_period_s == 0:
+            with contextlib.suppress(KeyError):
+                if self._twins[(namespace, name)]["metadata"].get("uid") == meta["uid"]:
+                    del self._twins[(namespace, name)]
+
+    def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
+        return forge.local_status(twin.raw, pod, host_ip=self.settings.host_ip, to_local_ip=self.translator.to_local_ip)
+
+    # ---- node
+
+    async def node_state(self) -> NodeState:
+        granted: dict[str, Decimal] = {}
+        labels: dict[str, str] = {}
+        accepted = False
+        for s in self._slices.values():
+            st = s.get("status") or {}
+            res: dict[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Resources"), {})
+            if res.get("status") != "True":
+                continue
+            accepted = True
+            for r, q in (st.get("granted") or {}).items():
+                with contextlib.suppress(ValueError):
+                    granted[r] = granted.get(r, Decimal(0)) + parse(q)
+            labels.update(st.get("nodeLabels") or {})
+        resources = {r: format_quantity(v, binary=r == "memory") for r, v in sorted(granted.items())}
+        labels = {**labels, **VIRTUAL_NODE_TYPE_LABELS, REMOTE_CLUSTER_LABEL: self.settings.provider}
+        try:
+            await rest.request(self.remote, "GET", "/version", what="provider health")
+            healthy, why = True, ""
+        except KubeError as e:
+            healthy, why = False, str(e)[:300]
+        if not healthy:
+            ready, reason, message = False, "ProviderUnreachable", f"the provider's API does not answer: {why}"
+        elif not accepted or not any(v > 0 for v in granted.values()):
+            ready, reason, message = (
+                False,
+                "NoGrant",
+                f"no resources granted by {self.settings.provider} (see `kubectl get rslice -n gpufed`)",
+            )
+        else:
+            ready, reason, message = (
+                True,
+                "KubeletReady",
+                f"provider {self.settings.provider} answers; resources granted",
+            )
+        return NodeState(
+            capacity=resources,
+            allocatable=resources,
+            labels=labels,
+            ready=ready,
+            reason=reason,
+            message=message,
+            annotations={"gpufed.io/provider": self.settings.provider},
+        )
