@@ -226,9 +226,9 @@ class Tenant(_Model):
 
 class TwinNamespaceSpec(_Model):
     namespace: str = Field(
-        max_length=32,
+        max_length=63,
         pattern=CLUSTER_ID_PATTERN,
-        description="The consumer namespace to twin.",
+        description="The consumer namespace to twin (its default twin name must fit in 63 characters).",
     )
     twin_name: str | None = Field(
         default=None,

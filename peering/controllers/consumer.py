@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from peering import handshake
 from peering.controllers import status as st_
 from peering.controllers.identity import Identity
+from peering.controllers.remotes import Remotes
 from peering.ids import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -46,7 +47,7 @@ from peering.ids import (
     tenant_namespace,
 )
 from peering.kube import rest
-from peering.kube.client import KubeError, client_from_dict
+from peering.kube.client import KubeError
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
 from peering.models import API_VERSION, ForeignClusterSpec, ResourceSliceSpec
@@ -92,7 +93,7 @@ class ConsumerRole:
         self.identity = identity
         self.settings = settings or ConsumerSettings()
         self.queue: WorkQueue[str] = WorkQueue("providers")
-        self._remotes: dict[str, tuple[str, Any]] = {}
+        self.remotes = Remotes()
         self._log = structlog.get_logger().bind(cluster=identity.cluster_id, role="consumer")
 
     def _on_fc(self, kind: str, obj: dict[str, Any]) -> None:
@@ -119,15 +120,14 @@ class ConsumerRole:
                 )
                 tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
         finally:
-            for _secret_rv, client in self._remotes.values():
-                await client.close()
+            await self.remotes.close()
 
     # ---- reconcile one provider
 
     async def reconcile(self, name: str) -> float | None:
         fc = await rest.get(self.api, rest.path(API_VERSION, "foreignclusters", name))
         if fc is None or fc["metadata"].get("deletionTimestamp"):
-            await self._drop_remote(name)
+            await self.remotes.drop(name)
             return None
         try:
             spec = ForeignClusterSpec.model_validate(fc.get("spec") or {})
@@ -296,26 +296,9 @@ class ConsumerRole:
             f"holding credentials for {provider} (valid until "
             f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}) in Secret {SYSTEM_NAMESPACE}/{secret_name}",
         )
-        await self._drop_remote(provider)
+        await self.remotes.drop(provider)
         log.info("provider credentials stored", secret=secret_name)
         return secret
-
-    async def _remote(self, provider: ClusterID, secret: dict[str, Any]) -> Any:
-        """An API client for `provider` with the credentials in `secret`, kept while the Secret is unchanged."""
-        rv = secret["metadata"]["resourceVersion"]
-        cached = self._remotes.get(provider)
-        if cached and cached[0] == rv:
-            return cached[1]
-        await self._drop_remote(provider)
-        cfg = yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"]))
-        client = await client_from_dict(cfg)
-        self._remotes[provider] = (rv, client)
-        return client
-
-    async def _drop_remote(self, provider: str) -> None:
-        cached = self._remotes.pop(provider, None)
-        if cached:
-            await cached[1].close()
 
     async def _local_slices(self, provider: str) -> list[dict[str, Any]]:
         items = await rest.list_items(self.api, rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE))
@@ -344,12 +327,12 @@ class ConsumerRole:
         tns = tenant_namespace(self.identity.cluster_id)
         local = await self._local_slices(provider)
         try:
-            remote_api = await self._remote(provider, credentials)
+            remote_api = await self.remotes.get(provider, credentials)
             remote_items = await rest.list_items(remote_api, rest.path(API_VERSION, "resourceslices", namespace=tns))
         except KubeError as e:
             status["conditions"] = st_.mark(conds, "ProviderReachable", False, "APIError", str(e)[:500])
             log.warning("provider unreachable", error=str(e))
-            await self._drop_remote(provider)
+            await self.remotes.drop(provider)
             return self.settings.resync_s
         status["conditions"] = st_.mark(conds, "ProviderReachable", True, "Reachable", "the provider's API answers")
         remote = {r["metadata"]["name"]: r for r in remote_items}
