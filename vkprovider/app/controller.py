@@ -1,8 +1,10 @@
 """`gpufed controller`: the per-cluster control-plane process.
 
 Owns: wiring — one API client, the preflight checks (CRDs and the consumer ClusterRoles installed),
-the cluster identity (created at first start), and the provider and consumer peering roles run
-side by side under one TaskGroup until cancelled. Roles communicate only through the API server.
+the cluster identity (created at first start), and, side by side under one TaskGroup until
+cancelled: the provider and consumer peering roles, the namespace offloading controller, the
+offloading webhook (when a port is set; ready only once it serves) and the virtual kubelets'
+supervisor. Roles communicate only through the API server.
 
 Does not: install CRDs or RBAC (the installer does: `gpufed local up`, later the Helm chart).
 """
@@ -18,12 +20,14 @@ import structlog
 
 from peering.controllers.consumer import ConsumerRole, ConsumerSettings
 from peering.controllers.identity import Identity, ensure_identity
+from peering.controllers.offloading import OffloadingController, OffloadingSettings
 from peering.controllers.provider import ProviderRole, ProviderSettings
 from peering.ids import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE
 from peering.kube import rest
 from peering.kube.client import KubeError, api_client
 from peering.models import GROUP, KINDS
 from vkprovider.app.supervisor import Supervisor, SupervisorSettings
+from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
 
 class PreflightError(Exception):
@@ -70,6 +74,7 @@ class ControllerSettings:
     cluster_id: str | None = None
     provider: ProviderSettings = field(default_factory=ProviderSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+    offloading: OffloadingSettings = field(default_factory=OffloadingSettings)
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     virtual_kubelets: VirtualKubeletsSettings = field(default_factory=VirtualKubeletsSettings)
 
@@ -104,9 +109,18 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
         log.info("controller starting", cluster=identity.cluster_id, key=identity.fingerprint)
         provider = ProviderRole(api, identity, settings.provider)
         consumer = ConsumerRole(api, identity, settings.consumer)
+        offloading = OffloadingController(api, identity.cluster_id, settings.offloading)
+        webhook = (
+            Webhook(api, WebhookServerSettings(settings.webhook.port, settings.webhook.host))
+            if settings.webhook.port is not None
+            else None
+        )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(provider.run())
             tg.create_task(consumer.run())
+            tg.create_task(offloading.run())
+            if webhook is not None:
+                tg.create_task(webhook.run())
             vks = settings.virtual_kubelets
             if vks.kubeconfig is not None:
                 supervisor = Supervisor(
@@ -114,6 +128,9 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
                 )
                 tg.create_task(supervisor.run())
             await provider.ready.wait()
+            await offloading.ready.wait()
+            if webhook is not None:
+                await webhook.ready.wait()  # pods of offloaded namespaces are refused until it serves
             log.info("controller ready", cluster=identity.cluster_id)
             if ready is not None:
                 ready.set()

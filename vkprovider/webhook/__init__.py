@@ -1,0 +1,1 @@
+"""The offloading admission webhook (served by `gpufed controller`): see `vkprovider.webhook.server`."""

@@ -1,0 +1,432 @@
+"""The offloading admission webhook: HTTPS server, its certificate, and its registration.
+
+Owns:
+- `Webhook.run()`: a TLS certificate (self-signed CA + serving certificate for `host`, kept in
+  Secret `gpufed/gpufed-webhook-tls`, reused across restarts, re-issued 30 days before it expires,
+  also while running), an aiohttp HTTPS server on `port` answering `POST /mutate-pods` with
+  AdmissionReview v1 responses (JSONPatch from `vkprovider.forge.offloading.mutate`) and
+  `GET /healthz`, and the MutatingWebhookConfiguration `gpufed-offloading` that points the API
+  server at it (server-side applied on start and whenever the certificate changes);
+- a watch cache of NamespaceOffloadings: a namespace whose offloading is being deleted (or that has
+  none) gets no patch; a cache miss is checked with one live read, since the namespace label the
+  webhook is selected by may be set before this watch has seen the new object.
+
+Failure policy: **Fail**. The webhook's namespaceSelector (`gpufed.io/offloading Exists`) limits it
+to namespaces that were offloaded on purpose, and in those a pod admitted without it would silently
+ignore the namespace's strategy (a Local namespace's pod could land on a virtual node; a Remote
+namespace's pod would stay local or Pending without the toleration). The consequence: while the
+controller is down, pod creation in offloaded namespaces is refused with an error that names the
+webhook ("failed calling webhook pods.offloading.gpufed.io"); other namespaces are unaffected.
+Recovery: restart `gpufed controller`; or, to create pods without it, remove the namespace's label
+(`kubectl label namespace NS gpufed.io/offloading-`; the controller puts it back when it returns)
+or delete the configuration (`kubectl delete mutatingwebhookconfiguration gpufed-offloading`; it is
+re-applied at the next start).
+
+Invariants: the private keys never leave the Secret and this process (never logged); a malformed
+review is answered 400; a pod outside offloaded namespaces is allowed unchanged; readiness (`ready`)
+is set only once the server answers on the address the API server uses and the configuration is
+applied.
+
+Does not: decide the mutation (`vkprovider.forge.offloading`) or label namespaces (the offloading
+controller does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import ipaddress
+import json
+import ssl
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from peering.ids import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAMESPACE_OFFLOADING,
+    OFFLOADING_LABEL,
+    SYSTEM_NAMESPACE,
+)
+from peering.kube import rest
+from peering.kube.client import KubeError
+from peering.kube.watch import watch
+from peering.models import API_VERSION
+from vkprovider.forge.offloading import STRATEGIES, mutate
+
+WEBHOOK_CONFIGURATION = "gpufed-offloading"
+WEBHOOK_NAME = "pods.offloading.gpufed.io"
+TLS_SECRET = "gpufed-webhook-tls"  # noqa: S105 -- a Secret's name, not a password
+MUTATE_PATH = "/mutate-pods"
+#: Lifetime of the CA and serving certificate.
+DEFAULT_CERT_DAYS = 365
+#: Re-issue the certificate when it has less than this left.
+DEFAULT_RENEW_BEFORE = dt.timedelta(days=30)
+#: Seconds between checks whether the certificate must be re-issued while running.
+DEFAULT_RENEW_CHECK_S = 3600.0
+#: Seconds the API server waits for an answer (the configuration's timeoutSeconds).
+TIMEOUT_SECONDS = 5
+FAILURE_POLICY = "Fail"
+#: Largest AdmissionReview accepted (a pod is far smaller).
+MAX_BODY = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WebhookServerSettings:
+    #: TCP port of the HTTPS server.
+    port: int
+    #: Host (IP address or DNS name) the API server reaches the webhook on; in the certificate and the URL.
+    host: str = "127.0.0.1"
+    #: Lifetime in days of a newly issued certificate.
+    cert_days: int = DEFAULT_CERT_DAYS
+    #: Re-issue the certificate when less than this is left.
+    renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE
+    #: Seconds between renewal checks while running.
+    renew_check_s: float = DEFAULT_RENEW_CHECK_S
+
+
+@dataclass(frozen=True)
+class TLSMaterial:
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    @property
+    def not_after(self) -> dt.datetime:
+        return x509.load_pem_x509_certificate(self.cert_pem).not_valid_after_utc
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def issue(host: str, days: int = DEFAULT_CERT_DAYS, now: dt.datetime | None = None) -> TLSMaterial:
+    """A fresh self-signed CA and a serving certificate for `host` (IP SAN for an address, else DNS SAN)."""
+    now = now or dt.datetime.now(dt.UTC)
+    start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufed-webhook-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )  # keyCertSign, cRLSign
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host)) if _is_ip(host) else x509.DNSName(host)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return TLSMaterial(
+        ca.public_bytes(pem),
+        cert.public_bytes(pem),
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+
+
+def usable(material: TLSMaterial, host: str, renew_before: dt.timedelta, now: dt.datetime | None = None) -> bool:
+    """Whether stored material serves `host` and is not due for renewal."""
+    now = now or dt.datetime.now(dt.UTC)
+    try:
+        cert = x509.load_pem_x509_certificate(material.cert_pem)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        x509.load_pem_x509_certificate(material.ca_pem)
+        serialization.load_pem_private_key(material.key_pem, password=None)
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    if _is_ip(host):
+        covered = ipaddress.ip_address(host) in names.get_values_for_type(x509.IPAddress)
+    else:
+        covered = host in names.get_values_for_type(x509.DNSName)
+    return covered and cert.not_valid_after_utc - now > renew_before
+
+
+def webhook_configuration(host: str, port: int, ca_pem: bytes) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration that sends pod creations in offloaded namespaces to us."""
+    url_host = f"[{host}]" if _is_ip(host) and ":" in host else host
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIGURATION, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "clientConfig": {
+                    "url": f"https://{url_host}:{port}{MUTATE_PATH}",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {"matchExpressions": [{"key": OFFLOADING_LABEL, "operator": "Exists"}]},
+                "failurePolicy": FAILURE_POLICY,
+                "matchPolicy": "Equivalent",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": TIMEOUT_SECONDS,
+                "reinvocationPolicy": "IfNeeded",
+            }
+        ],
+    }
+
+
+def review_response(review: Any, offloading: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The AdmissionReview answer for `review` given the namespace's NamespaceOffloading (or None).
+
+    Raises ValueError for a malformed review (answered 400).
+    """
+    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
+        raise ValueError("not an AdmissionReview")
+    req = review.get("request")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
+        raise ValueError("an AdmissionReview without request.uid")
+    response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+    obj = req.get("object")
+    kind = req.get("kind") or {}
+    if offloading is not None and isinstance(obj, dict) and isinstance(kind, dict) and kind.get("kind") == "Pod":
+        spec = offloading.get("spec") or {}
+        strategy = str(spec.get("podOffloadingStrategy") or "LocalAndRemote")
+        if strategy in STRATEGIES:
+            ops = mutate(obj, strategy, spec.get("clusterSelector"))
+            if ops:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return {
+        "apiVersion": review.get("apiVersion") or "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+class OffloadingCache:
+    """namespace -> its live NamespaceOffloading (None while it is being deleted), from a watch."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.items: dict[str, dict[str, Any] | None] = {}
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != NAMESPACE_OFFLOADING:
+            return
+        ns = str(meta.get("namespace"))
+        if kind == "DELETED":
+            self.items.pop(ns, None)
+        else:
+            self.items[ns] = None if meta.get("deletionTimestamp") else obj
+
+    async def lookup(self, namespace: str) -> dict[str, Any] | None:
+        if namespace in self.items:
+            return self.items[namespace]
+        obj = await rest.get(self.api, rest.path(API_VERSION, "namespaceoffloadings", NAMESPACE_OFFLOADING, namespace))
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        return obj
+
+
+class Webhook:
+    """Serves the offloading webhook until cancelled; `ready` once it answers and is registered."""
+
+    def __init__(self, api: Any, settings: WebhookServerSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self.cache = OffloadingCache(api)
+        self.ready = asyncio.Event()
+        self.material: TLSMaterial | None = None
+        self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._log = structlog.get_logger().bind(component="webhook", port=settings.port)
+
+    # ---- HTTP
+
+    async def _mutate(self, request: web.Request) -> web.Response:
+        try:
+            review = json.loads(await request.read())
+            req = review.get("request") if isinstance(review, dict) else None
+            namespace = str((req or {}).get("namespace") or "") if isinstance(req, dict) else ""
+            offloading = await self.cache.lookup(namespace) if namespace else None
+            answer = review_response(review, offloading)
+        except (ValueError, UnicodeDecodeError) as e:
+            return web.json_response({"error": f"malformed AdmissionReview: {e}"}, status=400)
+        except KubeError as e:
+            # Fail closed (see the failure policy): the API server refuses the pod with this message.
+            self._log.warning("offloading lookup failed", error=str(e)[:300])
+            uid = review["request"]["uid"] if isinstance(review.get("request"), dict) else ""
+            answer = {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": uid,
+                    "allowed": False,
+                    "status": {"code": 503, "message": f"gpufed cannot read the namespace's offloading: {e}"},
+                },
+            }
+        resp = answer["response"]
+        if "patch" in resp:
+            self._log.info("pod mutated", namespace=namespace, pod=_pod_name(review))
+        return web.json_response(answer)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    # ---- TLS
+
+    async def _tls(self) -> tuple[TLSMaterial, bool]:
+        """The stored material when usable, else newly issued and stored; (material, whether new)."""
+        path_ = rest.path("v1", "secrets", TLS_SECRET, namespace=SYSTEM_NAMESPACE)
+        secret = await rest.get(self.api, path_)
+        data = (secret or {}).get("data") or {}
+        if {"ca.crt", "tls.crt", "tls.key"} <= data.keys():
+            stored = TLSMaterial(*(base64.b64decode(data[k]) for k in ("ca.crt", "tls.crt", "tls.key")))
+            if usable(stored, self.settings.host, self.settings.renew_before):
+                return stored, False
+        material = await asyncio.to_thread(issue, self.settings.host, self.settings.cert_days)
+        await rest.apply(
+            self.api,
+            path_,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {
+                    "name": TLS_SECRET,
+                    "namespace": SYSTEM_NAMESPACE,
+                    "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+                },
+                "data": {
+                    "ca.crt": base64.b64encode(material.ca_pem).decode(),
+                    "tls.crt": base64.b64encode(material.cert_pem).decode(),
+                    "tls.key": base64.b64encode(material.key_pem).decode(),
+                },
+            },
+        )
+        self._log.info("webhook certificate issued", host=self.settings.host, not_after=str(material.not_after))
+        return material, True
+
+    async def _load(self, material: TLSMaterial) -> None:
+        """Load `material` into the server's TLS context (new connections use it at once)."""
+
+        def load() -> None:
+            with tempfile.TemporaryDirectory(prefix="gpufed-webhook-") as d:
+                cert, key = Path(d) / "tls.crt", Path(d) / "tls.key"
+                cert.write_bytes(material.cert_pem)
+                key.touch(mode=0o600)
+                key.write_bytes(material.key_pem)
+                self._ssl.load_cert_chain(cert, key)
+
+        await asyncio.to_thread(load)
+        self.material = material
+
+    async def _register(self, material: TLSMaterial) -> None:
+        await rest.apply(
+            self.api,
+            rest.path("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", WEBHOOK_CONFIGURATION),
+            webhook_configuration(self.settings.host, self.settings.port, material.ca_pem),
+        )
+
+    async def _serving(self, material: TLSMaterial) -> None:
+        """Wait until the server answers on the address the API server uses, trusting only our CA."""
+        ctx = ssl.create_default_context(cadata=material.ca_pem.decode())
+        url_host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
+        url = f"https://{url_host}:{self.settings.port}/healthz"
+        last: object = "no answer"
+        for _attempt in range(50):
+            try:
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.get(url, ssl=ctx, timeout=aiohttp.ClientTimeout(total=2)) as r,
+                ):
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                last = e
+            await asyncio.sleep(0.1)
+        raise KubeError(f"the webhook does not answer on {url}: {last}")
+
+    async def _renewals(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.renew_check_s)
+            material, new = await self._tls()
+            if new or material != self.material:
+                await self._load(material)
+                await self._register(material)
+
+    # ---- run
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post(MUTATE_PATH, self._mutate)
+        app.router.add_get("/healthz", self._healthz)
+        return app
+
+    async def run(self) -> None:
+        material, _new = await self._tls()
+        await self._load(material)
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        bind = self.settings.host if _is_ip(self.settings.host) else "0.0.0.0"  # noqa: S104 -- a DNS name: every interface
+        try:
+            await web.TCPSite(runner, bind, self.settings.port, ssl_context=self._ssl).start()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(
+                    watch(
+                        self.api,
+                        rest.path(API_VERSION, "namespaceoffloadings"),
+                        self.cache.on_event,
+                        what="webhook-offloadings",
+                    )
+                )
+                await self._serving(material)
+                await self._register(material)
+                self._log.info("webhook serving", host=self.settings.host, failure_policy=FAILURE_POLICY)
+                self.ready.set()
+                tg.create_task(self._renewals())
+        finally:
+            await asyncio.shield(runner.cleanup())
+
+
+def _pod_name(review: Mapping[str, Any]) -> str:
+    obj = (review.get("request") or {}).get("object") or {}
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name") or meta.get("generateName") or "")
