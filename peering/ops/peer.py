@@ -38,6 +38,7 @@ from peering.ids import (
     CONSUMER_LABEL,
     IDENTITY_CONFIGMAP,
     PROVIDER_LABEL,
+    REMOTE_CLUSTER_LABEL,
     SYSTEM_NAMESPACE,
     ClusterID,
     parse_cluster_id,
@@ -443,6 +444,13 @@ async def _leftovers(p: Peers) -> list[tuple[Any, str, str]]:
                     f"consumer: ResourceSlice {n}",
                 )
             )
+    # Virtual nodes of the provider (their virtual kubelets delete them when the ForeignCluster goes;
+    # listed so that a stopped virtual kubelet cannot leave one behind).
+    for node in await rest.list_items(
+        p.consumer_api, "/api/v1/nodes", params={"labelSelector": f"{REMOTE_CLUSTER_LABEL}={p.provider_id}"}
+    ):
+        n = node["metadata"]["name"]
+        out.append((p.consumer_api, rest.path("v1", "nodes", n), f"consumer: virtual node {n}"))
     for sec in await rest.list_items(
         p.consumer_api, rest.path("v1", "secrets", namespace=SYSTEM_NAMESPACE), params=p_sel
     ):

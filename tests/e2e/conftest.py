@@ -172,6 +172,7 @@ class Clusters:
                 "kwok",
                 "etcd",
                 "gpufed-controller",
+                *sorted(f.stem for f in (self.env.cluster_dir(c.name) / "logs").glob("virtual-kubelet-*.log")),
             ):
                 log = self.env.log_path(c.name, comp)
                 try:

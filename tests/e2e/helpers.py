@@ -82,6 +82,8 @@ def leftovers(clusters: Clusters) -> list[str]:
         for kind in ("namespaces", "certificatesigningrequests"):
             items = clusters.kubectl_json(c, "get", kind, "-l", CONSUMER_LABEL)["items"]
             found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
+        nodes = clusters.kubectl_json(c, "get", "nodes", "-l", "gpufed.io/type=virtual-node")["items"]
+        found += [f"{c}: node/{i['metadata']['name']}" for i in nodes]
         secrets = clusters.kubectl_json(c, "get", "secrets", "-n", "gpufed", "-l", PROVIDER_LABEL)["items"]
         found += [f"{c}: secret/{i['metadata']['name']}" for i in secrets]
     return found
