@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from vkprovider.cli import controller, local, virtual_kubelet
+from vkprovider.cli import controller, local, offload, virtual_kubelet
 from vkprovider.cli import peer as peering_cmds
 
 app = typer.Typer(
@@ -22,6 +22,8 @@ app.command(name="virtual-kubelet")(virtual_kubelet.virtual_kubelet)
 app.command(name="peer")(peering_cmds.peer)
 app.command(name="unpeer")(peering_cmds.unpeer)
 app.command(name="info")(peering_cmds.info)
+app.command(name="offload-namespace")(offload.offload_namespace)
+app.command(name="unoffload-namespace")(offload.unoffload_namespace)
 
 
 @app.command()

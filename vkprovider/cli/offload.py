@@ -1,0 +1,116 @@
+"""`gpufed offload-namespace`, `gpufed unoffload-namespace`: flags -> `peering.ops.offload`, with progress."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from peering.kube.client import KubeError
+from peering.ops import offload as ops
+from peering.ops.offload import DEFAULT_TIMEOUT_S, OffloadError, OffloadRequest
+from vkprovider.cli.common import console, fail
+
+Kubeconfig = Annotated[
+    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
+]
+Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
+Namespace = Annotated[str, typer.Argument(help="the consumer namespace")]
+
+
+class _Report:
+    def step(self, text: str) -> None:
+        console.print(f"[cyan]•[/] {text} …")
+
+    def done(self, text: str) -> None:
+        console.print(f"  [green]✓[/] {text}")
+
+
+def _run(coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except (OffloadError, KubeError) as e:
+        raise fail(e) from None
+
+
+def offload_namespace(
+    namespace: Namespace,
+    kubeconfig: Kubeconfig,
+    context: Context = None,
+    pod_strategy: Annotated[
+        str,
+        typer.Option(
+            "--pod-strategy",
+            help="where the namespace's pods may run: Local, Remote (virtual nodes only) or LocalAndRemote",
+        ),
+    ] = "LocalAndRemote",
+    mapping: Annotated[
+        str,
+        typer.Option(
+            "--mapping",
+            help="twin namespace names: DefaultName (<ns>-<consumer-id>), EnforceSameName or SelectedName",
+        ),
+    ] = "DefaultName",
+    remote_name: Annotated[
+        str | None, typer.Option("--remote-name", help="the twin namespace's name (with --mapping SelectedName)")
+    ] = None,
+    selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--selector",
+            help="providers whose virtual node matches, e.g. nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB or "
+            "'gpufed.io/remote-cluster-id in (a,b)'; repeat to require several (all must match)",
+        ),
+    ] = None,
+    timeout: Timeout = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Extend NAMESPACE to the peered providers: twin namespaces there, and pods placed per --pod-strategy."""
+    req = OffloadRequest(
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        context=context,
+        pod_strategy=pod_strategy,
+        mapping=mapping,
+        remote_name=remote_name,
+        selectors=tuple(selector or ()),
+        timeout_s=timeout,
+    )
+    result: ops.OffloadResult = _run(ops.offload(req, _Report()))
+    table = Table(title=f"namespace {result.namespace} (pods: {result.pod_strategy}): {result.phase}")
+    for col in ("provider", "twin namespace", "phase", "message"):
+        table.add_column(col)
+    for r in result.remote_namespaces:
+        table.add_row(r.get("clusterId", ""), r.get("namespace", ""), r.get("phase", ""), r.get("message", ""))
+    console.print(table)
+    if not result.remote_namespaces and result.pod_strategy != "Local":
+        console.print(f"[yellow]note:[/] {result.message}; twins are created when a matching virtual node appears")
+    console.print(f"[bold green]offloaded[/] {result.namespace}")
+
+
+def unoffload_namespace(
+    namespace: Namespace,
+    kubeconfig: Kubeconfig,
+    context: Context = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="also when pods of the namespace run on virtual nodes: they are deleted once the twin "
+            "namespaces are gone, so their controllers (Deployment, Job, ...) recreate them on local nodes; "
+            "bare pods are not recreated",
+        ),
+    ] = False,
+    timeout: Timeout = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Make NAMESPACE local again: remove its twin namespaces on every provider and its offloading."""
+    result: ops.UnoffloadResult = _run(
+        ops.unoffload(kubeconfig, context, namespace, _Report(), force=force, timeout_s=timeout)
+    )
+    if result.removed:
+        console.print(f"[bold green]unoffloaded[/] {result.namespace}")
+    else:
+        console.print(f"{result.namespace} was not offloaded")
