@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .PHONY: help venv binaries lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo clean
 
 help:
-	@echo "make demo       create the venv, build the clusters from source, peer them, show the grants"
+	@echo "make demo       create the venv, build the clusters from source, peer them, offload a namespace, run a GPU Job"
 	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
 	@echo "other targets:  venv binaries lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
 
@@ -69,6 +69,19 @@ demo: clusters-up
 	  --gpus 4 --gpu-product NVIDIA-A100-SXM4-40GB; \
 	echo; $(GPUFED) info --kubeconfig $$KUBECONFIG --context consumer; \
 	echo; $(BIN)/kubectl --context consumer get rslice -n gpufed; \
+	echo; echo "=== one virtual node per provider"; \
+	$(BIN)/kubectl --context consumer wait --for=condition=Ready node -l gpufed.io/type=virtual-node --timeout=60s >/dev/null; \
+	$(BIN)/kubectl --context consumer get nodes -L gpufed.io/remote-cluster-id -L nvidia.com/gpu.product; \
+	echo; echo "=== offloading namespace team-a"; \
+	$(BIN)/kubectl --context consumer create namespace team-a --dry-run=client -o yaml | $(BIN)/kubectl --context consumer apply -f - >/dev/null; \
+	$(GPUFED) offload-namespace team-a --kubeconfig $$KUBECONFIG --context consumer; \
+	echo; echo "=== kubectl create -f deploy/examples/gpu-job.yaml (3 completions x 2 GPUs)"; \
+	$(BIN)/kubectl --context consumer delete job train -n team-a --ignore-not-found >/dev/null; \
+	$(BIN)/kubectl --context consumer create -f deploy/examples/gpu-job.yaml; \
+	$(BIN)/kubectl --context consumer wait --for=condition=Complete job/train -n team-a --timeout=120s; \
+	$(BIN)/kubectl --context consumer get pods -n team-a -o wide; \
+	echo; echo "=== the same pods, as twins on the providers"; \
+	for ctx in gpu-a gpu-b; do $(BIN)/kubectl --context $$ctx get pods -A -l gpufed.io/origin-cluster-id -o wide; done; \
 	echo; echo "Clusters keep running: export KUBECONFIG=$$KUBECONFIG; 'make clusters-down' stops them."
 
 clean: clusters-down
