@@ -160,7 +160,9 @@ def test_gpu_job_runs_on_a_provider_through_the_real_scheduler(
 
 
 def test_deployment_scale_and_namespace_deletion(clusters: Clusters, ids: dict[str, ClusterID], namespace: str) -> None:
-    offload(clusters, namespace, "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}")
+    offload(
+        clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}"
+    )
     clusters.create("consumer", deployment("web", namespace, 0))
 
     def remote_names() -> set[str]:
@@ -213,7 +215,9 @@ def test_cluster_selector_and_local_strategy(clusters: Clusters, ids: dict[str, 
 def test_missing_configmap_is_reported_and_the_pod_starts_once_it_exists(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:
-    offload(clusters, namespace, "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}")
+    offload(
+        clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}"
+    )
     clusters.create(
         "consumer",
         {
@@ -266,7 +270,9 @@ def test_missing_configmap_is_reported_and_the_pod_starts_once_it_exists(
 def test_quota_refusal_is_provider_failed_with_the_quota_message(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:
-    offload(clusters, namespace, "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}")
+    offload(
+        clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}"
+    )
     # Bound directly (as a scheduler bug or a user with nodeName would): 16 GPUs exceed the 8 granted.
     clusters.create(
         "consumer",
@@ -363,7 +369,9 @@ def _vk_pid(provider_id: str) -> int:
 def test_kill_9_during_a_50_pod_burst_loses_and_duplicates_nothing(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:
-    offload(clusters, namespace, "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}")
+    offload(
+        clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}"
+    )
     clusters.create(
         "consumer",
         {
