@@ -178,6 +178,39 @@ def test_deployment_scale_and_namespace_deletion(clusters: Clusters, ids: dict[s
         names = {p["metadata"]["name"] for p in local}
         assert all(p["spec"]["nodeName"] == vnode(ids, "gpu-a") for p in local)
         eventually(f"{replicas} twins matching the local pods", lambda n=names: remote_names() == n)  # type: ignore[misc]
+    # An Event about a twin on the provider (as its kubelet would record) shows up on the local pod.
+    twin = next(t for t in twins(clusters, ids, namespace)["gpu-a"] if not t["metadata"].get("deletionTimestamp"))
+    clusters.create(
+        "gpu-a",
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "pulled-1", "namespace": twin_ns(ids, namespace)},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": twin["metadata"]["name"],
+                "namespace": twin_ns(ids, namespace),
+                "uid": twin["metadata"]["uid"],
+            },
+            "type": "Normal",
+            "reason": "Pulled",
+            "message": 'Successfully pulled image "nginx:1.27"',
+            "source": {"component": "kubelet"},
+        },
+    )
+
+    def mirrored() -> bool:
+        evs = clusters.kubectl_json("consumer", "get", "events", "-n", namespace)["items"]
+        return any(
+            e["reason"] == "Pulled"
+            and e["involvedObject"]["name"] == twin["metadata"]["name"]
+            and e["involvedObject"].get("uid") == twin["metadata"]["labels"]["gpufed.io/origin-uid"]
+            and f"(on {ids['gpu-a']})" in e["message"]
+            for e in evs
+        )
+
+    eventually("the provider's event mirrored onto the local pod", mirrored)
     # Deleting the namespace removes its twins and the twin namespace on the provider.
     clusters.kubectl("consumer", "delete", "namespace", namespace, "--wait=false")
 
