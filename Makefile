@@ -9,12 +9,14 @@ export GPUFED_BIN_DIR ?= $(BIN)
 export GPUFED_LOCAL_DIR ?= $(CURDIR)/.cache/local
 GPUFED := $(VENV)/bin/gpufed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: help venv binaries lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo clean
+.PHONY: help venv binaries lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo bench clean
 
 help:
 	@echo "make demo       create the venv, build the clusters from source, peer them, offload a namespace, run a GPU Job"
 	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
+	@echo "make bench      benchmarks on dedicated local clusters -> docs/benchmarks.md (BENCH_ARGS='--pods 100,500')"
 	@echo "other targets:  venv binaries lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
 
 $(VENV)/.installed: pyproject.toml
@@ -83,6 +85,9 @@ demo: clusters-up
 	echo; echo "=== the same pods, as twins on the providers"; \
 	for ctx in gpu-a gpu-b; do $(BIN)/kubectl --context $$ctx get pods -A -l gpufed.io/origin-cluster-id -o wide; done; \
 	echo; echo "Clusters keep running: export KUBECONFIG=$$KUBECONFIG; 'make clusters-down' stops them."
+
+bench: venv binaries
+	$(VENV)/bin/python -m bench $(BENCH_ARGS)
 
 clean: clusters-down
 	rm -rf .cache $(VENV) .mypy_cache .ruff_cache .pytest_cache

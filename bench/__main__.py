@@ -1,0 +1,86 @@
+"""`python -m bench`: the command line of `make bench` — which parts, which sizes, keep or stop.
+
+Owns: argument parsing, running the chosen parts in order (one module per part; today `offload`),
+stamping each result with the machine it ran on, and handing results to `bench.report`, which
+writes bench/results/<part>.json and regenerates docs/benchmarks.md. Exits non-zero only when a
+part could not run (a missed target is a result, not an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench import offload, report
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pods wants comma-separated integers, got {text!r}") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"--pods wants positive integers, got {text!r}")
+    return sizes
+
+
+PARTS = ("offload",)
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {unknown or text!r}; parts: {', '.join(PARTS)}")
+    return parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    p.add_argument("--parts", type=_parts, default=PARTS, help=f"comma-separated parts to run ({', '.join(PARTS)})")
+    p.add_argument("--pods", type=_sizes, default=offload.DEFAULT_SIZES, help="burst sizes, e.g. 100,500 (default 500)")
+    p.add_argument("--concurrency", type=int, default=offload.DEFAULT_CONCURRENCY, help="concurrent creates (64)")
+    p.add_argument("--keep", action="store_true", help="leave the bench clusters running afterwards")
+    p.add_argument("--state-dir", type=Path, default=offload.DEFAULT_STATE_DIR, help="bench environment state")
+    p.add_argument("--base-port", type=int, default=offload.DEFAULT_BASE_PORT, help="first loopback port (16000)")
+    p.add_argument("--report-only", action="store_true", help="only regenerate docs/benchmarks.md from bench/results")
+    args = p.parse_args(argv)
+
+    if args.report_only:
+        print(f"wrote {report.write_docs()}")
+        return 0
+    bin_dir = Path(os.environ.get("GPUFED_BIN_DIR", offload.REPO / ".cache" / "bin"))
+    started = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"[bench {time.monotonic() - started:6.1f}s] {msg}", flush=True)
+
+    machine = report.machine_info(bin_dir, args.state_dir)
+    for part in args.parts:
+        if part == "offload":
+            opts = offload.OffloadOptions(
+                sizes=args.pods,
+                state_dir=args.state_dir,
+                bin_dir=bin_dir,
+                base_port=args.base_port,
+                concurrency=args.concurrency,
+                keep=args.keep,
+            )
+            try:
+                data = offload.run(opts, progress)
+            except Exception as e:
+                print(f"bench: part {part} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                return 1
+        data["machine"] = machine
+        path = report.write_result(part, data)
+        print(report.text_table(data))
+        print(f"wrote {path}")
+    print(f"wrote {report.write_docs()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,568 @@
+"""The `offload` part: N pods on a virtual node against the same N pods on local kwok nodes.
+
+Owns: the bench topology (consumer with 4 CPU kwok nodes, gpu-a with 4 x 8 H100; no gpu-b), the
+dedicated local environment in .cache/bench (ports from 16000, so it never collides with
+`make demo` or the e2e sessions), peering consumer -> gpu-a and offloading namespace `bench-vk`
+through the gpufed CLI (or a TwinNamespace request when the CLI has no `offload-namespace`), the
+bursts, their measurements, the cleanup between sizes, and this part's targets and verdicts.
+
+One burst = N pods pre-bound (spec.nodeName) and created concurrently (bounded) with the admin
+identity, observed with one watch. Baseline: round-robin over the consumer's kwok nodes in
+`bench-local`. Virtual: all on node `gpufed-<gpu-a id>` in `bench-vk`, while the virtual kubelet and
+the consumer's gpufed controller are sampled from /proc (peak RSS every 0.2 s, CPU over the burst).
+Per-pod start latency = the time our watch saw phase Running minus the time its create returned.
+
+Does not: tune or change the product; a missed target is reported as missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import procstat
+from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
+from peering.kube import rest
+from peering.kube.client import KubeError, api_client
+from peering.kube.watch import watch
+from vkprovider.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
+from vkprovider.localenv.topology import Topology
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_STATE_DIR = REPO / ".cache" / "bench"
+DEFAULT_BASE_PORT = 16000
+DEFAULT_SIZES = (500,)
+DEFAULT_CONCURRENCY = 64
+LOCAL_NS = "bench-local"
+VK_NS = "bench-vk"
+CONSUMER = "consumer"
+PROVIDER = "gpu-a"
+TOLERATION = {"key": "gpufed.io/virtual-node", "operator": "Exists", "effect": "NoExecute"}
+REQUESTS = {"cpu": "10m", "memory": "16Mi"}
+#: Pods per kwok node: each node gets a /24 of the pod CIDR, so about 250 pods fit on one.
+NODE_PODS = 260
+PROVIDER_NODE_PODS = 300
+
+#: Targets of issue 4 (DESIGN.md §8: ratios in one run).
+TARGET_RATIO_MAX = 1.2
+TARGET_VK_PODS_PER_S_MIN = 200.0
+TARGET_VK_RSS_MB_MAX = 150.0
+TARGET_VK_RSS_AT_PODS = 1000
+
+Progress = Callable[[str], None]
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    state_dir: Path = DEFAULT_STATE_DIR
+    bin_dir: Path = REPO / ".cache" / "bin"
+    base_port: int = DEFAULT_BASE_PORT
+    concurrency: int = DEFAULT_CONCURRENCY
+    keep: bool = False
+
+
+def bench_topology(base_port: int) -> Topology:
+    """consumer: 4 CPU nodes; gpu-a: 4 x 8 H100 with room for 1000 twins and a 400-CPU grant."""
+    return Topology.model_validate(
+        {
+            "basePort": base_port,
+            "jobSeconds": 5,
+            "clusters": [
+                {
+                    "name": CONSUMER,
+                    "nodePools": [{"name": "cpu", "count": 4, "cpu": "64", "memory": "256Gi", "pods": NODE_PODS}],
+                },
+                {
+                    "name": PROVIDER,
+                    "nodePools": [
+                        {
+                            "name": "h100",
+                            "count": 4,
+                            "cpu": "128",
+                            "memory": "1024Gi",
+                            # Above the ~250 addresses of a node's /24 so that a grant of max N + 50 pods fits.
+                            "pods": PROVIDER_NODE_PODS,
+                            "gpus": 8,
+                            "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+                            "gpuMemoryMiB": 81559,
+                        }
+                    ],
+                },
+            ],
+        }
+    )
+
+
+def max_pods(topology: Topology) -> int:
+    """The largest burst both sides can hold (about 250 pods per node: a /24 each)."""
+    return min(c.node_count() * 250 for c in topology.clusters)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+async def gpufed_cli(*args: str, limit_s: float = 300) -> tuple[int, str]:
+    """Run `python -m vkprovider.cli ARGS` as a user would; (exit code, stdout + stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "vkprovider.cli",
+        *args,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), limit_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return 124, f"timed out after {limit_s:.0f}s"
+    return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def until(what: str, probe: Callable[[], Any], limit_s: float, interval: float = 0.5) -> Any:
+    """Poll the coroutine function `probe` until it returns something truthy."""
+    deadline = time.monotonic() + limit_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise RuntimeError(f"timed out after {limit_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+async def cluster_id(api: Any) -> str:
+    cm = await rest.get(api, rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE))
+    if cm is None:
+        raise RuntimeError("no gpufed identity ConfigMap: is gpufed installed?")
+    return str(cm["data"]["clusterId"])
+
+
+async def ensure_namespace(api: Any, name: str) -> None:
+    try:
+        await rest.request(
+            api,
+            "POST",
+            "/api/v1/namespaces",
+            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
+    except KubeError as e:
+        if not e.conflict:
+            raise
+
+    async def sa() -> bool:
+        return await rest.get(api, rest.path("v1", "serviceaccounts", "default", namespace=name)) is not None
+
+    await until(f"the default ServiceAccount of {name}", sa, 60)
+
+
+def _ready(node: dict[str, Any] | None) -> bool:
+    conds = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _log_offset(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def log_findings(path: Path, offset: int, limit: int = 5) -> dict[str, Any]:
+    """Warnings and errors a JSON-lines log got since `offset`: counts per level, most frequent events."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError as e:
+        return {"log": str(path), "error": str(e)}
+    levels: Counter[str] = Counter()
+    events: Counter[str] = Counter()
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if line.strip():
+                levels["unparsed"] += 1
+                events[f"unparsed: {line.strip()[:160]}"] += 1
+            continue
+        level = str(rec.get("level", "?"))
+        levels[level] += 1
+        if level in ("warning", "error", "critical", "exception"):
+            detail = rec.get("error") or rec.get("reason") or ""
+            events[f"{level}: {rec.get('event', '')} {str(detail)[:120]}".strip()] += 1
+    return {
+        "log": path.name,
+        "lines": len(lines),
+        "levels": dict(levels),
+        "top": [{"count": c, "event": e} for e, c in events.most_common(limit)],
+    }
+
+
+# ------------------------------------------------------------------------------------ bursts
+
+
+@dataclass
+class Burst:
+    """One burst's raw observations (client-side monotonic times)."""
+
+    pods: int
+    t0: float = 0.0
+    created_at_end: float = 0.0
+    create_returned: dict[str, float] | None = None
+    running_seen: dict[str, float] | None = None
+    failed: int = 0
+    create_errors: list[str] | None = None
+    timed_out: bool = False
+    usage: dict[str, procstat.ProcessUsage] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        created = self.create_returned or {}
+        running = self.running_seen or {}
+        lat = [max(0.0, running[n] - created[n]) for n in running if n in created]
+        end = max(running.values()) if running else self.t0
+        all_running_s = end - self.t0 if len(running) >= self.pods else None
+        out: dict[str, Any] = {
+            "pods": self.pods,
+            "created": len(created),
+            "running": len(running),
+            "failed": self.failed,
+            "create_errors": len(self.create_errors or []),
+            "first_create_errors": (self.create_errors or [])[:3],
+            "timed_out": self.timed_out,
+            "create_s": round(self.created_at_end - self.t0, 3),
+            "all_running_s": round(all_running_s, 3) if all_running_s is not None else None,
+            "pods_per_s": round(self.pods / all_running_s, 1) if all_running_s else None,
+            "latency_s": {
+                "p50": round(percentile(lat, 50), 3),
+                "p90": round(percentile(lat, 90), 3),
+                "p99": round(percentile(lat, 99), 3),
+                "max": round(max(lat), 3),
+            }
+            if lat
+            else None,
+        }
+        if self.usage:
+            out["processes"] = {
+                name: {
+                    "pid": u.pid,
+                    "rss_start_mb": round(u.rss_start_bytes / MB, 1),
+                    "rss_peak_mb": round(u.rss_peak_bytes / MB, 1),
+                    "rss_end_mb": round(u.rss_end_bytes / MB, 1),
+                    "cpu_s": round(u.cpu_end_s - u.cpu_start_s, 2),
+                    "cpu_cores": round(u.cpu_cores, 2),
+                    "wall_s": round(u.wall_s, 3),
+                    "gone": u.gone,
+                }
+                for name, u in self.usage.items()
+            }
+        return out
+
+
+def pod_body(name: str, namespace: str, node: str, *, tolerate: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": [{"name": "main", "image": "registry.example/bench:1", "resources": {"requests": REQUESTS}}],
+    }
+    if tolerate:
+        spec["tolerations"] = [dict(TOLERATION)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "gpufed-bench"}},
+        "spec": spec,
+    }
+
+
+async def burst(
+    api: Any,
+    namespace: str,
+    n: int,
+    nodes: list[str],
+    *,
+    prefix: str,
+    tolerate: bool,
+    concurrency: int,
+    sample: dict[str, int] | None = None,
+) -> Burst:
+    """Create N pods pre-bound round-robin to `nodes`; wait until all are Running (or time out)."""
+    b = Burst(n, create_returned={}, running_seen={}, create_errors=[])
+    assert b.running_seen is not None and b.create_returned is not None and b.create_errors is not None
+    running, created, errors = b.running_seen, b.create_returned, b.create_errors
+    failed: set[str] = set()
+    synced, done = asyncio.Event(), asyncio.Event()
+
+    def on_event(kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if not name.startswith(prefix) or kind == "DELETED":
+            return
+        phase = (obj.get("status") or {}).get("phase")
+        if phase == "Running" and name not in running:
+            running[name] = time.monotonic()
+            if len(running) >= n:
+                done.set()
+        elif phase == "Failed":
+            failed.add(name)
+
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    watcher = asyncio.create_task(watch(api, path, on_event, what=f"pods in {namespace}", on_synced=synced.set))
+    try:
+        await asyncio.wait_for(synced.wait(), 30)
+        sem = asyncio.Semaphore(concurrency)
+        sampler = procstat.Sampler(sample) if sample else None
+
+        async def create(i: int) -> None:
+            name = f"{prefix}{i:05d}"
+            async with sem:
+                try:
+                    await rest.request(
+                        api, "POST", path, body=pod_body(name, namespace, nodes[i % len(nodes)], tolerate=tolerate)
+                    )
+                except KubeError as e:
+                    errors.append(str(e))
+                    return
+                created[name] = time.monotonic()
+
+        b.t0 = time.monotonic()
+        if sampler:
+            sampler.start()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(n):
+                tg.create_task(create(i))
+        b.created_at_end = time.monotonic()
+        try:
+            await asyncio.wait_for(done.wait(), 60 + 1.0 * n)
+        except TimeoutError:
+            b.timed_out = True
+        if sampler:
+            b.usage = sampler.stop()
+        b.failed = len(failed)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    return b
+
+
+async def delete_all(api: Any, namespace: str, remote_api: Any = None, twin_ns: str | None = None) -> float:
+    """Delete the namespace's pods and wait until they are gone (and their twins); seconds it took."""
+    t0 = time.monotonic()
+    await rest.request(api, "DELETE", f"/api/v1/namespaces/{namespace}/pods")
+
+    async def gone() -> bool:
+        if await rest.list_items(api, f"/api/v1/namespaces/{namespace}/pods"):
+            return False
+        return not (twin_ns and await rest.list_items(remote_api, f"/api/v1/namespaces/{twin_ns}/pods"))
+
+    await until(f"the pods of {namespace} to be deleted", gone, 600, interval=1.0)
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------------------------ the part
+
+
+async def _offload_namespace(
+    env: LocalEnvironment, consumer: Any, provider: Any, ids: dict[str, str]
+) -> tuple[str, str]:
+    """Offload VK_NS to gpu-a; (how, twin namespace name)."""
+    kc = str(env.merged_kubeconfig)
+    code, _ = await gpufed_cli("offload-namespace", "--help", limit_s=60)
+    if code == 0:
+        how = "gpufed offload-namespace"
+        code, out = await gpufed_cli(
+            "offload-namespace", VK_NS, "--kubeconfig", kc, "--context", CONSUMER,
+            "--selector", f"gpufed.io/remote-cluster-id={ids[PROVIDER]}",
+        )  # fmt: skip
+        if code != 0:
+            raise RuntimeError(f"gpufed offload-namespace failed ({code}):\n{out}")
+    else:
+        how = "TwinNamespace request (no offload-namespace in the CLI)"
+        tenant = f"{TENANT_PREFIX}{ids[CONSUMER]}"
+        with contextlib.suppress(KubeError):
+            await rest.request(
+                provider,
+                "POST",
+                rest.path("gpufed.io/v1alpha1", "twinnamespaces", namespace=tenant),
+                body={
+                    "apiVersion": "gpufed.io/v1alpha1",
+                    "kind": "TwinNamespace",
+                    "metadata": {"name": VK_NS, "namespace": tenant},
+                    "spec": {"namespace": VK_NS},
+                },
+            )
+    tenant = f"{TENANT_PREFIX}{ids[CONSUMER]}"
+
+    async def twin() -> str | None:
+        for t in await rest.list_items(provider, rest.path("gpufed.io/v1alpha1", "twinnamespaces", namespace=tenant)):
+            st = t.get("status") or {}
+            if t["spec"].get("namespace") == VK_NS and st.get("phase") == "Ready" and st.get("twin"):
+                return str(st["twin"])
+        return None
+
+    name: str = await until(f"the twin namespace of {VK_NS} on {PROVIDER}", twin, 120)
+    return how, name
+
+
+def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    b, v = baseline.get("all_running_s"), virtual.get("all_running_s")
+    ratio = round(v / b, 2) if b and v else None
+    out["ratio"] = {
+        "value": ratio,
+        "target": f"<= {TARGET_RATIO_MAX}",
+        "met": ratio is not None and ratio <= TARGET_RATIO_MAX,
+    }
+    pps = virtual.get("pods_per_s")
+    out["vk_pods_per_s"] = {
+        "value": pps,
+        "target": f">= {TARGET_VK_PODS_PER_S_MIN:.0f}",
+        "met": pps is not None and pps >= TARGET_VK_PODS_PER_S_MIN,
+    }
+    rss = (virtual.get("processes") or {}).get("virtual-kubelet", {}).get("rss_peak_mb")
+    out["vk_rss_mb"] = {
+        "value": rss,
+        "target": f"<= {TARGET_VK_RSS_MB_MAX:.0f} MB at {TARGET_VK_RSS_AT_PODS} pods",
+        "note": "",
+        # The target is defined at 1000 pods: a smaller burst can only say "not measured there".
+        "met": (rss is not None and rss <= TARGET_VK_RSS_MB_MAX) if n >= TARGET_VK_RSS_AT_PODS else None,
+    }
+    if n < TARGET_VK_RSS_AT_PODS and rss is not None and rss > TARGET_VK_RSS_MB_MAX:
+        # Already above the limit with fewer pods than the target's size: it cannot be met there.
+        out["vk_rss_mb"]["met"] = False
+        out["vk_rss_mb"]["note"] = f"already above at {n} pods"
+    return out
+
+
+async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) -> dict[str, Any]:
+    await env.up(progress)
+    kc = env.merged_kubeconfig
+    consumer_nodes = [node.name for node in env.topology.cluster(CONSUMER).nodes()]
+    async with api_client(kc, CONSUMER) as consumer, api_client(kc, PROVIDER) as provider:
+        ids = {CONSUMER: await cluster_id(consumer), PROVIDER: await cluster_id(provider)}
+        vnode = f"gpufed-{ids[PROVIDER]}"
+        progress(f"peering {CONSUMER} ({ids[CONSUMER]}) with {PROVIDER} ({ids[PROVIDER]})")
+        code, out = await gpufed_cli(
+            "peer", "--kubeconfig", str(kc), "--context", CONSUMER,
+            "--remote-kubeconfig", str(kc), "--remote-context", PROVIDER,
+            "--gpus", "8", "--cpu", "400", "--memory", "2Ti", "--pods", str(max(opts.sizes) + 50),
+        )  # fmt: skip
+        if code != 0:
+            raise RuntimeError(f"gpufed peer failed ({code}):\n{out}")
+
+        async def node_ready() -> bool:
+            return _ready(await rest.get(consumer, rest.path("v1", "nodes", vnode)))
+
+        await until(f"virtual node {vnode} Ready", node_ready, 120)
+        progress(f"virtual node {vnode} Ready")
+        for ns in (LOCAL_NS, VK_NS):
+            await ensure_namespace(consumer, ns)
+        how, twin_ns = await _offload_namespace(env, consumer, provider, ids)
+        progress(f"{VK_NS} offloaded ({how}); twin namespace {PROVIDER}/{twin_ns}")
+        # Leftovers of an interrupted earlier run (--keep) would be counted otherwise.
+        await delete_all(consumer, LOCAL_NS)
+        await delete_all(consumer, VK_NS, provider, twin_ns)
+
+        vk_log = env.log_path(CONSUMER, f"virtual-kubelet-{ids[PROVIDER]}")
+        ctl_log = env.log_path(CONSUMER, CONTROLLER)
+        runs: list[dict[str, Any]] = []
+        for n in opts.sizes:
+            progress(f"N={n}: baseline, {n} pods on {len(consumer_nodes)} local kwok nodes")
+            base = await burst(
+                consumer, LOCAL_NS, n, consumer_nodes, prefix=f"l{n}-", tolerate=False, concurrency=opts.concurrency
+            )
+            baseline = base.summary()
+            baseline["cleanup_s"] = round(await delete_all(consumer, LOCAL_NS), 2)
+            progress(f"N={n}: baseline all Running in {baseline['all_running_s']}s")
+
+            vk_pid = procstat.find_pid("virtual-kubelet", f"--provider-cluster-id={ids[PROVIDER]}")
+            ctl_pid = procstat.find_pid("controller", f"--kubeconfig={env.kubeconfig_path(CONSUMER, CONTROLLER)}")
+            if vk_pid is None or ctl_pid is None:
+                raise RuntimeError(f"process not found: virtual kubelet pid {vk_pid}, controller pid {ctl_pid}")
+            offsets = {vk_log: _log_offset(vk_log), ctl_log: _log_offset(ctl_log)}
+            progress(f"N={n}: virtual node, {n} pods on {vnode} (virtual kubelet pid {vk_pid})")
+            virt = await burst(
+                consumer,
+                VK_NS,
+                n,
+                [vnode],
+                prefix=f"v{n}-",
+                tolerate=True,
+                concurrency=opts.concurrency,
+                sample={"virtual-kubelet": vk_pid, "controller": ctl_pid},
+            )
+            virtual = virt.summary()
+            twins = await rest.list_items(provider, f"/api/v1/namespaces/{twin_ns}/pods")
+            virtual["twins"] = len(twins)
+            virtual["twins_running"] = sum(1 for t in twins if (t.get("status") or {}).get("phase") == "Running")
+            virtual["vk_pid_after"] = procstat.find_pid("virtual-kubelet", f"--provider-cluster-id={ids[PROVIDER]}")
+            virtual["cleanup_s"] = round(await delete_all(consumer, VK_NS, provider, twin_ns), 2)
+            virtual["logs"] = [log_findings(p, off) for p, off in offsets.items()]
+            progress(f"N={n}: virtual node all Running in {virtual['all_running_s']}s")
+            runs.append(
+                {"pods": n, "baseline": baseline, "virtual": virtual, "verdicts": _verdicts(n, baseline, virtual)}
+            )
+
+    return {
+        "part": "offload",
+        "environment": {
+            "consumer": f"{CONSUMER} ({ids[CONSUMER]}): {len(consumer_nodes)} kwok CPU nodes, {NODE_PODS} pods each",
+            "provider": f"{PROVIDER} ({ids[PROVIDER]}): 4 kwok nodes x 8 H100, {PROVIDER_NODE_PODS} pods each",
+            "virtual_node": vnode,
+            "offloaded_with": how,
+            "twin_namespace": twin_ns,
+            "concurrency": opts.concurrency,
+        },
+        "targets": {
+            "ratio_max": TARGET_RATIO_MAX,
+            "vk_pods_per_s_min": TARGET_VK_PODS_PER_S_MIN,
+            "vk_rss_mb_max": TARGET_VK_RSS_MB_MAX,
+            "vk_rss_at_pods": TARGET_VK_RSS_AT_PODS,
+        },
+        "runs": runs,
+    }
+
+
+def run(opts: OffloadOptions, progress: Progress) -> dict[str, Any]:
+    """Start the bench environment, run every size, stop the environment unless `opts.keep`."""
+    env = LocalEnvironment(
+        LocalSettings(
+            opts.state_dir,
+            opts.bin_dir,
+            build_script=REPO / "deploy" / "local" / "build.sh",
+            manifests_dir=REPO / "deploy",
+        ),
+        bench_topology(opts.base_port),
+    )
+    limit = max_pods(env.topology)
+    if max(opts.sizes) > limit:
+        raise ValueError(f"--pods {max(opts.sizes)}: the bench clusters hold at most {limit} pods per burst")
+    try:
+        return asyncio.run(_run(env, opts, progress))
+    finally:
+        if opts.keep:
+            progress(
+                f"leaving the bench clusters running (state in {env.state_dir}; KUBECONFIG={env.merged_kubeconfig})"
+            )
+        else:
+            env.down(progress)

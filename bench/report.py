@@ -1,0 +1,340 @@
+"""Benchmark results: the machine they ran on, bench/results/<part>.json, and docs/benchmarks.md.
+
+Owns: `machine_info` (cores, memory, CPU model, Python, kernel, Kubernetes version from the built
+binaries, load and other local clusters running at the start), `write_result` / `load_results`
+(one small JSON file per part), `render` (the whole of docs/benchmarks.md, regenerated from every
+results file present, so a run of one part keeps the others' sections) and `text_table` (the
+summary printed after a run). Every number in the document comes from a results file; nothing here
+is hand-edited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "bench" / "results"
+DOCS = REPO / "docs" / "benchmarks.md"
+
+
+# ------------------------------------------------------------------------------------ machine
+
+
+def _kubernetes_version(bin_dir: Path) -> str:
+    try:
+        out = subprocess.run(
+            [str(bin_dir / "kube-apiserver"), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError as e:
+        return f"unknown ({e})"
+    return out.stdout.strip() or out.stderr.strip() or "unknown"
+
+
+def _meminfo_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 1024 / 1024, 1)
+    return 0.0
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _other_apiservers(own_state_dir: Path) -> int:
+    """kube-apiserver processes on this machine that do not belong to the bench environment."""
+    count = 0
+    own = str(own_state_dir.resolve()).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if args.split(b"\0", 1)[0].endswith(b"kube-apiserver") and own not in args:
+            count += 1
+    return count
+
+
+def machine_info(bin_dir: Path, state_dir: Path) -> dict[str, Any]:
+    import datetime as dt
+
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gib": _meminfo_gib(),
+        "python": platform.python_version(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "kubernetes": _kubernetes_version(bin_dir),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "other_kube_apiservers_at_start": _other_apiservers(state_dir),
+    }
+
+
+# ------------------------------------------------------------------------------------ files
+
+
+def write_result(part: str, data: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{part}.json"
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(results_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        out[str(data.get("part", path.stem))] = data
+    return out
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def _s(v: float | None, unit: str = " s") -> str:
+    return "—" if v is None else f"{v:g}{unit}"
+
+
+def _verdict(v: dict[str, Any]) -> str:
+    met = v.get("met")
+    text = "n/a" if met is None else ("**met**" if met else "**missed**")
+    return f"{text} ({v['note']})" if v.get("note") else text
+
+
+def _proc(run: dict[str, Any], name: str) -> dict[str, Any]:
+    procs: dict[str, Any] = run["virtual"].get("processes") or {}
+    p: dict[str, Any] = procs.get(name) or {}
+    return p
+
+
+def _rss_estimate(data: dict[str, Any]) -> str | None:
+    """A straight line through the measured peaks, evaluated at the target size (an estimate only)."""
+    target = data["targets"]["vk_rss_at_pods"]
+    points = [(r["pods"], _proc(r, "virtual-kubelet").get("rss_peak_mb")) for r in data["runs"]]
+    pts = sorted({(n, m) for n, m in points if m is not None})
+    if any(n >= target for n, _ in pts) or len(pts) < 2 or pts[0][0] == pts[-1][0]:
+        return None
+    (n0, m0), (n1, m1) = pts[0], pts[-1]
+    slope = (m1 - m0) / (n1 - n0)
+    est = m0 + slope * (target - n0)
+    verdict = "within" if est <= data["targets"]["vk_rss_mb_max"] else "above"
+    return (
+        f"Not measured at {target} pods in this run. A straight line through the measured peaks "
+        f"({n0} pods: {m0:g} MB, {n1} pods: {m1:g} MB; {slope * 1000:.1f} KB per pod) gives about "
+        f"**{est:.0f} MB** at {target} pods — an estimate, {verdict} the target; "
+        f"`make bench BENCH_ARGS='--pods {target}'` measures it."
+    )
+
+
+def _offload_section(data: dict[str, Any]) -> list[str]:
+    env, t, m = data["environment"], data["targets"], data["machine"]
+    lines = [
+        "## offload: pods on a virtual node vs. pods on local nodes",
+        "",
+        f"Run {m['date']}: {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB memory, Python {m['python']}, "
+        f"{m['kernel']}, {m['kubernetes']}. Load average at start {m['loadavg_at_start']}; "
+        f"{m['other_kube_apiservers_at_start']} kube-apiservers of other local environments were running on the "
+        "same machine (they compete for the same cores).",
+        "",
+        f"- consumer {env['consumer']}; provider {env['provider']}; virtual node `{env['virtual_node']}`",
+        f"- `bench-vk` offloaded with {env['offloaded_with']}; twins in `{env['twin_namespace']}`",
+        f"- pods created with {env['concurrency']} concurrent requests (admin identity), observed with one watch",
+        "",
+        "Targets: time ratio virtual/baseline ≤ "
+        f"{t['ratio_max']}; ≥ {t['vk_pods_per_s_min']:g} pods/s per virtual kubelet; virtual kubelet RSS ≤ "
+        f"{t['vk_rss_mb_max']:g} MB at {t['vk_rss_at_pods']} pods.",
+        "",
+    ]
+    for r in data["runs"]:
+        b, v, vd = r["baseline"], r["virtual"], r["verdicts"]
+        vk, ctl = _proc(r, "virtual-kubelet"), _proc(r, "controller")
+        bl, vl = b.get("latency_s") or {}, v.get("latency_s") or {}
+        lines += [
+            f"### N = {r['pods']} pods",
+            "",
+            "| | baseline: local kwok nodes | virtual node | target | verdict |",
+            "|---|---|---|---|---|",
+            f"| time to all Running | {_s(b['all_running_s'])} | {_s(v['all_running_s'])} | | |",
+            f"| ratio virtual / baseline | | {_s(vd['ratio']['value'], '')} | {vd['ratio']['target']} | "
+            f"{_verdict(vd['ratio'])} |",
+            f"| pods/s | {_s(b['pods_per_s'], '')} | {_s(v['pods_per_s'], '')} | "
+            f"{vd['vk_pods_per_s']['target']} (virtual) | {_verdict(vd['vk_pods_per_s'])} |",
+            f"| start latency p50 | {_s(bl.get('p50'))} | {_s(vl.get('p50'))} | | |",
+            f"| start latency p99 | {_s(bl.get('p99'))} | {_s(vl.get('p99'))} | | |",
+            f"| start latency max | {_s(bl.get('max'))} | {_s(vl.get('max'))} | | |",
+            f"| virtual kubelet peak RSS | | {_s(vk.get('rss_peak_mb'), ' MB')} (start "
+            f"{_s(vk.get('rss_start_mb'), ' MB')}) | {vd['vk_rss_mb']['target']} | {_verdict(vd['vk_rss_mb'])} |",
+            f"| virtual kubelet CPU | | {_s(vk.get('cpu_cores'), ' cores')} ({_s(vk.get('cpu_s'), ' s')} CPU) | | |",
+            f"| consumer controller peak RSS / CPU | | {_s(ctl.get('rss_peak_mb'), ' MB')} / "
+            f"{_s(ctl.get('cpu_cores'), ' cores')} | | |",
+            f"| client: all creates returned after | {_s(b['create_s'])} | {_s(v['create_s'])} | | |",
+            f"| pods Running / failed / create errors | {b['running']} / {b['failed']} / {b['create_errors']} | "
+            f"{v['running']} / {v['failed']} / {v['create_errors']} | | |",
+            f"| twins Running on the provider | | {v.get('twins_running')} of {v.get('twins')} | | |",
+            f"| deleting them all took | {_s(b.get('cleanup_s'))} | {_s(v.get('cleanup_s'))} | | |",
+            "",
+        ]
+        lines += ["What the run shows:", "", *[f"- {n}" for n in _analysis(r)], ""]
+        if vd["vk_rss_mb"]["met"] is None:
+            lines += [
+                f"RSS target: measured at {r['pods']} pods, not {t['vk_rss_at_pods']}: "
+                f"{_s(vk.get('rss_peak_mb'), ' MB')} peak.",
+                "",
+            ]
+        notes = _observations(r)
+        if notes:
+            lines += ["Seen during this burst:", "", *[f"- {n}" for n in notes], ""]
+    est = _rss_estimate(data)
+    if est:
+        lines += ["### Virtual kubelet memory at 1000 pods", "", est, ""]
+    lines += _offload_summary(data)
+    return lines
+
+
+def _analysis(r: dict[str, Any]) -> list[str]:
+    """Sentences derived from one size's numbers (no judgement beyond arithmetic)."""
+    b, v, n = r["baseline"], r["virtual"], r["pods"]
+    out = [
+        f"creating the {n} pods took {v['create_s']:g} s in the offloaded namespace vs {b['create_s']:g} s locally "
+        "(creates there also pass gpufed's offloading webhook, served by the consumer's controller)",
+    ]
+    if b["all_running_s"] is not None and v["all_running_s"] is not None:
+        out.append(
+            f"after the last create returned, all pods were Running {v['all_running_s'] - v['create_s']:.2f} s later "
+            f"on the virtual node vs {b['all_running_s'] - b['create_s']:.2f} s on local nodes"
+        )
+    vk = _proc(r, "virtual-kubelet")
+    if vk.get("cpu_s") is not None:
+        out.append(
+            f"the virtual kubelet used {vk['cpu_s']:g} s CPU for {n} pods ({vk['cpu_s'] / n * 1000:.1f} ms per pod, "
+            f"{vk['cpu_cores']:g} cores on average over the burst), and its RSS grew by "
+            f"{vk['rss_peak_mb'] - vk['rss_start_mb']:.1f} MB"
+        )
+    return out
+
+
+def _observations(r: dict[str, Any]) -> list[str]:
+    v = r["virtual"]
+    out = []
+    for side in ("baseline", "virtual"):
+        s = r[side]
+        if s["timed_out"]:
+            out.append(f"{side}: timed out with {s['running']} of {s['pods']} pods Running")
+        for e in s.get("first_create_errors") or []:
+            out.append(f"{side}: create error: `{e}`")
+    vk = _proc(r, "virtual-kubelet")
+    if vk.get("gone") or (v.get("vk_pid_after") not in (None, vk.get("pid"))):
+        out.append(
+            f"the virtual kubelet process changed during the burst (pid {vk.get('pid')} -> {v.get('vk_pid_after')})"
+        )
+    for log in v.get("logs") or []:
+        levels = log.get("levels") or {}
+        bad = {k: n for k, n in levels.items() if k not in ("info", "debug")}
+        if bad:
+            top = "; ".join(f"{x['count']}× `{x['event']}`" for x in log.get("top") or [])
+            out.append(f"`{log['log']}`: {log['lines']} lines, {bad}" + (f" — {top}" if top else ""))
+        elif "error" in log:
+            out.append(f"`{log['log']}` unreadable: {log['error']}")
+    return out
+
+
+def _offload_summary(data: dict[str, Any]) -> list[str]:
+    met: list[str] = []
+    missed: list[str] = []
+    for r in data["runs"]:
+        for key, label in (
+            ("ratio", "time ratio"),
+            ("vk_pods_per_s", "pods/s per virtual kubelet"),
+            ("vk_rss_mb", "virtual kubelet RSS"),
+        ):
+            v = r["verdicts"][key]
+            if v["met"] is None:
+                continue
+            (met if v["met"] else missed).append(f"{label} at N={r['pods']} ({v['value']}; target {v['target']})")
+    lines = ["### Verdict", ""]
+    lines.append("Met: " + ("; ".join(met) if met else "none") + ".")
+    lines.append("")
+    lines.append("Missed: " + ("; ".join(missed) if missed else "none") + ".")
+    lines.append("")
+    return lines
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {"offload": _offload_section}
+
+
+def render(results: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `make bench` (bench/report.py) from bench/results/*.json; do not edit by hand. -->",
+        "",
+        "`make bench` starts a dedicated local environment (state in `.cache/bench`, ports from 16000), measures, "
+        "writes `bench/results/<part>.json` and regenerates this file. Every part compares against a baseline "
+        "measured in the same run on the same machine, so the ratios mean more than the absolute numbers. "
+        "Benchmarks are never timed tests: a missed target is reported here, not failed.",
+        "",
+        "```sh",
+        "make bench                                   # offload part, N=500",
+        "make bench BENCH_ARGS='--pods 100,500'       # several sizes",
+        "make bench BENCH_ARGS='--pods 500 --keep'    # leave the bench clusters running afterwards",
+        "make bench BENCH_ARGS='--report-only'        # regenerate this file from bench/results",
+        "```",
+        "",
+        "How the offload part measures: N pods pre-bound with `spec.nodeName` (so the scheduler is not part of "
+        "either path), each requesting 10m CPU / 16Mi, created concurrently with kubernetes-asyncio. The baseline "
+        "puts them round-robin on the consumer's kwok nodes (kwok marks them Running); the virtual path puts them on "
+        "the virtual node, where they also pass gpufed's offloading webhook and the virtual kubelet creates a twin "
+        "on the provider, whose kwok marks it Running, and copies the status back. Time to all Running is from the "
+        "first create to the last pod our watch saw Running; start latency per pod is from its create returning to "
+        "the watch seeing it Running; pods/s = N / time to all Running. RSS is VmRSS sampled every 0.2 s; CPU is "
+        "utime+stime over the burst divided by its wall time. Client, API servers, etcd, kwok and gpufed all share "
+        "the machine's cores.",
+        "",
+    ]
+    for part, data in sorted(results.items()):
+        renderer = RENDERERS.get(part)
+        if renderer is not None:
+            lines += renderer(data)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_docs(results_dir: Path = RESULTS_DIR, docs: Path = DOCS) -> Path:
+    docs.write_text(render(load_results(results_dir)))
+    return docs
+
+
+def text_table(data: dict[str, Any]) -> str:
+    """A plain summary of one offload run for the terminal."""
+    head = f"{'N':>6} {'path':<9} {'all Running':>12} {'p50':>8} {'p99':>8} {'pods/s':>8} {'RSS MB':>8} {'CPU':>6}"
+    rows = [head, "-" * len(head)]
+    for r in data["runs"]:
+        for side in ("baseline", "virtual"):
+            s = r[side]
+            lat = s.get("latency_s") or {}
+            vk = _proc(r, "virtual-kubelet") if side == "virtual" else {}
+            rows.append(
+                f"{r['pods']:>6} {side:<9} {_s(s['all_running_s']):>12} {_s(lat.get('p50')):>8} "
+                f"{_s(lat.get('p99')):>8} {_s(s['pods_per_s'], ''):>8} {_s(vk.get('rss_peak_mb'), ''):>8} "
+                f"{_s(vk.get('cpu_cores'), ''):>6}"
+            )
+        vd = r["verdicts"]
+        rows.append(
+            "       "
+            + ", ".join(
+                f"{k}: {v['value']} ({v['target']}) {'n/a' if v['met'] is None else 'met' if v['met'] else 'MISSED'}"
+                for k, v in vd.items()
+            )
+        )
+    return "\n".join(rows)
