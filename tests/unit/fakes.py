@@ -293,6 +293,9 @@ class FakeApiServer:
         self._rv = itertools.count(100)
         self.rv = next(self._rv)
         self._watchers: list[_Watcher] = []
+        #: Cleared, watch streams hold their events back (a watch lagging behind the writes).
+        self.flowing = asyncio.Event()
+        self.flowing.set()
 
     # ---- state (tests use these directly; they emit watch events like the HTTP verbs)
 
@@ -441,6 +444,7 @@ class FakeApiServer:
         try:
             await resp.prepare(request)
             while (item := await w.queue.get()) is not None:
+                await self.flowing.wait()
                 await resp.write(json.dumps({"type": item[0], "object": item[1]}).encode() + b"\n")
         except ConnectionResetError:
             pass
@@ -449,6 +453,7 @@ class FakeApiServer:
         return resp
 
     def stop_watches(self) -> None:
+        self.flowing.set()
         for w in self._watchers:
             w.queue.put_nowait(None)
 

@@ -34,7 +34,7 @@ from peering.kube import events, rest
 from peering.kube.client import KubeError
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
-from vkprovider.forge.pods import is_terminal, status_differs, terminated_status
+from vkprovider.forge.pods import TERMINAL_PHASES, is_terminal, status_differs, terminated_status
 from vkprovider.node.provider import PodProvider, ProviderError, Twin
 
 #: Reason on pods the provider refused (what virtual-kubelet and its users expect).
@@ -69,6 +69,9 @@ class PodController:
         self.ready = asyncio.Event()
         self._local_synced = asyncio.Event()
         self._refusals: dict[Key, int] = {}
+        #: UIDs of pods whose terminal phase this controller wrote: final even while the watch still
+        #: shows the pod as it was before that write.
+        self._finished: set[str] = set()
         self._log = structlog.get_logger().bind(node=node)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
@@ -76,6 +79,7 @@ class PodController:
         key = (meta["namespace"], meta["name"])
         if kind == "DELETED":
             self.pods.pop(key, None)
+            self._finished.discard(meta.get("uid"))
         else:
             self.pods[key] = obj
         self.queue.add(key)
@@ -128,7 +132,7 @@ class PodController:
             return self.settings.deletion_poll_s
         if meta.get("deletionTimestamp"):
             return await self._finish_deletion(pod, twin)
-        if is_terminal(pod):
+        if is_terminal(pod) or uid in self._finished:
             return None
         if twin is None:
             return await self._create(key, pod)
@@ -170,7 +174,7 @@ class PodController:
                 await self.provider.delete_pod(namespace, name, twin.origin_uid, grace)
                 self._log.info("stopping twin", namespace=namespace, pod=name, grace_s=grace)
             return self.settings.deletion_poll_s
-        if not is_terminal(pod):
+        if not is_terminal(pod) and meta["uid"] not in self._finished:
             final = terminated_status(
                 pod,
                 twin.raw if twin is not None else None,
@@ -214,3 +218,5 @@ class PodController:
             patch,
             what=f"patch status of pod {meta['namespace']}/{meta['name']}",
         )
+        if (patch.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            self._finished.add(meta["uid"])
