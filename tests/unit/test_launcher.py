@@ -151,14 +151,16 @@ def test_orphans_only_match_our_binaries(tmp_path: Path) -> None:
     shutil.copy("/bin/sh", shell)
     (tmp_path / "state").mkdir()
     # Both mention the state dir; only the one whose executable is in bin_dir is ours.
-    ours = subprocess.Popen([str(shell), "-c", "sleep 30; true", str(tmp_path / "state")])
-    theirs = subprocess.Popen(["/bin/sh", "-c", f"sleep 30; echo {tmp_path / 'state'}"])
+    ours = subprocess.Popen([str(shell), "-c", "sleep 30; true", str(tmp_path / "state" / "kwok.yaml")])
+    theirs = subprocess.Popen(["/bin/sh", "-c", f"sleep 30; echo {tmp_path / 'state' / 'kwok.yaml'}"])
+    # A sibling environment whose directory merely starts with the same name is not ours either.
+    sibling = subprocess.Popen([str(shell), "-c", "sleep 30; true", str(tmp_path / "state-other" / "kwok.yaml")])
     try:
         found = launcher._orphans(tmp_path / "state", bin_dir)
-        assert ours.pid in found and theirs.pid not in found
+        assert ours.pid in found and theirs.pid not in found and sibling.pid not in found
         assert os.getpid() not in found
     finally:
-        for p in (ours, theirs):
+        for p in (ours, theirs, sibling):
             p.kill()
             p.wait()
 

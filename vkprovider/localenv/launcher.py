@@ -169,7 +169,8 @@ def _orphans(directory: Path, bin_dir: Path) -> list[int]:
     Only processes whose executable lives in `bin_dir`, and gpufed controllers, qualify, so a shell
     or test runner that merely mentions the directory is never touched.
     """
-    needle = str(directory).encode()
+    # With the separator: /x/.cache/e2e must not match the processes of /x/.cache/e2e-offload.
+    needle = (str(directory).rstrip("/") + "/").encode()
     bins = bin_dir.resolve()
     out = []
     for entry in Path("/proc").iterdir():
