@@ -409,13 +409,40 @@ def remote_running() -> dict[str, Any]:
     }
 
 
+def sent(patch: Any) -> Any:
+    """`patch` without the nulls that name the container states left behind (checked on their own in
+    test_container_states_name_the_states_left_behind): what the API server stores afterwards."""
+    if isinstance(patch, dict):
+        return {
+            k: ({sk: sv for sk, sv in v.items() if sv is not None} if k in ("state", "lastState") else sent(v))
+            for k, v in patch.items()
+        }
+    if isinstance(patch, list):
+        return [sent(v) for v in patch]
+    return patch
+
+
+def test_container_states_name_the_states_left_behind() -> None:
+    remote = remote_running()
+    status = local_status(remote, admitted_pod(), host_ip="h")["status"]
+    assert status["containerStatuses"][0]["state"] == {
+        "waiting": None,
+        "running": {"startedAt": "2024-05-01T10:01:00Z"},
+        "terminated": None,
+    }
+    final = terminated_status(admitted_pod(), remote, now=NOW, message="m")["status"]
+    assert final["containerStatuses"][0]["state"]["running"] is None
+    assert final["containerStatuses"][0]["state"]["waiting"] is None
+    assert final["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+
+
 def translate(ip: str) -> str:
     return {"10.244.1.7": "10.71.1.7"}.get(ip, ip)
 
 
 def test_local_status_mirrors_remote_and_translates_ips() -> None:
     remote = remote_running()
-    patch = local_status(remote, admitted_pod(), host_ip="172.18.0.5", to_local_ip=translate)
+    patch = sent(local_status(remote, admitted_pod(), host_ip="172.18.0.5", to_local_ip=translate))
     assert patch == {
         "status": {
             "phase": "Running",
@@ -492,7 +519,7 @@ def applied(patch: dict[str, Any], local: dict[str, Any]) -> dict[str, Any]:
                 by_type[condition["type"]] = condition
             status["conditions"] = list(by_type.values())
         elif isinstance(value, list):
-            status[key] = [v for v in value if "$patch" not in v]
+            status[key] = sent([v for v in value if "$patch" not in v])
         else:
             status[key] = value
     return out
@@ -543,7 +570,7 @@ NOW = "2024-05-01T12:00:00Z"
 
 
 def test_terminated_status_of_a_pending_pod_without_remote() -> None:
-    assert terminated_status(admitted_pod(), None, now=NOW, message="deleted") == {
+    assert sent(terminated_status(admitted_pod(), None, now=NOW, message="deleted")) == {
         "status": {
             "containerStatuses": [
                 {
@@ -617,7 +644,7 @@ def test_terminated_status_uses_remote_terminated_states_and_running_start_times
         {"type": "ContainersReady", "status": "False", "lastTransitionTime": "t3"},
     ]
     local_before = copy.deepcopy(local)
-    status = terminated_status(local, remote, now=NOW, message="gone")["status"]
+    status = sent(terminated_status(local, remote, now=NOW, message="gone"))["status"]
     assert local == local_before
     assert "phase" not in status
     trainer, sidecar = status["containerStatuses"]
@@ -642,7 +669,7 @@ def test_terminated_status_uses_remote_terminated_states_and_running_start_times
 def test_terminated_status_killed_running_container_keeps_start_time() -> None:
     local = admitted_pod()
     local["status"]["containerStatuses"] = copy.deepcopy(remote_running()["status"]["containerStatuses"])
-    trainer = terminated_status(local, remote_running(), now=NOW, message="m")["status"]["containerStatuses"][0]
+    trainer = sent(terminated_status(local, remote_running(), now=NOW, message="m"))["status"]["containerStatuses"][0]
     assert trainer["state"] == {
         "terminated": {
             "exitCode": 137,

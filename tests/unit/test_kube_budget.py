@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 
 from peering.kube.budget import Budget, budget_of, set_budget

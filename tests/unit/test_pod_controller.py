@@ -242,13 +242,6 @@ async def test_succeeded_pod_is_never_patched_again() -> None:
     assert env.server.calls("DELETE", f"/api/v1/namespaces/{NS}/pods/job") == []
 
 
-STATE_MERGE_BUG = (
-    "forge.local_status/terminated_status send containerStatuses[].state without nulls for the states left "
-    "behind, and a strategic merge merges that struct: the old state stays next to the new one"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=STATE_MERGE_BUG)
 async def test_container_state_is_replaced_when_the_twin_starts() -> None:
     async with started() as env:
         env.server.create("pods", pod("web"))
@@ -261,7 +254,6 @@ async def test_container_state_is_replaced_when_the_twin_starts() -> None:
     assert state == {"running": {"startedAt": "2024-01-01T00:00:01Z"}}
 
 
-@pytest.mark.xfail(strict=True, reason=STATE_MERGE_BUG)
 async def test_container_state_of_a_deleted_pod_is_only_terminated() -> None:
     async with started() as env:
         await running_twin(env, "web")

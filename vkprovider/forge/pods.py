@@ -335,7 +335,7 @@ def local_status(
         status["conditions"] = conditions
     for key in ("containerStatuses", "initContainerStatuses"):
         if key in rstatus:
-            status[key] = copy.deepcopy(rstatus[key])
+            status[key] = _exclusive_states(rstatus[key])
     if rstatus.get("startTime"):
         status["startTime"] = rstatus["startTime"]
     ips = [to_local_ip(str(item["ip"])) for item in rstatus.get("podIPs") or [] if item.get("ip")]
@@ -348,8 +348,35 @@ def local_status(
     return {"status": status}
 
 
+CONTAINER_STATES = ("waiting", "running", "terminated")
+
+
+def _exclusive_states(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Container statuses whose `state`/`lastState` name the states they are NOT in as null.
+
+    A strategic merge merges these structs key by key: without the nulls a container that went
+    from waiting to running would show both states (and a deleted one running and terminated).
+    """
+    out = []
+    for entry in entries:
+        e = copy.deepcopy(dict(entry))
+        for key in ("state", "lastState"):
+            if key in e and isinstance(e[key], Mapping):
+                e[key] = {k: e[key].get(k) for k in CONTAINER_STATES}
+        out.append(e)
+    return out
+
+
+def _strip_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
 def _without_directives(items: Iterable[Any]) -> list[Any]:
-    return [i for i in items if not (isinstance(i, Mapping) and "$patch" in i)]
+    return [_strip_nulls(i) for i in items if not (isinstance(i, Mapping) and "$patch" in i)]
 
 
 def _condition_differs(patch: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
@@ -419,7 +446,7 @@ def terminated_status(
                 terminated["finishedAt"] = now
             entry.update(state={"terminated": terminated}, ready=False, started=False)
             entries.append(entry)
-        status[status_key] = entries
+        status[status_key] = _exclusive_states(entries)
     current = {c.get("type"): c for c in lstatus.get("conditions") or []}
     conditions = []
     for kind in ("Ready", "ContainersReady"):
