@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
 import sys
+from collections.abc import Awaitable, Callable
 
 import structlog
 import typer
@@ -37,3 +41,32 @@ def configure_logging(level: str = "info", *, json_logs: bool | None = None) -> 
 def fail(message: object, code: int = 1) -> typer.Exit:
     console.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code)
+
+
+class Report:
+    """Progress of a long command on the console: a step being taken, then what it did."""
+
+    def step(self, text: str) -> None:
+        console.print(f"[cyan]•[/] {text} …")
+
+    def done(self, text: str) -> None:
+        console.print(f"  [green]✓[/] {text}")
+
+
+def serve(component: Callable[[], Awaitable[None]], errors: tuple[type[Exception], ...]) -> None:
+    """Run a long-running component until SIGTERM or SIGINT (a clean stop); `errors` end the
+    process with their message and exit code 1."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await component()
+
+    try:
+        asyncio.run(main())
+    except errors as e:
+        raise fail(e) from None

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +17,7 @@ from vkprovider.app.controller import (
     WebhookSettings,
     run,
 )
-from vkprovider.cli.common import configure_logging, fail
+from vkprovider.cli.common import configure_logging, serve
 
 
 def controller(
@@ -88,16 +85,4 @@ def controller(
         ),
     )
 
-    async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await run(settings)
-
-    try:
-        asyncio.run(main())
-    except (PreflightError, IdentityError, KubeError) as e:
-        raise fail(e) from None
+    serve(lambda: run(settings), (PreflightError, IdentityError, KubeError))

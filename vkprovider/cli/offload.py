@@ -12,7 +12,7 @@ from rich.table import Table
 from peering.kube.client import KubeError
 from peering.ops import offload as ops
 from peering.ops.offload import DEFAULT_TIMEOUT_S, OffloadError, OffloadRequest
-from vkprovider.cli.common import console, fail
+from vkprovider.cli.common import Report, console, fail
 
 Kubeconfig = Annotated[
     Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
@@ -20,14 +20,6 @@ Kubeconfig = Annotated[
 Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
 Namespace = Annotated[str, typer.Argument(help="the consumer namespace")]
-
-
-class _Report:
-    def step(self, text: str) -> None:
-        console.print(f"[cyan]•[/] {text} …")
-
-    def done(self, text: str) -> None:
-        console.print(f"  [green]✓[/] {text}")
 
 
 def _run(coro: Any) -> Any:
@@ -79,7 +71,7 @@ def offload_namespace(
         selectors=tuple(selector or ()),
         timeout_s=timeout,
     )
-    result: ops.OffloadResult = _run(ops.offload(req, _Report()))
+    result: ops.OffloadResult = _run(ops.offload(req, Report()))
     table = Table(title=f"namespace {result.namespace} (pods: {result.pod_strategy}): {result.phase}")
     for col in ("provider", "twin namespace", "phase", "message"):
         table.add_column(col)
@@ -108,7 +100,7 @@ def unoffload_namespace(
 ) -> None:
     """Make NAMESPACE local again: remove its twin namespaces on every provider and its offloading."""
     result: ops.UnoffloadResult = _run(
-        ops.unoffload(kubeconfig, context, namespace, _Report(), force=force, timeout_s=timeout)
+        ops.unoffload(kubeconfig, context, namespace, Report(), force=force, timeout_s=timeout)
     )
     if result.removed:
         console.print(f"[bold green]unoffloaded[/] {result.namespace}")

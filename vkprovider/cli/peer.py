@@ -14,7 +14,7 @@ from peering.kube.client import KubeError
 from peering.models import GPU_RESOURCE
 from peering.ops import peer as ops
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
-from vkprovider.cli.common import console, fail
+from vkprovider.cli.common import Report, console, fail
 
 Kubeconfig = Annotated[
     Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
@@ -27,14 +27,6 @@ Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole ope
 #: Steps later layers add to `peer` (network after authentication, virtual node after the grant).
 AFTER_AUTH: list[Step] = []
 AFTER_GRANT: list[Step] = []
-
-
-class _Report:
-    def step(self, text: str) -> None:
-        console.print(f"[cyan]•[/] {text} …")
-
-    def done(self, text: str) -> None:
-        console.print(f"  [green]✓[/] {text}")
 
 
 def _run(coro: Any) -> Any:
@@ -76,7 +68,7 @@ def peer(
         timeout_s=timeout,
         provider_api_server=remote_api_server,
     )
-    result = _run(ops.peer(req, _Report(), after_auth=AFTER_AUTH, after_grant=AFTER_GRANT))
+    result = _run(ops.peer(req, Report(), after_auth=AFTER_AUTH, after_grant=AFTER_GRANT))
     table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
     table.add_column("resource")
     table.add_column("requested", justify="right")
@@ -103,7 +95,7 @@ def unpeer(
         ops.unpeer(
             ClusterRef(kubeconfig, context, "consumer"),
             ClusterRef(remote_kubeconfig, remote_context, "provider"),
-            _Report(),
+            Report(),
             timeout,
         )
     )

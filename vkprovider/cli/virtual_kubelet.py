@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +15,7 @@ from vkprovider.app.virtual_kubelet import (
     VirtualKubeletSettings,
     run,
 )
-from vkprovider.cli.common import configure_logging, fail
+from vkprovider.cli.common import configure_logging, serve
 from vkprovider.node.pods import PodSettings
 
 
@@ -63,16 +60,4 @@ def virtual_kubelet(
         version=f"v{version('gpufed')}-gpufed",
     )
 
-    async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await run(settings)
-
-    try:
-        asyncio.run(main())
-    except (VirtualKubeletError, KubeError) as e:
-        raise fail(e) from None
+    serve(lambda: run(settings), (VirtualKubeletError, KubeError))
