@@ -177,7 +177,11 @@ def test_deployment_scale_and_namespace_deletion(clusters: Clusters, ids: dict[s
         local = wait_ready(clusters, namespace, replicas, "app=web")
         names = {p["metadata"]["name"] for p in local}
         assert all(p["spec"]["nodeName"] == vnode(ids, "gpu-a") for p in local)
-        eventually(f"{replicas} twins matching the local pods", lambda n=names: remote_names() == n)  # type: ignore[misc]
+
+        def matching(n: set[str] = names) -> bool:
+            return remote_names() == n
+
+        eventually(f"{replicas} twins matching the local pods", matching)
     # An Event about a twin on the provider (as its kubelet would record) shows up on the local pod.
     twin = next(t for t in twins(clusters, ids, namespace)["gpu-a"] if not t["metadata"].get("deletionTimestamp"))
     clusters.create(

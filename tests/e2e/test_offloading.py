@@ -9,6 +9,7 @@ those labels and the taint is created for the module and deleted afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
@@ -95,6 +96,10 @@ def unoffload(clusters: Clusters, namespace: str, *flags: str) -> Any:
     return gpufed(
         "unoffload-namespace", namespace, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer", *flags
     )
+
+
+def twin_gone(clusters: Clusters, provider: str, twin: str) -> bool:
+    return provider_ns(clusters, provider, twin) is None
 
 
 def nsoff(clusters: Clusters, namespace: str) -> dict[str, Any] | None:
@@ -202,7 +207,8 @@ def test_default_name_creates_twins_on_both_providers_and_is_idempotent(
 
     again = offload(clusters, local_ns)
     assert again.returncode == 0 and "nothing changed" in out(again), out(again)
-    assert nsoff(clusters, local_ns)["metadata"]["generation"] == obj["metadata"]["generation"]  # type: ignore[index]
+    current = nsoff(clusters, local_ns)
+    assert current is not None and current["metadata"]["generation"] == obj["metadata"]["generation"]
 
     # LocalAndRemote without a selector: the toleration, and no affinity (local nodes stay allowed).
     pod = pending_pod(clusters, local_ns)
@@ -331,7 +337,7 @@ def test_unoffload_refuses_while_pods_run_on_virtual_nodes_then_force_removes_ev
     assert p.returncode == 0 and "deleted pod bound" in out(p), out(p)
     assert nsoff(clusters, local_ns) is None and ns_label(clusters, local_ns) is None
     for provider in ("gpu-a", "gpu-b"):
-        eventually(f"the twin on {provider} to go", lambda pr=provider: provider_ns(clusters, pr, twin) is None)  # type: ignore[misc]
+        eventually(f"the twin on {provider} to go", functools.partial(twin_gone, clusters, provider, twin))
     p = unoffload(clusters, local_ns)
     assert p.returncode == 0 and "not offloaded" in out(p), out(p)
 
@@ -345,7 +351,7 @@ def test_deleting_the_namespace_removes_its_twins(clusters: Clusters, ids: dict[
     assert provider_ns(clusters, "gpu-b", twin) is not None
     clusters.kubectl("consumer", "delete", "namespace", name, "--wait=false")
     for provider in ("gpu-a", "gpu-b"):
-        eventually(f"the twin on {provider} to go", lambda pr=provider: provider_ns(clusters, pr, twin) is None)  # type: ignore[misc]
+        eventually(f"the twin on {provider} to go", functools.partial(twin_gone, clusters, provider, twin))
     eventually(
         "the namespace to go",
         lambda: clusters.kubectl("consumer", "get", "namespace", name, check=False).returncode != 0,

@@ -80,8 +80,12 @@ class FakeApi:
 
     async def _watch(self, request: web.Request) -> web.StreamResponse:
         steps: list[Step] = self.watches.pop(0) if self.watches else [HANG]
-        while steps and callable(steps[0]):
-            steps.pop(0)(self)  # type: ignore[operator]
+        while steps:
+            step = steps[0]
+            if isinstance(step, dict | int | str):
+                break
+            steps.pop(0)
+            step(self)  # a callable step: it changes the server between watches
         if steps and isinstance(steps[0], int):
             return web.json_response(status(steps[0]), status=steps[0])
         resp = web.StreamResponse()

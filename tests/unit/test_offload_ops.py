@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,8 +59,8 @@ def test_bad_selectors(raw: str, message: str) -> None:
         parse_selector([raw])
 
 
-def req(**kw: object) -> OffloadRequest:
-    return OffloadRequest(kubeconfig=Path("/nonexistent"), namespace="team", **kw)  # type: ignore[arg-type]
+def req(**kw: Any) -> OffloadRequest:
+    return dataclasses.replace(OffloadRequest(kubeconfig=Path("/nonexistent"), namespace="team"), **kw)
 
 
 def test_spec_from_flags() -> None:

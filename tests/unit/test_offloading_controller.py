@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from peering.controllers import offloading as off
 from peering.controllers.offloading import FINALIZER, OffloadingController, RemoteOutcome
+from peering.controllers.remotes import Remotes
 from peering.ids import OFFLOADING_LABEL, REMOTE_CLUSTER_LABEL, ClusterID
 from peering.kube import events, rest
 from peering.kube.client import KubeError
@@ -138,11 +139,12 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeAPI]:
     return clusters
 
 
-class FakeRemotes:
+class FakeRemotes(Remotes):
     def __init__(self, world: dict[str, FakeAPI]) -> None:
+        super().__init__()
         self.world = world
 
-    async def for_provider(self, api: Any, provider: str) -> FakeAPI | None:
+    async def for_provider(self, local_api: Any, provider: ClusterID) -> FakeAPI | None:
         return self.world.get(provider)
 
     async def drop(self, provider: str) -> None:
@@ -151,7 +153,7 @@ class FakeRemotes:
 
 def controller(world: dict[str, FakeAPI], offloading_spec: dict[str, Any]) -> OffloadingController:
     c = OffloadingController(world["local"], ClusterID("c"))
-    c.remotes = FakeRemotes(world)  # type: ignore[assignment]
+    c.remotes = FakeRemotes(world)
     c.virtual_nodes = dict(NODES)
     c.providers = {"a", "b"}
     world["local"].put(

@@ -46,9 +46,9 @@ def test_nodes_get_distinct_pod_cidrs_inside_the_cluster_cidr() -> None:
     spec = default_topology().cluster("gpu-b")
     nodes = spec.nodes()
     assert [n.name for n in nodes][:3] == ["gpu-b-a100-0", "gpu-b-a100-1", "gpu-b-l4-0"]
-    nets = [ipaddress.ip_network(n.pod_cidr) for n in nodes]
+    nets = [ipaddress.IPv4Network(n.pod_cidr) for n in nodes]
     assert len(set(nets)) == len(nets) == 6
-    assert all(n.subnet_of(ipaddress.ip_network(spec.pod_cidr)) for n in nets)  # type: ignore[arg-type]
+    assert all(n.subnet_of(ipaddress.IPv4Network(spec.pod_cidr)) for n in nets)
 
 
 def test_ports_do_not_collide_across_clusters() -> None:

@@ -94,17 +94,10 @@ def test_review_response() -> None:
             server.review_response(bad, None)
 
 
-class FakeCache:
-    def __init__(self, items: dict[str, Any]) -> None:
-        self.items = items
-
-    async def lookup(self, namespace: str) -> Any:
-        return self.items.get(namespace)
-
-
 async def test_http_answers() -> None:
     hook = Webhook(None, WebhookServerSettings(port=0))
-    hook.cache = FakeCache({"team": OFFLOADING})  # type: ignore[assignment]
+    # As the watch would have filled it (an offloaded "team", a known-not-offloaded "elsewhere"): no API call.
+    hook.cache.items.update({"team": OFFLOADING, "elsewhere": None})
     async with TestClient(TestServer(hook.app())) as client:
         r = await client.post("/mutate-pods", json=review())
         body = await r.json()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -598,7 +599,7 @@ class LocalEnvironment:
             await self._wait(
                 f"{comp} of {name}",
                 deadline,
-                lambda p=port: self._http_ok(f"https://127.0.0.1:{p}/healthz", probe_tls),  # type: ignore[misc]
+                functools.partial(self._http_ok, f"https://127.0.0.1:{port}/healthz", probe_tls),
                 alive(comp),
             )
         async with api_client(self.kubeconfig_path(name)) as api:
