@@ -7,7 +7,9 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import structlog
 import typer
@@ -68,5 +70,23 @@ def serve(component: Callable[[], Awaitable[None]], errors: tuple[type[Exception
 
     try:
         asyncio.run(main())
+    except errors as e:
+        raise fail(e) from None
+
+
+T = TypeVar("T")
+
+#: Flags every verb that reads a cluster shares.
+Kubeconfig = Annotated[
+    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
+]
+Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
+
+
+def run_op(coro: Coroutine[Any, Any, T], errors: tuple[type[Exception], ...]) -> T:
+    """Run one operation to its end; `errors` end the process with their message and exit code 1."""
+    try:
+        return asyncio.run(coro)
     except errors as e:
         raise fail(e) from None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,21 +10,13 @@ from rich.table import Table
 from peering.kube.client import KubeError
 from peering.ops import offload as ops
 from peering.ops.offload import DEFAULT_TIMEOUT_S, OffloadError, OffloadRequest
-from vkprovider.cli.common import Report, console, fail
+from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, console, run_op
 
-Kubeconfig = Annotated[
-    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
-]
-Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
-Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
 Namespace = Annotated[str, typer.Argument(help="the consumer namespace")]
 
 
 def _run(coro: Any) -> Any:
-    try:
-        return asyncio.run(coro)
-    except (OffloadError, KubeError) as e:
-        raise fail(e) from None
+    return run_op(coro, (OffloadError, KubeError))
 
 
 def offload_namespace(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,15 +13,10 @@ from peering.kube.client import KubeError
 from peering.models import GPU_RESOURCE
 from peering.ops import peer as ops
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
-from vkprovider.cli.common import Report, console, fail
+from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, console, fail, run_op
 
-Kubeconfig = Annotated[
-    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
-]
-Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
 RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
-Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
 
 #: Steps later layers add to `peer` (network after authentication, virtual node after the grant).
 AFTER_AUTH: list[Step] = []
@@ -30,10 +24,7 @@ AFTER_GRANT: list[Step] = []
 
 
 def _run(coro: Any) -> Any:
-    try:
-        return asyncio.run(coro)
-    except (PeerError, KubeError) as e:
-        raise fail(e) from None
+    return run_op(coro, (PeerError, KubeError))
 
 
 def peer(
