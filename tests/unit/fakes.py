@@ -60,6 +60,7 @@ class FakeProvider:
     `deleting` until the test calls `vanish` (or at once when `finish_deletes` is set)."""
 
     def __init__(self, *, host_ip: str = "192.0.2.10", state: NodeState | None = None) -> None:
+        self.state_reads = 0
         self.ready = asyncio.Event()
         self.host_ip = host_ip
         self.state = state or node_state()
@@ -190,6 +191,7 @@ class FakeProvider:
     # ---- NodeProvider
 
     async def node_state(self) -> NodeState:
+        self.state_reads += 1  # one per round of the node controller
         return self.state
 
 

@@ -93,9 +93,12 @@ async def test_status_change_is_patched_at_once_keeping_others_conditions(cluste
         await until(lambda: conditions(server)["Ready"]["status"] == "False", timeout=0.5)
         # Nothing changes any more: no further patch in the next rounds (the heartbeat is not due).
         settled = len(server.calls("PATCH", f"/api/v1/nodes/{NODE}/status"))
-        reads = len(server.calls("GET", f"/api/v1/nodes/{NODE}"))
-        await until(lambda: len(server.calls("GET", f"/api/v1/nodes/{NODE}")) >= reads + 5)
+        rounds = provider.state_reads
+        gets = len(server.calls("GET", f"/api/v1/nodes/{NODE}"))
+        await until(lambda: provider.state_reads >= rounds + 5)
         assert len(server.calls("PATCH", f"/api/v1/nodes/{NODE}/status")) == settled
+        # The Node comes from the watch on its name: rounds read nothing from the API server.
+        assert len(server.calls("GET", f"/api/v1/nodes/{NODE}")) == gets
     assert settled == patches + 1
     conds = conditions(server)
     assert conds["GPUHealthy"] == foreign

@@ -110,6 +110,9 @@ class NodeController:
         self.ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._node_uid: str | None = None
+        #: The Node as the watch last delivered it, once it has listed (None: there is none).
+        self._seen: dict[str, Any] | None = None
+        self._node_listed = False
         self._sent: tuple[Any, ...] | None = None
         self._sent_at = 0.0
         self._log = structlog.get_logger().bind(node=settings.name)
@@ -183,15 +186,20 @@ class NodeController:
                     self._on_node,
                     what=f"node {self.settings.name}",
                     params={"fieldSelector": f"metadata.name={self.settings.name}"},
+                    on_synced=self._listed,
                 )
             )
 
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
+        self._seen = None if kind == "DELETED" else obj
         if kind == "DELETED":
             self._log.warning("node deleted by someone else; registering it again")
             self._node_uid = None
             self._sent = None
             self._wake.set()
+
+    def _listed(self) -> None:
+        self._node_listed = True
 
     async def _status_loop(self) -> None:
         while True:
@@ -206,7 +214,8 @@ class NodeController:
     async def sync(self) -> None:
         """Register the Node if needed, then patch its status when it changed or a heartbeat is due."""
         state = await self.provider.node_state()
-        node = await rest.get(self.api, self._path)
+        # The watch on our name keeps the Node at hand; read it only until that watch has listed.
+        node = self._seen if self._node_listed else await rest.get(self.api, self._path)
         if node is None:
             node = await self._register(state)
         self._node_uid = node["metadata"]["uid"]
@@ -245,6 +254,7 @@ class NodeController:
                 raise
             node = found
         self._sent = None
+        self._seen = node
         return node
 
     async def _merge_meta(self, node: Mapping[str, Any], state: NodeState) -> None:

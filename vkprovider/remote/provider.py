@@ -13,8 +13,8 @@ Owns, for one (consumer, provider, virtual node):
 - the node's state: capacity and GPU labels from this provider's granted ResourceSlices (consumer
   side, namespace gpufed), Ready when the provider's API answers and something is granted.
 
-Does not: decide when to create or delete (vkprovider.node does), or keep credentials fresh (a
-new Secret means a new process; the supervisor restarts it).
+Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials:
+the provider client is built once per process (certificate rotation is issue 11's).
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ class RemoteProvider:
         #: (twin namespace, kind, name) -> resourceVersion of the local object last copied there.
         self._copied: dict[tuple[str, str, str], str] = {}
         self._notify: Notify = lambda _ns, _name: None
+        #: local namespace -> pods refused because it had no Ready twin namespace yet.
+        self._waiting: dict[str, set[str]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider, node=settings.node)
 
@@ -121,9 +123,7 @@ class RemoteProvider:
                     )
                 )
                 self._tg = tg
-                await twins_synced.wait()
-                for ns in list(self.twin_ns.values()):
-                    self._start_watches(ns)
+                await twins_synced.wait()  # each Ready twin namespace has started its watches by now
                 await asyncio.gather(*(e.wait() for e in self._synced.values()))
                 self.ready.set()
                 self._log.info("provider view synced", twin_namespaces=len(self.twin_ns), twins=len(self._twins))
@@ -155,10 +155,9 @@ class RemoteProvider:
         self.local_ns[twin] = local
         if self._tg is not None:
             self._start_watches(twin)
-        # Pods that waited for this namespace go again now.
-        for (ns, name), _ in list(self._twins.items()):
-            if ns == local:
-                self._notify(ns, name)
+        # Pods refused because this namespace had no twin yet go again now, not after their backoff.
+        for name in sorted(self._waiting.pop(local, set())):
+            self._notify(local, name)
 
     def _start_watches(self, twin_ns: str) -> None:
         if twin_ns in self._watches or self._tg is None:
@@ -266,9 +265,10 @@ class RemoteProvider:
 
     # ---- pods
 
-    def _target(self, namespace: str) -> forge.Target:
+    def _target(self, namespace: str, name: str) -> forge.Target:
         twin_ns = self.twin_ns.get(namespace)
         if twin_ns is None:
+            self._waiting.setdefault(namespace, set()).add(name)
             raise ProviderError(
                 f"namespace {namespace} is not offloaded to provider {self.settings.provider} "
                 f"(run `gpufed offload-namespace {namespace}`, or wait for its twin namespace)",
@@ -278,7 +278,7 @@ class RemoteProvider:
 
     async def create_pod(self, pod: Mapping[str, Any]) -> None:
         namespace, name = _key(pod)
-        target = self._target(namespace)
+        target = self._target(namespace, name)
         for ref in forge.references(pod):
             await self._copy_reference(namespace, ref, target)
         body = forge.remote_pod(pod, target)
