@@ -82,6 +82,8 @@ demo: clusters-up
 	$(BIN)/kubectl --context consumer create -f deploy/examples/gpu-job.yaml; \
 	$(BIN)/kubectl --context consumer wait --for=condition=Complete job/train -n team-a --timeout=120s; \
 	$(BIN)/kubectl --context consumer get pods -n team-a -o wide; \
+	echo; echo "=== kubectl logs job/train: served by the virtual node's kubelet API, read from the provider"; \
+	$(BIN)/kubectl --context consumer logs -n team-a job/train --timestamps; \
 	echo; echo "=== the same pods, as twins on the providers"; \
 	for ctx in gpu-a gpu-b; do $(BIN)/kubectl --context $$ctx get pods -A -l gpufed.io/origin-cluster-id -o wide; done; \
 	echo; echo "Clusters keep running: export KUBECONFIG=$$KUBECONFIG; 'make clusters-down' stops them."

@@ -14,7 +14,8 @@ Does not: retry, cache or watch (see `watch` and `queue`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -227,6 +228,47 @@ async def delete(
     return True
 
 
+@asynccontextmanager
+async def stream(
+    api: Any,
+    url_path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    what: str = "",
+    read_timeout: float | None = None,
+) -> AsyncIterator[aiohttp.StreamReader]:
+    """A GET whose body is read as it arrives (logs, follow): the body stream, or KubeError.
+
+    No overall deadline: connecting has `REQUEST_TIMEOUT_S`, reading `read_timeout` between chunks
+    (None: wait as long as the server keeps the stream open).
+    """
+    what = what or f"GET {url_path}"
+    budget = budget_of(api)
+    if budget is not None:
+        await budget.acquire()
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=REQUEST_TIMEOUT_S, sock_connect=REQUEST_TIMEOUT_S, sock_read=read_timeout
+    )
+    try:
+        resp = await api.call_api(
+            url_path,
+            "GET",
+            query_params=list((params or {}).items()),
+            header_params={"Accept": "*/*"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise KubeError(f"{what}: cannot reach the API server ({type(e).__name__}: {e})") from e
+    except ApiException as e:
+        raise KubeError(f"{what}: {e.reason}", status=int(e.status or 0)) from e
+    async with resp:
+        if not 200 <= resp.status < 300:
+            raise error_from(resp.status, await resp.text(), what)
+        yield resp.content
+
+
 __all__ = [
     "FIELD_MANAGER",
     "PAGE_SIZE",
@@ -242,4 +284,5 @@ __all__ = [
     "path",
     "request",
     "strategic_patch",
+    "stream",
 ]

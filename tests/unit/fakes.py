@@ -8,7 +8,8 @@
   just what NodeController and PodController use: create/get/put/delete, JSON merge and strategic
   merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`), the
   status subresource, pod deletion with grace period and UID precondition, list+watch with
-  fieldSelector, and a resourceVersion bumped on every write. Every request is recorded.
+  fieldSelector, and a resourceVersion bumped on every write; review kinds (TokenReview,
+  SubjectAccessReview) answered by functions the test sets in `reviewers`. Every request is recorded.
 
 Not a conformant API server: no validation, admission, defaulting, pagination or garbage collection.
 """
@@ -298,6 +299,9 @@ class FakeApiServer:
         #: Cleared, watch streams hold their events back (a watch lagging behind the writes).
         self.flowing = asyncio.Event()
         self.flowing.set()
+        #: Virtual resources answered by a function instead of stored (e.g. "tokenreviews":
+        #: request body -> the review with its status).
+        self.reviewers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
     # ---- state (tests use these directly; they emit watch events like the HTTP verbs)
 
@@ -373,6 +377,8 @@ class FakeApiServer:
         name = parts[1] if len(parts) > 1 else ""
         sub = parts[2] if len(parts) > 2 else ""
         if not name:
+            if request.method == "POST" and resource in self.reviewers:
+                return web.json_response(self.reviewers[resource](body), status=201)
             if request.method == "POST":
                 meta = body.setdefault("metadata", {})
                 if namespace:

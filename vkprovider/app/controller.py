@@ -3,7 +3,8 @@
 Owns: wiring — one API client, the preflight checks (CRDs and the consumer ClusterRoles installed),
 the cluster identity (created at first start), and, side by side under one TaskGroup until
 cancelled: the provider and consumer peering roles, the namespace offloading controller, the
-offloading webhook (when a port is set; ready only once it serves) and the virtual kubelets'
+offloading webhook (when a port is set; ready only once it serves), the approver of the virtual
+nodes' kubelet-serving certificates (`vkprovider.node.csrapprove`) and the virtual kubelets'
 supervisor. Roles communicate only through the API server.
 
 Does not: install CRDs or RBAC (the installer does: `gpufed local up`, later the Helm chart).
@@ -27,6 +28,7 @@ from peering.kube import rest
 from peering.kube.client import KubeError, api_client
 from peering.models import GROUP, KINDS
 from vkprovider.app.supervisor import Supervisor, SupervisorSettings
+from vkprovider.node.csrapprove import ServingCSRApprover
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
 
@@ -34,6 +36,9 @@ class PreflightError(Exception):
     """The cluster lacks something the controller needs; the message says what to install."""
 
 
+#: The virtual kubelets' identities: the local environment's certificate user and the in-cluster
+#: ServiceAccount (deploy/rbac/virtual-kubelet.yaml binds both).
+VIRTUAL_KUBELET_USERS = ("gpufed:virtual-kubelet", "system:serviceaccount:gpufed:gpufed-virtual-kubelet")
 #: Default port range for the kubelet APIs of the virtual kubelets the controller starts.
 DEFAULT_KUBELET_PORTS = (10250, 10259)
 
@@ -60,6 +65,8 @@ class VirtualKubeletsSettings:
     node_address: str = "127.0.0.1"
     #: Directory for their log files (`virtual-kubelet-<node>.log`); None: inherit stderr.
     log_dir: Path | None = None
+    #: Users whose kubelet-serving CSRs for gpufed virtual nodes the controller approves.
+    users: tuple[str, ...] = VIRTUAL_KUBELET_USERS
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,7 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
             tg.create_task(provider.run())
             tg.create_task(consumer.run())
             tg.create_task(offloading.run())
+            tg.create_task(ServingCSRApprover(api, settings.virtual_kubelets.users).run())
             if webhook is not None:
                 tg.create_task(webhook.run())
             vks = settings.virtual_kubelets

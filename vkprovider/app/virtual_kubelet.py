@@ -3,7 +3,8 @@
 Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
 the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
 clear log line), the provider client (same budget), and `RemoteProvider` + `NodeController` +
-`PodController` under one TaskGroup. The Node is owned by the provider's ForeignCluster: when
+`PodController` + the kubelet API (`KubeletAPI` over `RemoteStreaming`, its certificate from
+`ServingCertManager`) under one TaskGroup. The Node is owned by the provider's ForeignCluster: when
 that is deleted (unpeer) this process removes its Node and exits; an ordinary stop (SIGTERM,
 crash, kill -9) leaves the Node and its pods in place for the next start to adopt.
 
@@ -28,9 +29,12 @@ from peering.kube.budget import set_budget
 from peering.kube.client import KubeError, api_client, client_from_dict
 from peering.kube.watch import watch
 from peering.models import API_VERSION
+from vkprovider.node.kubeletapi import DEFAULT_STREAM_IDLE_S, KubeletAPI, KubeletAPISettings
 from vkprovider.node.node import NodeController, NodeSettings
 from vkprovider.node.pods import PodController, PodSettings
+from vkprovider.node.servingcert import ServingCertManager, ServingCertSettings, ServingTLS
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
+from vkprovider.remote.streaming import RemoteStreaming
 
 #: Client budget towards each API server: a kubelet runs with 50 QPS / burst 100; one virtual
 #: kubelet stands for a whole provider, so it gets more (it is still bounded).
@@ -56,6 +60,12 @@ class VirtualKubeletSettings:
     #: Address and kubelet port the node publishes.
     node_address: str = "127.0.0.1"
     kubelet_port: int = 10250
+    #: Address the kubelet API listens on (default: the node address).
+    listen_address: str | None = None
+    #: Where the kubelet API's serving certificate comes from (CSR by default).
+    serving_cert: ServingCertSettings = field(default_factory=ServingCertSettings)
+    #: Seconds a port-forward connection may stay without streams.
+    stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_S
     #: Request budget per API server (queries per second, burst).
     qps: float = DEFAULT_QPS
     burst: int = DEFAULT_BURST
@@ -116,6 +126,20 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 ),
             )
             pods = PodController(api, provider, settings.node_name, settings.pods)
+            tls = ServingTLS()
+            certs = ServingCertManager(api, settings.node_name, settings.node_address, tls, settings.serving_cert)
+            kubelet = KubeletAPI(
+                api,
+                KubeletAPISettings(
+                    node=settings.node_name,
+                    host=settings.listen_address or settings.node_address,
+                    port=settings.kubelet_port,
+                    stream_idle_timeout_s=settings.stream_idle_timeout_s,
+                ),
+                pods,
+                RemoteStreaming(remote_api, settings.provider, provider.twin_ref),
+                tls,
+            )
             unpeered = asyncio.Event()
             fc_uid = fc["metadata"]["uid"]
 
@@ -129,6 +153,8 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 tasks = [
                     tg.create_task(node.run()),
                     tg.create_task(pods.run()),
+                    tg.create_task(certs.run()),
+                    tg.create_task(kubelet.run()),
                     tg.create_task(
                         watch(
                             api,

@@ -17,6 +17,7 @@ from vkprovider.app.virtual_kubelet import (
 )
 from vkprovider.cli.common import configure_logging, serve
 from vkprovider.node.pods import PodSettings
+from vkprovider.node.servingcert import ServingCertSettings
 
 
 def virtual_kubelet(
@@ -36,6 +37,24 @@ def virtual_kubelet(
     kubelet_port: Annotated[
         int, typer.Option("--kubelet-port", envvar="GPUFED_KUBELET_PORT", help="port of its kubelet API")
     ] = 10250,
+    tls_cert_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert-file",
+            envvar="GPUFED_TLS_CERT_FILE",
+            help="serving certificate of the kubelet API (re-read when it changes); default: a CSR"
+            " with signer kubernetes.io/kubelet-serving, approved by gpufed controller",
+        ),
+    ] = None,
+    tls_key_file: Annotated[
+        Path | None, typer.Option("--tls-private-key-file", envvar="GPUFED_TLS_PRIVATE_KEY_FILE")
+    ] = None,
+    serving_cert_lifetime: Annotated[
+        int,
+        typer.Option(
+            "--serving-cert-lifetime", envvar="GPUFED_SERVING_CERT_LIFETIME", help="seconds (CSR certificates; >= 600)"
+        ),
+    ] = 7 * 24 * 3600,
     qps: Annotated[float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")] = DEFAULT_QPS,
     burst: Annotated[int, typer.Option("--burst", envvar="GPUFED_BURST", help="request burst")] = DEFAULT_BURST,
     workers: Annotated[int, typer.Option("--workers", envvar="GPUFED_WORKERS", help="concurrent pod reconciles")] = 32,
@@ -45,6 +64,16 @@ def virtual_kubelet(
     configure_logging(log_level)
     if qps <= 0 or burst < 1 or workers < 1:
         raise typer.BadParameter("--qps must be > 0, --burst and --workers >= 1")
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise typer.BadParameter("--tls-cert-file and --tls-private-key-file go together")
+    if serving_cert_lifetime < 600:
+        raise typer.BadParameter("--serving-cert-lifetime must be >= 600 seconds (the CSR API's minimum)")
+    serving = ServingCertSettings(
+        source="files" if tls_cert_file is not None else "csr",
+        cert_file=tls_cert_file,
+        key_file=tls_key_file,
+        lifetime_s=serving_cert_lifetime,
+    )
     from importlib.metadata import version
 
     settings = VirtualKubeletSettings(
@@ -54,6 +83,7 @@ def virtual_kubelet(
         context=context,
         node_address=node_address,
         kubelet_port=kubelet_port,
+        serving_cert=serving,
         qps=qps,
         burst=burst,
         pods=PodSettings(workers=workers),

@@ -84,6 +84,18 @@ class PodController:
             self.pods[key] = obj
         self.queue.add(key)
 
+    # ---- what the kubelet API serves (kubeletapi.PodSource)
+
+    def bound_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The local pod bound to this node, as last seen (None: unknown or bound elsewhere)."""
+        pod = self.pods.get((namespace, name))
+        if pod is None or (pod.get("spec") or {}).get("nodeName") != self.node:
+            return None
+        return pod
+
+    def bound_pods(self) -> list[Mapping[str, Any]]:
+        return [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == self.node]
+
     def _notify(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
 

@@ -19,6 +19,13 @@ every implementation (fakes included):
   patch of its status subresource (`{"status": {...}}`), in local terms (IPs translated).
 - `NodeProvider.node_state()` is what the virtual node advertises now; it raises nothing: an
   unhealthy provider is a NodeState with ready False and the reason.
+- `StreamingProvider` serves the kubelet API (`vkprovider.node.kubeletapi`) for pods bound to the
+  node, always given the LOCAL pod (the API checked it is bound to this node): `container_logs`
+  is an async iterator of raw log bytes (errors before the first chunk: `ProviderError` with
+  reason `NotFound` or `InvalidInput`); `exec_in_container` / `attach_to_container` run until the
+  remote process ends and return its `ExecResult`, pumping the `ExecIO` streams meanwhile;
+  `port_forward` joins one client connection (`Duplex`) to `port` of the pod until either side
+  closes; `pod_usage` reports CPU/memory of the given pods (missing pods are left out).
 
 Does not: talk to the consumer's API server (the controllers do), or decide when to retry.
 """
@@ -26,7 +33,7 @@ Does not: talk to the consumer's API server (the controllers do), or decide when
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -91,3 +98,103 @@ class PodProvider(Protocol):
 
 class NodeProvider(Protocol):
     async def node_state(self) -> NodeState: ...
+
+
+# ---- the kubelet API's needs (StreamingProvider)
+
+#: `ProviderError.reason` values the kubelet API maps to HTTP statuses.
+NOT_FOUND = "NotFound"
+INVALID_INPUT = "InvalidInput"
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """`kubectl logs` options as the kubelet receives them (already validated)."""
+
+    follow: bool = False
+    previous: bool = False
+    timestamps: bool = False
+    tail_lines: int | None = None
+    limit_bytes: int | None = None
+    since_seconds: int | None = None
+    #: RFC 3339 time; exclusive with since_seconds.
+    since_time: str | None = None
+    #: All, Stdout or Stderr (newer API servers send it); None = All.
+    stream: str | None = None
+
+
+class ByteSource(Protocol):
+    async def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (any amount when -1); b"" at the end."""
+        ...
+
+
+class ByteSink(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Duplex(ByteSource, ByteSink, Protocol):
+    """Both directions of one connection (a port-forward data stream)."""
+
+
+@dataclass(frozen=True)
+class TermSize:
+    width: int
+    height: int
+
+
+@dataclass
+class ExecIO:
+    """The caller's side of an exec/attach: streams it asked for, None for the others."""
+
+    stdin: ByteSource | None
+    stdout: ByteSink | None
+    stderr: ByteSink | None
+    tty: bool
+    #: Terminal sizes as the user resizes (tty only); None ends the sequence.
+    resize: asyncio.Queue[TermSize | None] | None = None
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a remote command ended: exit code 0 = success; `message` for failures without a code."""
+
+    exit_code: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerUsage:
+    name: str
+    #: Cumulative CPU time in core-seconds since the container started.
+    cpu_seconds: float
+    #: Current CPU use in cores (rate over the provider's window).
+    cpu_cores: float
+    memory_working_set_bytes: int
+    start_time: float
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    namespace: str
+    name: str
+    uid: str
+    #: Unix time the sample was taken.
+    timestamp: float
+    containers: tuple[ContainerUsage, ...]
+
+
+class StreamingProvider(Protocol):
+    def container_logs(self, pod: Mapping[str, Any], container: str, opts: LogOptions) -> AsyncIterator[bytes]: ...
+
+    async def exec_in_container(
+        self, pod: Mapping[str, Any], container: str, command: Sequence[str], io: ExecIO
+    ) -> ExecResult: ...
+
+    async def attach_to_container(self, pod: Mapping[str, Any], container: str, io: ExecIO) -> ExecResult: ...
+
+    async def port_forward(self, pod: Mapping[str, Any], port: int, stream: Duplex) -> None: ...
+
+    async def pod_usage(self, pods: Sequence[Mapping[str, Any]]) -> list[PodUsage]: ...

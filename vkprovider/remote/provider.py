@@ -43,7 +43,7 @@ from peering.kube.watch import watch
 from peering.models import API_VERSION
 from peering.quantity import format_quantity, parse
 from vkprovider.forge import pods as forge
-from vkprovider.node.provider import NodeState, Notify, ProviderError, Twin
+from vkprovider.node.provider import NOT_FOUND, NodeState, Notify, ProviderError, Twin
 from vkprovider.remote.translate import Identity, IPTranslator
 
 COMPONENT = "gpufed-virtual-kubelet"
@@ -262,6 +262,18 @@ class RemoteProvider:
     def twin(self, namespace: str, name: str) -> Twin | None:
         pod = self._twins.get((namespace, name))
         return None if pod is None else self._twin_of((namespace, name), pod)
+
+    def twin_ref(self, pod: Mapping[str, Any]) -> tuple[str, str]:
+        """(namespace, name) of the twin of this local pod at the provider, or ProviderError NotFound."""
+        meta = pod["metadata"]
+        twin = self._twins.get((meta["namespace"], meta["name"]))
+        if twin is None or (twin["metadata"].get("labels") or {}).get(ORIGIN_UID_LABEL) != meta.get("uid"):
+            raise ProviderError(
+                f"pod {meta['namespace']}/{meta['name']} has no twin on provider {self.settings.provider} (yet)",
+                reason=NOT_FOUND,
+                retry=False,
+            )
+        return str(twin["metadata"]["namespace"]), str(twin["metadata"]["name"])
 
     # ---- pods
 
