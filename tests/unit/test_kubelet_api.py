@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import ipaddress
+import json
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -446,7 +447,6 @@ async def test_follow_streams_before_the_log_ends(env: Env) -> None:
 
 
 async def test_pods_and_metrics(env: Env) -> None:
-    import json
 
     status, body = await env.get("/pods", "admin-token")
     assert status == 200
@@ -607,3 +607,28 @@ async def test_port_forward_over_spdy(env: Env) -> None:
     session, _ = await _session(env, "/portForward/team-a/train-0", [], [streams.PORT_FORWARD_PROTOCOL], "admin-token")
     with pytest.raises(ProviderError, match="nothing listens on port 1"):
         await asyncio.wait_for(streams.client_port_forward(session, 1, Conn([b"x"])), 10)
+
+
+def test_exit_codes_from_status() -> None:
+    ok = json.dumps({"metadata": {}, "status": "Success"}).encode()
+    assert streams.result_from_status(ok, 5) == ExecResult(0)
+    assert streams.result_from_status(b"", 4) == ExecResult(0)
+    nonzero = {
+        "status": "Failure",
+        "reason": "NonZeroExitCode",
+        "message": "command terminated with non-zero exit code: exit status 2",
+        "details": {"causes": [{"reason": "ExitCode", "message": "2"}]},
+    }
+    assert streams.result_from_status(json.dumps(nonzero).encode(), 5).exit_code == 2
+    # a runtime that only reports the code in its error text (kwok)
+    wrapped = {
+        "status": "Failure",
+        "reason": "InternalError",
+        "message": "error executing command: cmd wait: exit status 3",
+    }
+    assert streams.result_from_status(json.dumps(wrapped).encode(), 5).exit_code == 3
+    other = {"status": "Failure", "reason": "InternalError", "message": "container not running"}
+    result = streams.result_from_status(json.dumps(other).encode(), 5)
+    assert result.exit_code == -1 and result.message == "container not running"
+    # v1-v3 servers write plain text
+    assert streams.result_from_status(b"boom", 3) == ExecResult(-1, "boom")

@@ -525,12 +525,15 @@ class Stream:
         return self.headers
 
     async def read(self, n: int = -1) -> bytes:
-        """Up to `n` bytes (all buffered if n < 0); b"" once the peer half-closed or the session ended."""
+        """Up to `n` bytes (all buffered if n < 0); b"" once the peer half-closed or the session ended;
+        StreamReset once the stream was reset (after what the peer sent before resetting it)."""
         while True:
+            # Data that arrived before a reset is delivered first: Kubernetes' stream servers end
+            # streams with RST_STREAM right after their last DATA (spdystream's Reset on close).
+            if self._buf and (self._reset is None or self._reset[1]):
+                break
             if self._reset is not None:
                 raise self._reset_error()
-            if self._buf:
-                break
             if self._remote_closed:
                 return b""
             if self._s._ended:
@@ -593,7 +596,8 @@ class Stream:
 
     def _mark_reset(self, status: int, *, by_peer: bool) -> None:
         self._reset = (status, by_peer)
-        self._buf.clear()
+        if not by_peer:  # what the peer sent before its reset stays readable (see read())
+            self._buf.clear()
         self._s._forget(self, fin=False)
         self._wake.notify()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ STREAM_CREATION_TIMEOUT_S = 30.0
 #: Seconds to wait for the other end's reply to a stream we open.
 STREAM_REPLY_TIMEOUT_S = 30.0
 CHUNK = 32 * 1024
+#: Seconds to wait for the user's first terminal size before starting a tty command without it.
+FIRST_SIZE_WAIT_S = 1.0
 
 _log = structlog.get_logger()
 
@@ -52,6 +55,9 @@ def negotiate(offered: str, supported: tuple[str, ...]) -> str | None:
         if p in supported:
             return p
     return None
+
+
+_EXIT_STATUS = re.compile(r"exit status (\d{1,3})$")
 
 
 def _version(protocol: str) -> int:
@@ -118,11 +124,17 @@ def result_from_status(data: bytes, version: int) -> ExecResult:
         return ExecResult(-1, text)
     if not isinstance(status, dict) or status.get("status") == "Success":
         return ExecResult(0)
+    message = str(status.get("message") or text)
     if status.get("reason") == "NonZeroExitCode":
         for cause in (status.get("details") or {}).get("causes") or []:
             if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
-                return ExecResult(int(cause["message"]), str(status.get("message") or ""))
-    return ExecResult(-1, str(status.get("message") or text))
+                return ExecResult(int(cause["message"]), message)
+    # Some runtimes (kwok among them) wrap the process's exit error before the kubelet's stream
+    # server sees it, so the code only survives as Go's text "...: exit status N": recovered here
+    # so that the user's kubectl still exits with the command's code.
+    if status.get("reason") == "InternalError" and (m := _EXIT_STATUS.search(message)):
+        return ExecResult(int(m.group(1)), message)
+    return ExecResult(-1, message)
 
 
 async def _read_all(stream: Stream, limit: int = 64 * 1024) -> bytes:
@@ -310,17 +322,23 @@ async def client_remote_command(session: Session, protocol: str, io: ExecIO) -> 
     tasks: list[asyncio.Task[None]] = []
     try:
         opened: dict[str, Stream] = {}
+        # resize before the data streams, with the terminal's first size written at once: the
+        # server starts the command when the last stream arrives, and `stty size` or a TUI
+        # should see the user's terminal, not 0x0.
         kinds = ["error"]
+        if io.tty and version >= 3:
+            kinds.append("resize")
         if io.stdin is not None:
             kinds.append("stdin")
         if io.stdout is not None:
             kinds.append("stdout")
         if io.stderr is not None and not io.tty:
             kinds.append("stderr")
-        if io.tty and version >= 3:
-            kinds.append("resize")
+        resize_open = False
         for kind in kinds:
             opened[kind] = await session.open_stream({"streamtype": kind}, reply_timeout=STREAM_REPLY_TIMEOUT_S)
+            if kind == "resize" and io.resize is not None:
+                resize_open = await _first_size(io.resize, opened[kind])
         # The client never writes on the error stream.
         await StreamIO(opened["error"]).close()
         outputs: list[asyncio.Task[None]] = []
@@ -330,7 +348,7 @@ async def client_remote_command(session: Session, protocol: str, io: ExecIO) -> 
             outputs.append(asyncio.create_task(pump(StreamIO(opened["stdout"]), io.stdout, close=False)))
         if "stderr" in opened and io.stderr is not None:
             outputs.append(asyncio.create_task(pump(StreamIO(opened["stderr"]), io.stderr, close=False)))
-        if "resize" in opened and io.resize is not None:
+        if resize_open and io.resize is not None:
             tasks.append(asyncio.create_task(_resize_writer(io.resize, opened["resize"])))
         status = await _read_all(opened["error"])
         # The outcome comes last on the server's side; the output streams end with it.
@@ -346,6 +364,19 @@ async def client_remote_command(session: Session, protocol: str, io: ExecIO) -> 
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError, SpdyError, OSError):
             await runner
+
+
+async def _first_size(queue: asyncio.Queue[TermSize | None], stream: Stream) -> bool:
+    """Forward the first terminal size (waiting briefly for it); False when the sizes already ended."""
+    try:
+        size = await asyncio.wait_for(queue.get(), FIRST_SIZE_WAIT_S)
+    except TimeoutError:
+        return True
+    if size is None:
+        await StreamIO(stream).close()
+        return False
+    await stream.write(json.dumps({"Width": size.width, "Height": size.height}).encode())
+    return True
 
 
 async def _resize_writer(queue: asyncio.Queue[TermSize | None], stream: Stream) -> None:
