@@ -502,6 +502,20 @@ async def test_reset_both_ways() -> None:
         assert await client.ping(WAIT) >= 0  # the session carries on
 
 
+async def test_data_sent_before_the_peers_reset_is_still_read() -> None:
+    # Kubernetes' stream servers end with RST_STREAM right after their last DATA frame.
+    async with session_pair() as (client, server):
+        s = await client.open_stream({"n": "out"})
+        s_in = await server.accept()
+        await s_in.reply()
+        await s_in.write(b"last words")
+        s_in.reset()
+        await until(lambda: s.reset_status is not None, "the reset to arrive")
+        assert await s.read() == b"last words"
+        with pytest.raises(StreamReset, match="by the peer"):
+            await s.read()
+
+
 async def test_many_concurrent_streams() -> None:
     async with session_pair() as (client, server):
 
