@@ -1,9 +1,11 @@
 // Module gpufed.io/localk8s builds the local cluster environment's binaries from ONE pinned
 // Kubernetes release: a multi-call binary (kube-apiserver, kube-controller-manager,
 // kube-scheduler, kubectl, an embedded etcd and kwok) plus wireguard-go as a tool.
+// metrics-server is built from its own module, ./metrics-server (see there why).
+// The go line is the least Go version the whole build needs (metrics-server's module needs 1.26.4).
 module gpufed.io/localk8s
 
-go 1.26.0
+go 1.26.4
 
 godebug default=go1.26
 

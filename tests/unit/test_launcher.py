@@ -181,3 +181,23 @@ def test_changed_topology_of_a_stopped_environment_discards_old_state(tmp_path: 
         asyncio.run(env.up(msgs.append))
     assert not old.exists()
     assert any("discarding" in m for m in msgs)
+
+
+def test_metrics_server_is_a_supervised_component_of_every_cluster(tmp_path: Path) -> None:
+    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
+    assert "metrics-server" in launcher.COMPONENTS and "metrics-server" in launcher.BINARIES
+    cmd = env._command(env.topology.cluster("gpu-a"), "metrics-server")
+    assert cmd[0] == str(tmp_path / "bin" / "metrics-server")
+    pki = env.pki("gpu-a")
+    for flag in (
+        "--secure-port=20027",
+        f"--kubeconfig={env.kubeconfig_path('gpu-a', 'metrics-server')}",
+        f"--kubelet-certificate-authority={pki.ca_cert}",
+        f"--tls-cert-file={pki.cert('metrics-server-serving')}",
+    ):
+        assert flag in cmd, flag
+    # `gpufed local status` lists it with its port (nothing runs here, so it is down).
+    statuses = asyncio.run(env.status())
+    ms = {s.name: [c for c in s.components if c.name == "metrics-server"] for s in statuses}
+    assert [(c.port, c.running) for c in ms["gpu-a"]] == [(20027, False)]
+    assert all(len(v) == 1 for v in ms.values())

@@ -39,7 +39,7 @@ def test_every_leaf_chains_to_its_ca(pki_dir: Path) -> None:
     p = ensure_pki(pki_dir, cluster="c1", service_cidr="10.96.0.0/16")
     ca = _cert(p.ca_cert)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    for stem in ["apiserver", "kwok-serving", *(c.file_stem for c in CLIENTS)]:
+    for stem in ["apiserver", "kwok-serving", "metrics-server-serving", *(c.file_stem for c in CLIENTS)]:
         assert _signed_by(_cert(p.cert(stem)), ca), stem
     assert _signed_by(_cert(p.cert("front-proxy-client")), _cert(p.front_proxy_ca_cert))
     assert not _signed_by(_cert(p.cert("front-proxy-client")), ca)
@@ -58,6 +58,33 @@ def test_apiserver_serving_cert_sans(pki_dir: Path) -> None:
     assert "kubernetes.default.svc.cluster.local" in san.get_values_for_type(x509.DNSName)
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in eku and ExtendedKeyUsageOID.CLIENT_AUTH not in eku
+
+
+@pytest.mark.parametrize(
+    ("stem", "dns"),
+    [
+        # kwok's kubelet API: apiserver (exec/logs) and metrics-server dial the nodes' InternalIP 127.0.0.1.
+        ("kwok-serving", {"localhost"}),
+        # metrics-server: dialled at 127.0.0.1 and verified by the aggregator as <service>.<namespace>.svc.
+        ("metrics-server-serving", {"localhost", "metrics-server.kube-system.svc"}),
+    ],
+)
+def test_serving_certs_match_how_they_are_reached(pki_dir: Path, stem: str, dns: set[str]) -> None:
+    p = ensure_pki(pki_dir, cluster="c1", service_cidr="10.96.0.0/16")
+    cert = _cert(p.cert(stem))
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.IPAddress)) == {ipaddress.ip_address("127.0.0.1")}
+    assert set(san.get_values_for_type(x509.DNSName)) == dns
+    assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH
+    ]
+
+
+def test_metrics_server_is_not_a_cluster_admin(pki_dir: Path) -> None:
+    p = ensure_pki(pki_dir, cluster="c1", service_cidr="10.96.0.0/16")
+    cert = _cert(p.cert("metrics-server"))
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:metrics-server"
+    assert not cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME), "RBAC grants it what it needs"
 
 
 @pytest.mark.parametrize("ident", CLIENTS, ids=lambda c: c.file_stem)

@@ -12,6 +12,7 @@ from vkprovider.localenv.topology import (
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
     GPU_MEMORY_LABEL,
+    PORTS_PER_CLUSTER,
     Topology,
     default_topology,
     load_topology,
@@ -60,6 +61,19 @@ def test_ports_do_not_collide_across_clusters() -> None:
         seen |= set(ports)
     assert topo.ports("consumer").apiserver == 20000
     assert topo.ports("gpu-a").apiserver == 20020
+
+
+def test_each_cluster_keeps_its_ports_inside_its_block() -> None:
+    topo = default_topology(base_port=20000)
+    for c in topo.clusters:
+        ports = topo.ports(c.name)
+        first_kubelet, last_kubelet = ports.kubelet_ports
+        fixed = list(ports.all().values())
+        assert len(set(fixed)) == len(fixed), "no two components share a port"
+        assert all(ports.base <= p < first_kubelet for p in fixed), "below the virtual kubelets' range"
+        assert last_kubelet == ports.base + PORTS_PER_CLUSTER - 1
+    assert topo.ports("gpu-a").metrics_server == 20027
+    assert topo.ports("gpu-a").all()["metrics-server"] == 20027
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
 """Starting, checking and stopping N real Kubernetes control planes on loopback.
 
 Owns: the processes of every local cluster (embedded etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok), their state directory, their PKI and kubeconfigs,
-the fake kwok nodes, and the waits until everything is healthy. `up` is idempotent: components
+kube-controller-manager, kube-scheduler, kwok, metrics-server), their state directory, their PKI
+and kubeconfigs, the fake kwok nodes, the resource metrics API (metrics-server's RBAC, Service and
+APIService, see `metricsserver`), and the waits until everything is healthy — including
+`metrics.k8s.io` being Available, because an unavailable aggregated API stalls namespace deletion
+and garbage collection in the controller-manager. `up` is idempotent: components
 that are already running (same pid, same process start time) are kept; missing ones are started;
 the topology of a running environment cannot change underneath it. `down` stops every process it
 started, by process group, even when the state file was lost (it also finds processes whose
@@ -45,7 +48,7 @@ import aiohttp
 from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
 from peering.kube import manifests, rest
 from peering.kube.client import KubeError, api_client, client, translating
-from vkprovider.localenv import kubeconfig, kwokcfg
+from vkprovider.localenv import kubeconfig, kwokcfg, metricsserver
 from vkprovider.localenv.pki import ClusterPKI, ensure_pki
 from vkprovider.localenv.topology import ClusterPorts, ClusterSpec, Topology
 
@@ -56,12 +59,20 @@ STOP_GRACE_S = 10.0
 #: Lines of a component log shown when it fails.
 LOG_TAIL_LINES = 30
 #: The components, in start order.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
 #: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
 CONTROLLER = "gpufed-controller"
 #: Identity of the virtual kubelets the controller starts (one process per virtual node).
 VIRTUAL_KUBELET = "gpufed-virtual-kubelet"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "metrics-server",
+)
 
 Progress = Callable[[str], None]
 
@@ -340,7 +351,15 @@ class LocalEnvironment:
         exec_dir.mkdir(parents=True, exist_ok=True)
         exec_dir.chmod(0o1777)  # kwok exec runs as nobody, who cannot enter the 0700 state directory
         pki = ensure_pki(d / "pki", cluster=spec.name, service_cidr=spec.service_cidr)
-        for identity in ("admin", "controller-manager", "scheduler", "kwok", CONTROLLER, VIRTUAL_KUBELET):
+        for identity in (
+            "admin",
+            "controller-manager",
+            "scheduler",
+            "kwok",
+            metricsserver.IDENTITY,
+            CONTROLLER,
+            VIRTUAL_KUBELET,
+        ):
             kubeconfig.write(
                 self.kubeconfig_path(spec.name, identity),
                 kubeconfig.build(spec.name, self.server(spec.name), pki, identity),
@@ -350,8 +369,12 @@ class LocalEnvironment:
             # kwok serves the file as a container log, so it is written in the CRI log format.
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
             logs_file.write_text(
-                f"{stamp} stdout F gpufed local cluster {spec.name}: this line is served by kwok's kubelet API\n"
+                "".join(
+                    f"{stamp} stdout F gpufed local cluster {spec.name}: line {i}/3 served by kwok's kubelet API\n"
+                    for i in (1, 2, 3)
+                )
             )
+        kwokcfg.attach_file(logs_file).touch()
         (d / "kwok.yaml").write_text(
             kwokcfg.render(self.topology.job_seconds, logs_file, exec_dir, run_as_nobody=os.geteuid() == 0)
         )
@@ -393,6 +416,7 @@ class LocalEnvironment:
             "kube-controller-manager": ports.controller_manager,
             "kube-scheduler": ports.scheduler,
             "kwok": ports.kwok,
+            "metrics-server": ports.metrics_server,
         }
 
     def _command(self, spec: ClusterSpec, component: str) -> list[str]:
@@ -501,8 +525,20 @@ class LocalEnvironment:
                 f"--tls-private-key-file={pki.key('kwok-serving')}",
                 f"--cidr={spec.pod_cidr}",
                 "--node-lease-duration-seconds=40",
-                "--v=WARN",
+                # At WARN, kwok logs five lines per resource-metrics scrape of every node without pods.
+                "--v=ERROR",
             ]
+        if component == "metrics-server":
+            return metricsserver.args(
+                self.binary("metrics-server"),
+                port=ports.metrics_server,
+                kubeconfig=self.kubeconfig_path(spec.name, metricsserver.IDENTITY),
+                ca_cert=pki.ca_cert,
+                client_cert=pki.cert(metricsserver.IDENTITY),
+                client_key=pki.key(metricsserver.IDENTITY),
+                serving_cert=pki.cert(metricsserver.SERVING_STEM),
+                serving_key=pki.key(metricsserver.SERVING_STEM),
+            )
         raise ValueError(component)
 
     def _start(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> bool:
@@ -534,7 +570,12 @@ class LocalEnvironment:
             raise LocalEnvError(f"{component} of cluster {spec.name} exited; last lines of {log}:\n{_tail(log)}")
 
     async def _wait(
-        self, what: str, deadline: float, check: Callable[[], Awaitable[bool]], alive: Callable[[], None]
+        self,
+        what: str,
+        deadline: float,
+        check: Callable[[], Awaitable[bool]],
+        alive: Callable[[], None],
+        interval: float = 0.5,
     ) -> None:
         last = ""
         while True:
@@ -546,12 +587,12 @@ class LocalEnvironment:
                 last = str(e)
             if time.monotonic() > deadline:
                 raise LocalEnvError(f"timed out waiting for {what}" + (f" (last error: {last})" if last else ""))
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(interval)
 
     def _ssl(self, name: str, *, verify: bool = True) -> ssl.SSLContext:
-        """TLS for health probes: the apiserver is verified and gets the admin client cert;
-        kcm and the scheduler serve a self-signed loopback cert, so they get no credentials at all
-        (their /healthz is open to anonymous callers)."""
+        """TLS for health probes: the apiserver and metrics-server are verified against the cluster
+        CA and get the admin client cert; kcm and the scheduler serve a self-signed loopback cert,
+        so they get no credentials at all (their /healthz is open to anonymous callers)."""
         pki = self.pki(name)
         if not verify:
             ctx = ssl.create_default_context()
@@ -591,25 +632,35 @@ class LocalEnvironment:
             lambda: self._http_ok(f"{self.server(name)}/readyz", api_tls),
             alive("kube-apiserver"),
         )
-        started += [c for c in ("kube-controller-manager", "kube-scheduler", "kwok") if self._start(spec, c, state)]
-        if started:
-            progress(f"{name}: kube-apiserver ready; started {', '.join(started)}")
-        probe_tls = self._ssl(name, verify=False)
-        for comp, port in (("kube-controller-manager", ports.controller_manager), ("kube-scheduler", ports.scheduler)):
-            await self._wait(
-                f"{comp} of {name}",
-                deadline,
-                functools.partial(self._http_ok, f"https://127.0.0.1:{port}/healthz", probe_tls),
-                alive(comp),
-            )
         async with api_client(self.kubeconfig_path(name)) as api:
+            # metrics-server reads the authentication ConfigMap as it starts: its RBAC comes first.
+            await self._apply(api, [*metricsserver.rbac(), metricsserver.service(ports.metrics_server)])
+            started += [
+                c
+                for c in ("kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
+                if self._start(spec, c, state)
+            ]
+            if started:
+                progress(f"{name}: kube-apiserver ready; started {', '.join(started)}")
+            probe_tls = self._ssl(name, verify=False)
+            for comp, port in (
+                ("kube-controller-manager", ports.controller_manager),
+                ("kube-scheduler", ports.scheduler),
+            ):
+                await self._wait(
+                    f"{comp} of {name}",
+                    deadline,
+                    functools.partial(self._http_ok, f"https://127.0.0.1:{port}/healthz", probe_tls),
+                    alive(comp),
+                )
             v1 = client.CoreV1Api(api)
-            await self._ensure_nodes(spec, v1)
+            await self._ensure_nodes(spec, api)
             await self._wait(
                 f"nodes of {name} to be Ready", deadline, lambda: self._nodes_ready(spec, v1), alive("kwok")
             )
+            await self._serve_metrics_api(spec, api, state, deadline)
         progress(
-            f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs)"
+            f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs), metrics.k8s.io Available"
             + ("" if started else "; was already running")
         )
         if self.settings.manifests_dir is not None:
@@ -646,11 +697,62 @@ class LocalEnvironment:
             )
         progress(f"{spec.name}: gpufed installed; controller {'started' if started else 'already running'}")
 
-    async def _ensure_nodes(self, spec: ClusterSpec, v1: Any) -> None:
+    @staticmethod
+    async def _apply(api: Any, docs: list[dict[str, Any]]) -> None:
+        """Server-side apply of the objects the launcher itself installs (RBAC, Service, APIService)."""
+        extra = {"Service": ("services", True), "APIService": ("apiservices", False)}
+        for obj in docs:
+            plural, namespaced = extra.get(obj["kind"]) or manifests.KINDS[obj["kind"]]
+            meta = obj["metadata"]
+            url = rest.path(
+                obj["apiVersion"], plural, meta["name"], namespace=meta.get("namespace") if namespaced else None
+            )
+            await rest.apply(api, url, obj, what=f"apply {obj['kind']} {meta['name']}")
+
+    async def _serve_metrics_api(self, spec: ClusterSpec, api: Any, state: dict[str, Any], deadline: float) -> None:
+        """Register `metrics.k8s.io` once metrics-server serves, then wait until the aggregator calls it Available.
+
+        Registering only after metrics-server answers spares the aggregator's failure backoff (up to 30 s).
+        """
+        port = self.topology.ports(spec.name).metrics_server
+        tls = self._ssl(spec.name)  # verifies metrics-server's certificate for 127.0.0.1 against the cluster CA
+        await self._wait(
+            f"metrics-server of {spec.name}",
+            deadline,
+            lambda: self._http_ok(f"https://{metricsserver.HOST}:{port}/livez", tls),
+            lambda: self._check_alive(spec, "metrics-server", state),
+            interval=0.1,
+        )
+        await self._apply(api, [metricsserver.apiservice(port, self.pki(spec.name).ca_cert.read_bytes())])
+        url = rest.path("apiregistration.k8s.io/v1", "apiservices", metricsserver.APISERVICE)
+
+        async def available() -> bool:
+            return metricsserver.available(await rest.get(api, url))
+
+        await self._wait(
+            f"APIService {metricsserver.APISERVICE} of {spec.name} to be Available",
+            deadline,
+            available,
+            lambda: self._check_alive(spec, "metrics-server", state),
+            interval=0.1,  # the aggregator decides within milliseconds of seeing the APIService
+        )
+
+    async def _ensure_nodes(self, spec: ClusterSpec, api: Any) -> None:
+        v1 = client.CoreV1Api(api)
         async with translating(f"list nodes of {spec.name}"):
-            existing = {n.metadata.name for n in (await v1.list_node()).items}
+            existing = {n.metadata.name: n for n in (await v1.list_node()).items}
         for node in spec.nodes():
+            metrics_path = kwokcfg.node_metrics_path(node.name)
             if node.name in existing:
+                # Nodes of an environment started before metrics-server was part of it lack the path.
+                annotations = existing[node.name].metadata.annotations or {}
+                if annotations.get(kwokcfg.RESOURCE_METRICS_PATH_ANNOTATION) != metrics_path:
+                    await rest.merge_patch(
+                        api,
+                        rest.path("v1", "nodes", node.name),
+                        {"metadata": {"annotations": {kwokcfg.RESOURCE_METRICS_PATH_ANNOTATION: metrics_path}}},
+                        what=f"annotate node {node.name}",
+                    )
                 continue
             labels = {
                 "kubernetes.io/hostname": node.name,
@@ -666,7 +768,11 @@ class LocalEnvironment:
                 "metadata": {
                     "name": node.name,
                     "labels": labels,
-                    "annotations": {kwokcfg.KWOK_NODE_ANNOTATION: "fake"},
+                    "annotations": {
+                        kwokcfg.KWOK_NODE_ANNOTATION: "fake",
+                        # One kwok serves every node on one port; metrics-server asks for this node's path.
+                        kwokcfg.RESOURCE_METRICS_PATH_ANNOTATION: metrics_path,
+                    },
                 },
                 "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
                 # Nodes may carry status on create; kwok keeps capacity/allocatable from here.
@@ -746,14 +852,15 @@ class LocalEnvironment:
     def down(self, progress: Progress = lambda _m: None) -> int:
         """Stop every process of the environment and remove its state; returns how many were stopped.
 
-        Clients go first (kwok, scheduler, controller-manager), then the apiservers, then etcd, so
-        nobody spends its shutdown grace waiting on a dependency that is already gone. Processes
-        found without a state file are stopped last.
+        Clients go first (kwok, metrics-server, scheduler, controller-manager, gpufed), then the
+        apiservers, then etcd, so nobody spends its shutdown grace waiting on a dependency that is
+        already gone. Processes found without a state file are stopped last.
         """
         state = self._load_state() if self._state_file.exists() else {}
         tiers: list[set[int]] = [set(), set(), set(), set()]
         tier_of = {
             CONTROLLER: 0,
+            "metrics-server": 0,
             "kwok": 0,
             "kube-scheduler": 0,
             "kube-controller-manager": 0,

@@ -3,8 +3,10 @@
 Owns: creating (once) and loading the key material a local control plane needs — the cluster CA
 (whose key the controller-manager uses to sign `kubernetes.io/kube-apiserver-client` CSRs), the
 apiserver serving certificate, the service-account signing key pair, the front-proxy CA and client,
-the apiserver's kubelet-client certificate, the kwok kubelet-API serving certificate, and one
-client certificate per control-plane identity (admin, controller-manager, scheduler, kwok).
+the apiserver's kubelet-client certificate, the kwok kubelet-API serving certificate, metrics-server's
+serving certificate (for the aggregated `metrics.k8s.io` API), and one client certificate per
+identity (admin, controller-manager, scheduler, kwok, metrics-server, gpufed's controller and
+virtual kubelets).
 
 Invariants: existing material is reused as long as it is present and valid for at least
 `MIN_REMAINING`; it is never regenerated silently while a cluster using it may be running (the
@@ -27,6 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from vkprovider.localenv import metricsserver
 
 #: Lifetime of the CAs (days).
 CA_DAYS = 3650
@@ -60,6 +64,8 @@ CLIENTS: tuple[ClientIdentity, ...] = (
     ClientIdentity("gpufed-controller", "gpufed:controller"),
     # gpufed's virtual kubelets: only what deploy/rbac/virtual-kubelet.yaml grants gpufed:virtual-kubelet.
     ClientIdentity("gpufed-virtual-kubelet", "gpufed:virtual-kubelet"),
+    # metrics-server, towards the apiserver and every kubelet: only what `metricsserver.manifests` grants.
+    ClientIdentity(metricsserver.IDENTITY, metricsserver.USER),
 )
 
 
@@ -287,6 +293,12 @@ def ensure_pki(directory: Path, *, cluster: str, service_cidr: str, extra_ips: t
             ca,
             ca_existed,
             _LeafSpec("kwok-kubelet", server=True, dns_names=("localhost",), ips=localhost),
+        ),
+        (
+            "metrics-server-serving",
+            ca,
+            ca_existed,
+            _LeafSpec("metrics-server", server=True, dns_names=("localhost", metricsserver.SERVICE_DNS), ips=localhost),
         ),
         ("front-proxy-client", fp, fp_existed, _LeafSpec("front-proxy-client", client=True)),
     ]

@@ -178,7 +178,12 @@ class Topology(BaseModel):
 
 @dataclass(frozen=True)
 class ClusterPorts:
-    """Loopback ports of one cluster's components, laid out from `base`."""
+    """Loopback ports of one cluster's components, laid out from `base`.
+
+    +0 apiserver, +1/+2 etcd client/peer, +3 controller-manager, +4 scheduler, +5 kwok's kubelet
+    API (every fake node), +6 gpufed's webhook, +7 metrics-server, +8/+9 free, +10 to +19 the
+    virtual kubelets' kubelet APIs.
+    """
 
     base: int
 
@@ -212,6 +217,11 @@ class ClusterPorts:
         return self.base + 6
 
     @property
+    def metrics_server(self) -> int:
+        """metrics-server's HTTPS port: the aggregated `metrics.k8s.io` API the apiserver proxies to."""
+        return self.base + 7
+
+    @property
     def kubelet_ports(self) -> tuple[int, int]:
         """First and last port for virtual kubelets' kubelet APIs (one per virtual node)."""
         return (self.base + 10, self.base + PORTS_PER_CLUSTER - 1)
@@ -225,6 +235,7 @@ class ClusterPorts:
             "kube-scheduler": self.scheduler,
             "kwok (kubelet API)": self.kwok,
             "gpufed webhook": self.webhook,
+            "metrics-server": self.metrics_server,
         }
 
 
