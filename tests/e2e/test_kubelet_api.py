@@ -315,29 +315,54 @@ def test_kubectl_port_forward_carries_http(clusters: Clusters, offloaded: str) -
 
 
 def test_metrics_resource_and_stats_summary_carry_usage(clusters: Clusters, offloaded: str, vnode: str) -> None:
+    # Scraped directly, as metrics-server does, with a token allowed nodes/metrics and nodes/stats
+    # (the API server's node proxy refuses loopback node addresses: "address not allowed").
+    token = _token(clusters, offloaded, "scraper")
+    role = f"kapi-scraper-{offloaded}"
+    clusters.kubectl("consumer", "create", "clusterrole", role, "--verb=get", "--resource=nodes/metrics,nodes/stats")
+    port = kubelet_port(clusters, vnode)
+    last = [""]
+
     def usage() -> dict[str, float] | None:
-        p = clusters.kubectl("consumer", "get", "--raw", f"/api/v1/nodes/{vnode}/proxy/metrics/resource", check=False)
-        if p.returncode:
+        status, body = direct(clusters, port, "/metrics/resource", token=token)
+        last[0] = f"{status} {body[-1500:]}"
+        if status != 200:
             return None
         found: dict[str, float] = {}
-        for fam in text_string_to_metric_families(p.stdout):
+        for fam in text_string_to_metric_families(body):
             for s in fam.samples:
                 if s.labels.get("pod") == "worker" and s.labels.get("namespace") == offloaded:
                     found[s.name] = s.value
-        ok = (
-            found.get("container_cpu_usage_seconds_total", 0) > 0
-            and found.get("container_memory_working_set_bytes", 0) > 0
-        )
-        return found if ok else None
+        cpu = found.get("container_cpu_usage_seconds_total", 0)
+        return found if cpu > 0 and found.get("container_memory_working_set_bytes", 0) > 0 else None
 
-    found = eventually("non-zero usage of worker in /metrics/resource", usage, timeout=90)
-    assert found["container_start_time_seconds"] > 0
-    summary = json.loads(
-        clusters.kubectl("consumer", "get", "--raw", f"/api/v1/nodes/{vnode}/proxy/stats/summary").stdout
-    )
-    assert summary["node"]["nodeName"] == vnode
-    pod = next(p for p in summary["pods"] if p["podRef"]["name"] == "worker" and p["podRef"]["namespace"] == offloaded)
-    assert pod["cpu"]["usageNanoCores"] > 0 and pod["memory"]["workingSetBytes"] > 0
+    try:
+        clusters.kubectl(
+            "consumer",
+            "create",
+            "clusterrolebinding",
+            role,
+            f"--clusterrole={role}",
+            f"--serviceaccount={offloaded}:scraper",
+        )
+        try:
+            found = eventually("non-zero usage of worker in /metrics/resource", usage, timeout=120)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last answer:\n{last[0]}") from None
+        assert found["container_start_time_seconds"] > 0
+        status, body = direct(clusters, port, "/stats/summary", token=token)
+        assert status == 200, body
+        summary = json.loads(body)
+        assert summary["node"]["nodeName"] == vnode
+        pod = next(
+            p for p in summary["pods"] if p["podRef"]["name"] == "worker" and p["podRef"]["namespace"] == offloaded
+        )
+        assert pod["cpu"]["usageNanoCores"] > 0 and pod["memory"]["workingSetBytes"] > 0
+        # metrics access opens no logs
+        assert direct(clusters, port, f"/containerLogs/{offloaded}/worker/main", token=token)[0] == 403
+    finally:
+        clusters.kubectl("consumer", "delete", "clusterrolebinding", role, "--ignore-not-found", check=False)
+        clusters.kubectl("consumer", "delete", "clusterrole", role, "--ignore-not-found", check=False)
 
 
 def test_kubectl_top_pod_on_the_consumer(clusters: Clusters, offloaded: str) -> None:
