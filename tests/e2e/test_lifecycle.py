@@ -72,7 +72,7 @@ def test_component_failure_then_clean_down_then_up(clusters: Clusters, tmp_path:
     statuses = asyncio.run(env.status())
     assert statuses[0].healthy and statuses[0].nodes_ready == 1 and statuses[0].gpus == 2
     pids = [c.pid for c in statuses[0].components]
-    assert all(pids) and len(set(pids)) == 5
+    assert all(pids) and len(set(pids)) == 6  # etcd, apiserver, kcm, scheduler, kwok, metrics-server
 
     # A crashed component is restarted by the next `up`; the others are left alone.
     by_name = {c.name: c.pid for c in statuses[0].components}

@@ -264,7 +264,7 @@ async def test_up_is_idempotent_and_keeps_running_processes(clusters: Clusters) 
 
 
 def test_kwok_serves_port_forward_as_an_echo(clusters: Clusters, namespace: str) -> None:
-    clusters.run_pod("consumer", namespace, "web", container={"ports": [{"containerPort": 8080}]})
+    clusters.run_pod("consumer", namespace, "web", container={"ports": [{"containerPort": 9090}]})
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         local_port = probe.getsockname()[1]
@@ -277,7 +277,7 @@ def test_kwok_serves_port_forward_as_an_echo(clusters: Clusters, namespace: str)
             "-n",
             namespace,
             "pod/web",
-            f"{local_port}:8080",
+            f"{local_port}:9090",
             "--address=127.0.0.1",
         ],
         stdout=subprocess.PIPE,
