@@ -90,7 +90,7 @@ def test_component_failure_then_clean_down_then_up(clusters: Clusters, tmp_path:
     assert {k: v for k, v in again.items() if k != "kwok"} == {k: v for k, v in by_name.items() if k != "kwok"}
     pids = list(again.values())
     stopped = env.down()
-    assert stopped == 5
+    assert stopped == 6
     assert _ours(state_dir, bin_dir) == []
     for pid in pids:
         assert pid is not None and launcher._proc_start_time(pid) is None, pid
