@@ -170,6 +170,7 @@ class Clusters:
                 "kube-controller-manager",
                 "kube-scheduler",
                 "kwok",
+                "metrics-server",
                 "etcd",
                 "gpufed-controller",
                 *sorted(f.stem for f in (self.env.cluster_dir(c.name) / "logs").glob("virtual-kubelet-*.log")),
