@@ -124,14 +124,12 @@ async def open_upgraded(
                 head = await reader.readuntil(b"\r\n\r\n")
                 status, resp_headers = _parse_head(head[:-4])
                 if status != 101:
-                    length = int(resp_headers.get("content-length") or 0)
-                    body = b""
-                    if 0 < length <= MAX_ERROR_BODY:
-                        body = await reader.readexactly(length)
-                    elif length == 0 and "chunked" not in resp_headers.get("transfer-encoding", ""):
-                        body = b""
-                    else:
-                        body = await reader.read(MAX_ERROR_BODY)
+                    # The API server's refusals carry a Status with a Content-Length; anything else is
+                    # read up to a bound (the message is for the user, not parsed further).
+                    length = int(resp_headers.get("content-length") or -1)
+                    body = await (
+                        reader.readexactly(length) if 0 <= length <= MAX_ERROR_BODY else reader.read(MAX_ERROR_BODY)
+                    )
                     raise error_from(status, body.decode("utf-8", "replace"), what)
             except BaseException:
                 writer.close()

@@ -79,11 +79,21 @@ class Clusters:
     def topology(self) -> Topology:
         return self.env.topology
 
+    def kubectl_argv(self, context: str, *args: str) -> list[str]:
+        """The command line of `kubectl --context=<context> <args>` on these clusters (for Popen)."""
+        return [str(self.env.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", f"--context={context}", *args]
+
     def kubectl(
         self, context: str, *args: str, check: bool = True, timeout: float = 60, input_text: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.env.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", f"--context={context}", *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input_text, check=False)
+        proc = subprocess.run(
+            self.kubectl_argv(context, *args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input_text,
+            check=False,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc

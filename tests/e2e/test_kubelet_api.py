@@ -137,16 +137,14 @@ def test_kubectl_logs_follow_streams_until_the_pod_ends(clusters: Clusters, offl
         },
     )
     clusters.kubectl("consumer", "wait", "-n", offloaded, "--for=condition=Ready", "pod/short", "--timeout=60s")
-    cmd = [
-        str(clusters.env.binary("kubectl")),
-        f"--kubeconfig={clusters.kubeconfig}",
-        "--context=consumer",
+    cmd = clusters.kubectl_argv(
+        "consumer",
         "logs",
         "-f",
         "-n",
         offloaded,
         "short",
-    ]
+    )
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -226,10 +224,8 @@ def _under_pty(cmd: list[str], rows: int, cols: int, timeout: float = 30) -> tup
 
 
 def test_kubectl_exec_with_a_terminal_gets_its_size(clusters: Clusters, offloaded: str) -> None:
-    cmd = [
-        str(clusters.env.binary("kubectl")),
-        f"--kubeconfig={clusters.kubeconfig}",
-        "--context=consumer",
+    cmd = clusters.kubectl_argv(
+        "consumer",
         "exec",
         "-it",
         "-n",
@@ -239,7 +235,7 @@ def test_kubectl_exec_with_a_terminal_gets_its_size(clusters: Clusters, offloade
         "sh",
         "-c",
         "stty size; sleep 1",
-    ]
+    )
     rc, output = _under_pty(cmd, 33, 97)
     assert rc == 0, output
     # The remote command saw the user's terminal size: it travelled as a resize message. (kwok's
@@ -249,17 +245,15 @@ def test_kubectl_exec_with_a_terminal_gets_its_size(clusters: Clusters, offloade
 
 def test_kubectl_attach(clusters: Clusters, offloaded: str) -> None:
     attach_log = clusters.env.cluster_dir("gpu-a") / "attach.log"
-    cmd = [
-        str(clusters.env.binary("kubectl")),
-        f"--kubeconfig={clusters.kubeconfig}",
-        "--context=consumer",
+    cmd = clusters.kubectl_argv(
+        "consumer",
         "attach",
         "-n",
         offloaded,
         "worker",
         "-c",
         "main",
-    ]
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     marker = f"attached-{secrets.token_hex(4)}"
     seen = b""
@@ -286,16 +280,14 @@ def test_kubectl_attach(clusters: Clusters, offloaded: str) -> None:
 
 
 def test_kubectl_port_forward_carries_http(clusters: Clusters, offloaded: str) -> None:
-    cmd = [
-        str(clusters.env.binary("kubectl")),
-        f"--kubeconfig={clusters.kubeconfig}",
-        "--context=consumer",
+    cmd = clusters.kubectl_argv(
+        "consumer",
         "port-forward",
         "-n",
         offloaded,
         "pod/worker",
         ":8080",
-    ]
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

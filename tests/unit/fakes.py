@@ -318,6 +318,8 @@ class FakeApiServer:
         meta = new.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
+        if "name" not in meta and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + meta["uid"][:5]
         self.objects[(resource, meta.get("namespace") or "", meta["name"])] = new
         self._emit(resource, "ADDED", new)
         return new

@@ -8,6 +8,7 @@ real API server talks to it in tests/e2e/test_kubelet_api.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import ipaddress
@@ -19,14 +20,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from prometheus_client.parser import text_string_to_metric_families
 
 from peering.kube.upgrade import open_upgraded
-from tests.unit.fakes import serve
+from tests.unit.fakes import serve, until
+from vkprovider.localenv.pki import issue_leaf, make_ca
 from vkprovider.node import kubeletapi, kubeletauth, streams
 from vkprovider.node.kubeletapi import KubeletAPI, KubeletAPISettings, log_options, metrics_text, stats_summary
 from vkprovider.node.provider import (
@@ -39,63 +42,18 @@ from vkprovider.node.provider import (
     PodUsage,
     ProviderError,
 )
-from vkprovider.node.servingcert import ServingTLS, new_key_and_csr, serving_csr_problems
+from vkprovider.node.servingcert import (
+    ServingCertManager,
+    ServingCertSettings,
+    ServingTLS,
+    new_key_and_csr,
+    renew_time,
+    serving_csr_problems,
+)
 from vkprovider.node.spdy import Session
 
 NODE = "gpufed-test"
 LOCALHOST = ipaddress.ip_address("127.0.0.1")
-
-
-def _make_ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
-
-
-def issue_leaf(
-    ca: x509.Certificate,
-    ca_key: ec.EllipticCurvePrivateKey,
-    *,
-    cn: str,
-    groups: tuple[str, ...] = (),
-    server: bool = False,
-    client: bool = False,
-    ips: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = (),
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
-    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
-    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
-        [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
-    )
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-    )
-    if ips:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip) for ip in ips]), critical=False)
-    return builder.sign(ca_key, hashes.SHA256()), key
 
 
 def _pem(cert: x509.Certificate) -> bytes:
@@ -375,8 +333,8 @@ def _free_port() -> int:
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    server_ca, server_ca_key = _make_ca("kubelet-test-ca")
-    client_ca, client_ca_key = _make_ca("client-test-ca")
+    server_ca, server_ca_key = make_ca("kubelet-test-ca")
+    client_ca, client_ca_key = make_ca("client-test-ca")
     cert, key = issue_leaf(server_ca, server_ca_key, cn=f"system:node:{NODE}", server=True, ips=(LOCALHOST,))
     ccert, ckey = issue_leaf(client_ca, client_ca_key, cn="cert-user", groups=("testers",), client=True)
     (tmp_path / "ca.crt").write_bytes(_pem(server_ca))
@@ -632,3 +590,75 @@ def test_exit_codes_from_status() -> None:
     assert result.exit_code == -1 and result.message == "container not running"
     # v1-v3 servers write plain text
     assert streams.result_from_status(b"boom", 3) == ExecResult(-1, "boom")
+
+
+async def test_serving_certificate_from_a_csr_then_rotated_in_place(tmp_path: Path) -> None:
+    """One CSR round against the fake API server (the test plays approver and signer), then a new
+    certificate installed while the server runs: new handshakes see it, without a restart."""
+    ca, ca_key = make_ca("cluster-ca")
+    tls = ServingTLS()
+    async with serve() as (server, api):
+        manager = ServingCertManager(api, NODE, "127.0.0.1", tls, ServingCertSettings(issue_timeout_s=10))
+        issuing = asyncio.create_task(manager.issue())
+        await until(lambda: bool(server.items("certificatesigningrequests")), what="the CSR")
+        csr = server.items("certificatesigningrequests")[0]
+        assert csr["spec"]["signerName"] == "kubernetes.io/kubelet-serving"
+        request = x509.load_pem_x509_csr(base64.b64decode(csr["spec"]["request"]))
+        signed = (
+            x509.CertificateBuilder()
+            .subject_name(request.subject)
+            .issuer_name(ca.subject)
+            .public_key(request.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+            .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+            .add_extension(request.extensions.get_extension_for_class(x509.SubjectAlternativeName).value, False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        server.update(
+            "certificatesigningrequests",
+            "",
+            csr["metadata"]["name"],
+            lambda o: o.setdefault("status", {}).update(
+                {"certificate": base64.b64encode(_pem(signed)).decode(), "conditions": [{"type": "Approved"}]}
+            ),
+        )
+        cert_pem, key_pem = await asyncio.wait_for(issuing, 10)
+        assert cert_pem == _pem(signed)
+        assert server.items("certificatesigningrequests") == []  # deleted once read
+        # Renewal at 80 % of the lifetime.
+        assert (renew_time(cert_pem) - signed.not_valid_before_utc) / (
+            signed.not_valid_after_utc - signed.not_valid_before_utc
+        ) == pytest.approx(0.8)
+
+    tls.update(cert_pem=cert_pem, key_pem=key_pem)
+    port = _free_port()
+
+    async def hello(_r: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls.context).start()
+    try:
+        first = await _served_cert(port, ca)
+        assert first == signed.serial_number
+        rotated, rotated_key = issue_leaf(ca, ca_key, cn=f"system:node:{NODE}", server=True, ips=(LOCALHOST,))
+        tls.update(cert_pem=_pem(rotated), key_pem=_key_pem(rotated_key))
+        assert await _served_cert(port, ca) == rotated.serial_number
+    finally:
+        await runner.cleanup()
+
+
+async def _served_cert(port: int, ca: x509.Certificate) -> int:
+    """Serial number of the certificate a fresh TLS handshake with 127.0.0.1:port presents."""
+    ctx = ssl.create_default_context(cadata=_pem(ca).decode())
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der).serial_number
+    finally:
+        writer.close()

@@ -173,7 +173,8 @@ def _key_usage(*, ca: bool) -> x509.KeyUsage:
     )
 
 
-def _make_ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def make_ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA certificate and its key (EC P-256)."""
     key = _new_key()
     now = _now()
     cert = (
@@ -245,7 +246,7 @@ class _LeafSpec:
 def _ensure_ca(pki: ClusterPKI, stem: str, cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert_path, key_path = pki.cert(stem), pki.key(stem)
     if not _valid(cert_path, key_path):
-        cert, key = _make_ca(cn)
+        cert, key = make_ca(cn)
         _write_key(key_path, key)
         _write_cert(cert_path, cert)
     return x509.load_pem_x509_certificate(cert_path.read_bytes()), _load_key(key_path)

@@ -32,6 +32,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, cast
 
 import structlog
@@ -559,18 +560,12 @@ class KubeletAPI:
         what = f"{'attach' if attach else 'exec'} {pod['metadata']['namespace']}/{pod['metadata']['name']}/{container}"
         user = request[USER]
         self._log.info("stream opened", what=what, user=user.name, protocol=protocol)
-        if attach:
-            await streams.serve_remote_command(
-                session, protocol, req, lambda io: self.provider.attach_to_container(pod, container, io), what=what
-            )
-        else:
-            await streams.serve_remote_command(
-                session,
-                protocol,
-                req,
-                lambda io: self.provider.exec_in_container(pod, container, command, io),
-                what=what,
-            )
+        run: streams.RunCommand = (
+            partial(self.provider.attach_to_container, pod, container)
+            if attach
+            else partial(self.provider.exec_in_container, pod, container, command)
+        )
+        await streams.serve_remote_command(session, protocol, req, run, what=what)
         self._log.info("stream closed", what=what, user=user.name)
         return resp
 

@@ -32,7 +32,7 @@ DENY_TTL_S = 30.0
 CACHE_SIZE = 1024
 
 #: Paths whose stream handlers must be authorised for `create` whatever the method.
-STREAMING_PREFIXES = ("/exec/", "/attach/", "/portForward/", "/run/")
+STREAMING_PREFIXES = ("/exec/", "/attach/", "/portForward/")
 
 K = TypeVar("K")
 V = TypeVar("V")

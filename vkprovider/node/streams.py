@@ -64,6 +64,14 @@ def _version(protocol: str) -> int:
     return int(protocol[1]) if protocol.startswith("v") and protocol[1:2].isdigit() else 1
 
 
+async def _end(session: Session, runner: asyncio.Task[None]) -> None:
+    """Close `session` (GOAWAY) and wait for its `run()` task to finish."""
+    await session.close()
+    runner.cancel()
+    with contextlib.suppress(asyncio.CancelledError, SpdyError, OSError):
+        await runner
+
+
 # ---- adapters between SPDY streams and the provider's byte interfaces
 
 
@@ -186,6 +194,36 @@ class CommandRequest:
 RunCommand = Callable[[ExecIO], Awaitable[ExecResult]]
 
 
+async def _accept_streams(session: Session, expected: set[str], *, what: str) -> dict[str, Stream] | None:
+    """Reply to the client's streams until each expected kind is there (None: it gave up or timed out)."""
+    streams: dict[str, Stream] = {}
+    try:
+        async with asyncio.timeout(STREAM_CREATION_TIMEOUT_S):
+            while not expected <= streams.keys():
+                s = await session.accept()
+                kind = s.headers.get("streamtype", "")
+                await s.reply()
+                if kind not in expected or kind in streams:
+                    s.reset()
+                    continue
+                streams[kind] = s
+    except TimeoutError:
+        _log.info("stream client did not open its streams", what=what, missing=sorted(expected - streams.keys()))
+        return None
+    except (SpdyError, EOFError, ConnectionError):
+        return None
+    return streams
+
+
+def _outcome(result: ExecResult, version: int) -> bytes:
+    """What the error stream carries at the end: a metav1.Status (v4+), else the error text or nothing."""
+    if version >= 4:
+        return json.dumps(_status(result)).encode()
+    if result.exit_code != 0 or result.message:
+        return (result.message or f"command terminated with non-zero exit code: {result.exit_code}").encode()
+    return b""
+
+
 async def serve_remote_command(
     session: Session, protocol: str, req: CommandRequest, run_command: RunCommand, *, what: str
 ) -> None:
@@ -200,25 +238,15 @@ async def serve_remote_command(
         expected.add("stderr")
     if req.tty and version >= 3:
         expected.add("resize")
-    streams: dict[str, Stream] = {}
     runner = asyncio.create_task(session.run())
+    resizer: asyncio.Task[None] | None = None
     try:
-        try:
-            async with asyncio.timeout(STREAM_CREATION_TIMEOUT_S):
-                while not expected <= streams.keys():
-                    s = await session.accept()
-                    kind = s.headers.get("streamtype", "")
-                    await s.reply()
-                    if kind not in expected or kind in streams:
-                        s.reset()
-                        continue
-                    streams[kind] = s
-        except TimeoutError:
-            _log.info("stream client did not open its streams", what=what, missing=sorted(expected - streams.keys()))
-            return
-        except (SpdyError, EOFError, ConnectionError):
+        streams = await _accept_streams(session, expected, what=what)
+        if streams is None:
             return
         resize: asyncio.Queue[TermSize | None] | None = asyncio.Queue() if "resize" in streams else None
+        if resize is not None:
+            resizer = asyncio.create_task(_resize_reader(streams["resize"], resize))
         io = ExecIO(
             stdin=StreamIO(streams["stdin"]) if "stdin" in streams else None,
             stdout=StreamIO(streams["stdout"]) if "stdout" in streams else None,
@@ -226,36 +254,24 @@ async def serve_remote_command(
             tty=req.tty,
             resize=resize,
         )
-        resizer = asyncio.create_task(_resize_reader(streams["resize"], resize)) if resize is not None else None
         try:
-            try:
-                result = await run_command(io)
-            except ProviderError as e:
-                result = ExecResult(-1, str(e))
-            for kind in ("stdout", "stderr"):
-                if kind in streams:
-                    await StreamIO(streams[kind]).close()
-            if version >= 4:
-                payload = json.dumps(_status(result)).encode()
-            elif result.exit_code != 0 or result.message:
-                payload = (result.message or f"command terminated with non-zero exit code: {result.exit_code}").encode()
-            else:
-                payload = b""
-            err = streams["error"]
-            with contextlib.suppress(SpdyError, OSError):
-                if payload:
-                    await err.write(payload)
-                await err.close()
-        finally:
-            if resizer is not None:
-                resizer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await resizer
+            result = await run_command(io)
+        except ProviderError as e:
+            result = ExecResult(-1, str(e))
+        for kind in ("stdout", "stderr"):
+            if kind in streams:
+                await StreamIO(streams[kind]).close()
+        payload = _outcome(result, version)
+        with contextlib.suppress(SpdyError, OSError):
+            if payload:
+                await streams["error"].write(payload)
+            await streams["error"].close()
     finally:
-        await session.close()
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SpdyError, OSError):
-            await runner
+        if resizer is not None:
+            resizer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resizer
+        await _end(session, runner)
 
 
 Forward = Callable[[int, Duplex], Awaitable[None]]
@@ -306,10 +322,7 @@ async def serve_port_forward(session: Session, forward: Forward, *, what: str, i
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await session.close()
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SpdyError, OSError):
-            await runner
+        await _end(session, runner)
 
 
 # ---- client side
@@ -360,10 +373,7 @@ async def client_remote_command(session: Session, protocol: str, io: ExecIO) -> 
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await session.close()
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SpdyError, OSError):
-            await runner
+        await _end(session, runner)
 
 
 async def _first_size(queue: asyncio.Queue[TermSize | None], stream: Stream) -> bool:
@@ -408,7 +418,4 @@ async def client_port_forward(session: Session, port: int, conn: Duplex) -> None
     except (SpdyError, TimeoutError, ConnectionError) as e:
         raise ProviderError(f"port-forward stream to the provider failed: {e}", retry=False) from e
     finally:
-        await session.close()
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SpdyError, OSError):
-            await runner
+        await _end(session, runner)
