@@ -8,7 +8,7 @@
   just what NodeController and PodController use: create/get/put/delete, JSON merge and strategic
   merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`), the
   status subresource, pod deletion with grace period and UID precondition, list+watch with
-  fieldSelector, and a resourceVersion bumped on every write; review kinds (TokenReview,
+  fieldSelector and equality labelSelector, and a resourceVersion bumped on every write; review kinds (TokenReview,
   SubjectAccessReview) answered by functions the test sets in `reviewers`. Every request is recorded.
 
 Not a conformant API server: no validation, admission, defaulting, pagination or garbage collection.
@@ -256,6 +256,25 @@ def _selected(obj: Mapping[str, Any], selector: str) -> bool:
     return True
 
 
+def _labelled(obj: Mapping[str, Any], selector: str) -> bool:
+    """Equality-based label selectors: `k=v`, `k==v`, `k!=v`, `k` (exists), `!k` (absent)."""
+    labels = obj["metadata"].get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            ok = labels.get(k) != v
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            ok = labels.get(k) == v
+        elif term.startswith("!"):
+            ok = term[1:] not in labels
+        else:
+            ok = term in labels
+        if not ok:
+            return False
+    return True
+
+
 def _status(code: int, reason: str, message: str) -> web.Response:
     body = {
         "kind": "Status",
@@ -282,6 +301,7 @@ class _Watcher:
     resource: str
     namespace: str
     selector: str
+    labels: str = ""
     queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
 
 
@@ -358,7 +378,12 @@ class FakeApiServer:
     @staticmethod
     def _watched(w: _Watcher, resource: str, obj: Mapping[str, Any]) -> bool:
         ns = obj["metadata"].get("namespace") or ""
-        return resource == w.resource and w.namespace in ("", ns) and _selected(obj, w.selector)
+        return (
+            resource == w.resource
+            and w.namespace in ("", ns)
+            and _selected(obj, w.selector)
+            and _labelled(obj, w.labels)
+        )
 
     # ---- HTTP
 
@@ -390,7 +415,9 @@ class FakeApiServer:
                 return web.json_response(self.create(resource, body, api_version), status=201)
             if request.query.get("watch") == "true":
                 return await self._watch(request, resource, namespace)
-            selection = _Watcher(resource, namespace, request.query.get("fieldSelector", ""))
+            selection = _Watcher(
+                resource, namespace, request.query.get("fieldSelector", ""), request.query.get("labelSelector", "")
+            )
             items = [o for o in self.items(resource) if self._watched(selection, resource, o)]
             meta = {"resourceVersion": str(self.rv)}
             kind = KINDS.get(resource, resource) + "List"
@@ -442,7 +469,9 @@ class FakeApiServer:
         return web.json_response(obj)
 
     async def _watch(self, request: web.Request, resource: str, namespace: str) -> web.StreamResponse:
-        w = _Watcher(resource, namespace, request.query.get("fieldSelector", ""))
+        w = _Watcher(
+            resource, namespace, request.query.get("fieldSelector", ""), request.query.get("labelSelector", "")
+        )
         since = int(request.query.get("resourceVersion") or 0)
         # Replay and subscribe with no await in between: nothing written meanwhile is lost.
         for rv, r, kind, obj in self.history:

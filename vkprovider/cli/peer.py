@@ -13,6 +13,7 @@ from peering.kube.client import KubeError
 from peering.models import GPU_RESOURCE
 from peering.ops import peer as ops
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
+from vkprovider.app.peersteps import VirtualNodeReady
 from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, console, fail, run_op
 
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
@@ -59,7 +60,8 @@ def peer(
         timeout_s=timeout,
         provider_api_server=remote_api_server,
     )
-    result = _run(ops.peer(req, Report(), after_auth=AFTER_AUTH, after_grant=AFTER_GRANT))
+    after_grant = [*AFTER_GRANT, VirtualNodeReady(timeout)]
+    result = _run(ops.peer(req, Report(), after_auth=AFTER_AUTH, after_grant=after_grant))
     table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
     table.add_column("resource")
     table.add_column("requested", justify="right")
