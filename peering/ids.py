@@ -74,6 +74,13 @@ ORIGIN_CLUSTER_ANNOTATION = "gpufed.io/origin-cluster-id"
 #: ClusterRoles (installed with gpufed) bound to a consumer's user in its namespaces only.
 CONSUMER_WORKLOADS_ROLE = "gpufed-consumer-workloads"
 CONSUMER_CONTROL_ROLE = "gpufed-consumer-control"
+#: Consumer side: what virtual kubelets may read in an offloaded namespace (reflection, tokens),
+#: bound by the offloading controller with a RoleBinding of this name in each offloaded namespace.
+REFLECTION_ROLE = "gpufed-virtual-kubelet-reflection"
+REFLECTION_ROLEBINDING = "gpufed-reflection"
+#: The virtual kubelets' identities on the consumer (deploy/rbac/virtual-kubelet.yaml).
+VIRTUAL_KUBELET_USER = "gpufed:virtual-kubelet"
+VIRTUAL_KUBELET_SERVICE_ACCOUNT = "gpufed-virtual-kubelet"
 #: ResourceQuota and LimitRange enforcing a consumer's grant in each of its namespaces.
 GRANT_QUOTA = "gpufed-grant"
 

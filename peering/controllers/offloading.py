@@ -5,6 +5,8 @@ namespace), level-triggered and idempotent:
 - the finalizer `gpufed.io/offloading` on the NamespaceOffloading, so neither it nor its
   namespace disappears before the twins are gone;
 - the label `gpufed.io/offloading=<strategy>` on the Namespace (the webhook's namespaceSelector);
+- the RoleBinding `gpufed-reflection` in the namespace, giving the virtual kubelets read access to
+  what they reflect there (ClusterRole `gpufed-virtual-kubelet-reflection`; nothing cluster-wide);
 - one TwinNamespace request per selected provider, named like the namespace, in the tenant
   namespace `gpufed-tenant-<consumer-id>` on that provider (server-side applied with the
   credentials in Secret `gpufed/gpufed-remote-<provider>`), with `spec.twinName` per the mapping
@@ -43,8 +45,13 @@ from peering.ids import (
     NAMESPACE_OFFLOADING,
     OFFLOADING_LABEL,
     ORIGIN_CLUSTER_LABEL,
+    REFLECTION_ROLE,
+    REFLECTION_ROLEBINDING,
     REMOTE_CLUSTER_LABEL,
+    SYSTEM_NAMESPACE,
     TYPE_LABEL,
+    VIRTUAL_KUBELET_SERVICE_ACCOUNT,
+    VIRTUAL_KUBELET_USER,
     VIRTUAL_NODE_TYPE,
     ClusterID,
     tenant_namespace,
@@ -261,6 +268,7 @@ class OffloadingController:
             await self._set_finalizers(obj, [*(obj["metadata"].get("finalizers") or []), FINALIZER])
         if not await self._label_namespace(namespace, spec.pod_offloading_strategy):
             return None  # the namespace is gone; its deletion deletes this object
+        await self._bind_reflection(namespace)
         peered = set(self.providers)
         selected = selected_providers(spec, self.virtual_nodes, peered)
         outcomes: list[RemoteOutcome] = []
@@ -377,6 +385,7 @@ class OffloadingController:
             await self._write_status(namespace, old, status)
             return self.settings.unreachable_retry_s if unreachable else self.settings.pending_poll_s
         await self._unlabel_namespace(namespace)
+        await rest.delete(self.api, self._rolebinding_path(namespace))
         await self._set_finalizers(obj, [f for f in obj["metadata"].get("finalizers") or [] if f != FINALIZER])
         log.info("offloading removed")
         return None
@@ -406,6 +415,29 @@ class OffloadingController:
                 {"metadata": {"labels": {OFFLOADING_LABEL: strategy}}},
             )
         return True
+
+    def _rolebinding_path(self, namespace: str) -> str:
+        return rest.path("rbac.authorization.k8s.io/v1", "rolebindings", REFLECTION_ROLEBINDING, namespace=namespace)
+
+    async def _bind_reflection(self, namespace: str) -> None:
+        """The virtual kubelets may read what they reflect, in this namespace only."""
+        want = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {
+                "name": REFLECTION_ROLEBINDING,
+                "namespace": namespace,
+                "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            },
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": REFLECTION_ROLE},
+            "subjects": [
+                {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": VIRTUAL_KUBELET_USER},
+                {"kind": "ServiceAccount", "name": VIRTUAL_KUBELET_SERVICE_ACCOUNT, "namespace": SYSTEM_NAMESPACE},
+            ],
+        }
+        have = await rest.get(self.api, self._rolebinding_path(namespace))
+        if have is None or have.get("subjects") != want["subjects"] or have.get("roleRef") != want["roleRef"]:
+            await rest.apply(self.api, self._rolebinding_path(namespace), want, what="reflection RoleBinding")
 
     async def _unlabel_namespace(self, namespace: str) -> None:
         ns = await rest.get(self.api, rest.path("v1", "namespaces", namespace))

@@ -6,7 +6,8 @@
   and read what the controllers asked of it from `creates`, `updates` and `deletes`.
 - `FakeApiServer`: aiohttp on 127.0.0.1, served to a real kubernetes_asyncio ApiClient. It knows
   just what NodeController and PodController use: create/get/put/delete, JSON merge and strategic
-  merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`), the
+  merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`),
+  server-side apply approximated (creates a missing object, else a JSON merge of the applied fields), the
   status subresource, pod deletion with grace period and UID precondition, list+watch with
   fieldSelector and equality labelSelector, and a resourceVersion bumped on every write; review kinds (TokenReview,
   SubjectAccessReview) answered by functions the test sets in `reviewers`. Every request is recorded.
@@ -424,6 +425,10 @@ class FakeApiServer:
             return web.json_response({"kind": kind, "apiVersion": api_version, "metadata": meta, "items": items})
         key = (resource, namespace, name)
         obj = self.objects.get(key)
+        apply = request.method == "PATCH" and request.content_type == "application/apply-patch+yaml"
+        if obj is None and apply and not sub:  # server-side apply creates
+            body.setdefault("metadata", {}).update(name=name, **({"namespace": namespace} if namespace else {}))
+            return web.json_response(self.create(resource, body, api_version), status=201)
         if obj is None:
             return _status(404, "NotFound", f'{resource} "{name}" not found')
         if request.method == "GET":

@@ -28,6 +28,7 @@ from vkprovider.forge.pods import (
     status_differs,
     terminated_status,
 )
+from vkprovider.forge.tokens import PodIdentity
 
 UID = "7d0c4b7e-1f0a-4d7c-9d1e-3b5f0e2a9c11"
 TARGET = Target(consumer="consumer-1a2b3c4d", node="gpufed-gpu-a-3f2c91d0", namespace="team-consumer-1a2b3c4d")
@@ -219,7 +220,7 @@ def test_remote_pod_origin_labels_win_over_forged_local_labels() -> None:
     assert labels[ORIGIN_UID_LABEL] == UID
 
 
-def test_remote_pod_drops_ephemeral_containers_and_any_token_projection() -> None:
+def test_remote_pod_without_an_identity_drops_ephemeral_containers_and_any_token_projection() -> None:
     local = admitted_pod()
     local["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox"}]
     local["spec"]["volumes"] = [
@@ -230,10 +231,71 @@ def test_remote_pod_drops_ephemeral_containers_and_any_token_projection() -> Non
         {"name": "c", "image": "i", "volumeMounts": [{"name": "vault", "mountPath": "/v"}]},
     ]
     local["spec"]["initContainers"] = []
-    spec = remote_pod(local, TARGET)["spec"]
+    spec = remote_pod(local, TARGET, identity=None)["spec"]
     assert "ephemeralContainers" not in spec
     assert spec["volumes"] == [{"name": "cfg", "configMap": {"name": "cfg"}}]
     assert spec["containers"] == [{"name": "c", "image": "i"}]
+    assert spec["automountServiceAccountToken"] is False
+
+
+IDENTITY = PodIdentity(secret_name="gpufed-token-train-7x2kq", api_host="10.96.0.1", api_port=443)
+API_ENV = [
+    {"name": "KUBERNETES_SERVICE_HOST", "value": "10.96.0.1"},
+    {"name": "KUBERNETES_SERVICE_PORT", "value": "443"},
+]
+
+
+def token_item(key: str, path: str) -> dict[str, Any]:
+    return {"secret": {"name": "gpufed-token-train-7x2kq", "items": [{"key": key, "path": path}]}}
+
+
+def test_remote_pod_with_an_identity_serves_the_token_volume_from_the_token_secret() -> None:
+    local = admitted_pod()
+    before = copy.deepcopy(local)
+    spec = remote_pod(local, TARGET, IDENTITY)["spec"]
+    # Same volume name and defaultMode, so every volumeMount (init container included) stays valid.
+    assert spec["volumes"] == [
+        {"name": "data", "emptyDir": {}},
+        {
+            "name": "kube-api-access-x7k2p",
+            "projected": {
+                "defaultMode": 420,
+                "sources": [
+                    token_item("token-0", "token"),
+                    token_item("ca.crt", "ca.crt"),
+                    token_item("namespace", "namespace"),
+                ],
+            },
+        },
+    ]
+    assert spec["initContainers"] == [
+        {
+            "name": "fetch",
+            "image": "busybox:1.36",
+            "volumeMounts": [SA_MOUNT, {"name": "data", "mountPath": "/data"}],
+            "env": API_ENV,
+        }
+    ]
+    assert [c["volumeMounts"] for c in spec["containers"]] == [
+        [{"name": "data", "mountPath": "/data"}, SA_MOUNT],
+        [SA_MOUNT],
+    ]
+    assert [c["env"] for c in spec["containers"]] == [API_ENV, API_ENV]
+    # The provider still adds no token of its own, and the consumer's service account is not named.
+    assert spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec
+    assert "serviceAccount" not in spec
+    # Neither the token Secret nor the consumer's kube-root-ca.crt is a reference to copy.
+    assert references(local) == []
+    assert local == before, "the input must not be mutated"
+
+
+def test_remote_pod_with_an_identity_still_drops_a_service_account_volume_without_a_token() -> None:
+    local = admitted_pod()
+    ca_only = {"name": "kube-api-access-old", "projected": {"sources": [SA_VOLUME["projected"]["sources"][1]]}}
+    local["spec"]["volumes"] = [SA_VOLUME, ca_only]
+    spec = remote_pod(local, TARGET, IDENTITY)["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["kube-api-access-x7k2p"]
 
 
 def test_remote_pod_without_volumes_has_no_volumes_key() -> None:

@@ -3,7 +3,8 @@
 Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
 the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
 clear log line), the provider client (same budget), and `RemoteProvider` + `NodeController` +
-`PodController` + the kubelet API (`KubeletAPI` over `RemoteStreaming`, its certificate from
+`PodController` + `Reflection` (started and stopped per twin namespace by the provider's
+TwinNamespace watch) + the kubelet API (`KubeletAPI` over `RemoteStreaming`, its certificate from
 `ServingCertManager`) under one TaskGroup. The Node is owned by the provider's ForeignCluster: when
 that is deleted (unpeer) this process removes its Node and exits; an ordinary stop (SIGTERM,
 crash, kill -9) leaves the Node and its pods in place for the next start to adopt.
@@ -34,6 +35,7 @@ from vkprovider.node.node import NodeController, NodeSettings
 from vkprovider.node.pods import PodController, PodSettings
 from vkprovider.node.servingcert import ServingCertManager, ServingCertSettings, ServingTLS
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
+from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
 from vkprovider.remote.streaming import RemoteStreaming
 
 #: Client budget towards each API server: a kubelet runs with 50 QPS / burst 100; one virtual
@@ -70,6 +72,8 @@ class VirtualKubeletSettings:
     qps: float = DEFAULT_QPS
     burst: int = DEFAULT_BURST
     pods: PodSettings = field(default_factory=PodSettings)
+    #: Seconds between full resyncs of reflected objects.
+    reflection_resync_s: float = DEFAULT_RESYNC_S
     version: str = "v0.0.0-gpufed"
 
 
@@ -126,6 +130,17 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 ),
             )
             pods = PodController(api, provider, settings.node_name, settings.pods)
+            reflection = Reflection(
+                api, remote_api, ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s)
+            )
+
+            def on_namespace(local: str, twin: str | None) -> None:
+                if twin is None:
+                    reflection.stop_namespace(local)
+                else:
+                    reflection.start_namespace(local, twin)
+
+            provider.namespace_listeners.append(on_namespace)
             tls = ServingTLS()
             certs = ServingCertManager(api, settings.node_name, settings.node_address, tls, settings.serving_cert)
             kubelet = KubeletAPI(
@@ -153,6 +168,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 tasks = [
                     tg.create_task(node.run()),
                     tg.create_task(pods.run()),
+                    tg.create_task(reflection.run()),
                     tg.create_task(certs.run()),
                     tg.create_task(kubelet.run()),
                     tg.create_task(

@@ -6,16 +6,20 @@ pod, the terminal status reported when a pod is deleted, which ConfigMaps and Se
 their remote twins, and the ownership test every update/delete of a remote object must pass.
 
 Invariants: a remote twin always carries the origin labels (consumer ClusterID, local UID, and for
-pods the virtual node); nothing bound to the consumer cluster (service-account tokens and
-service-account-token Secrets, priority classes, custom schedulers, node names, virtual-node-only
-scheduling terms) reaches the provider; GPU scheduling intent (requests/limits, GPU product
-selectors, GPU taint tolerations) always does; a status patch never touches `qosClass` or
-`nominatedNodeName`.
+pods the virtual node); nothing bound to the consumer cluster (service-account names, the
+service-account tokens the consumer's kubelet would mount, service-account-token Secrets, priority
+classes, custom schedulers, node names, virtual-node-only scheduling terms) reaches the provider;
+GPU scheduling intent (requests/limits, GPU product selectors, GPU taint tolerations) always does;
+a status patch never touches `qosClass` or `nominatedNodeName`; the twin always runs with
+`automountServiceAccountToken: false` (the provider never gives it a token of its own).
+
+Identity: `remote_pod(local, target, identity)` with a `tokens.PodIdentity` mounts the pod's
+projected token volumes from the consumer-issued token Secret of that identity at the same paths and
+points every container at the consumer's API server (see `vkprovider.forge.tokens`); without one the
+projected service-account token volumes (and their mounts) are dropped and the twin has no identity.
 
 Does not: talk to any API server, decide when to create/update/delete, translate IPs itself (the
-caller hands in `to_local_ip`), or give the remote pod an identity: the projected service-account
-token volume is dropped and the twin runs with `automountServiceAccountToken: false`; a
-consumer-issued token for it arrives with a later issue.
+caller hands in `to_local_ip`), or request tokens (vkprovider.remote.tokens does).
 
 Pure: no I/O, no client imports; inputs are the dicts the API server returns and are never mutated.
 """
@@ -36,6 +40,7 @@ from peering.ids import (
     VIRTUAL_NODE_TAINT_KEY,
     VIRTUAL_NODE_TYPE_LABELS,
 )
+from vkprovider.forge import tokens
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -234,7 +239,7 @@ def _scheduling(spec: dict[str, Any]) -> None:
         spec.pop("tolerations", None)
 
 
-def _remote_spec(local_spec: Mapping[str, Any]) -> dict[str, Any]:
+def _remote_spec(local_spec: Mapping[str, Any], identity: tokens.PodIdentity | None) -> dict[str, Any]:
     spec = copy.deepcopy(dict(local_spec))
     # The provider's scheduler places the twin; the consumer's node name is the virtual node.
     spec.pop("nodeName", None)
@@ -252,12 +257,17 @@ def _remote_spec(local_spec: Mapping[str, Any]) -> dict[str, Any]:
     # Readiness gates name conditions that consumer-side controllers set on the local pod; nobody
     # sets them on the twin, which would never become Ready. local_status folds them back in.
     spec.pop("readinessGates", None)
-    # The consumer's service account does not exist on the provider, and its token is bound to
-    # the consumer's API server: run without an identity (see the module docstring).
+    # The consumer's service account does not exist on the provider, and the provider must not
+    # mount a token of its own: with an identity the token volumes are served from the
+    # consumer-issued token Secret instead, without one they are dropped (see the module docstring).
     spec.pop("serviceAccountName", None)
     spec.pop("serviceAccount", None)
     spec["automountServiceAccountToken"] = False
-    dropped = {v.get("name") for v in spec.get("volumes") or [] if _is_token_volume(v)}
+    kept: set[Any] = set()
+    if identity is not None:
+        kept = {v.get("name") for v in spec.get("volumes") or [] if tokens.is_token_projection(v)}
+        tokens.rewrite_spec(spec, identity)
+    dropped = {v.get("name") for v in spec.get("volumes") or [] if _is_token_volume(v)} - kept
     if dropped:
         volumes = [v for v in spec["volumes"] if v.get("name") not in dropped]
         if volumes:
@@ -275,15 +285,20 @@ def _remote_spec(local_spec: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def remote_pod(local: Mapping[str, Any], target: Target) -> dict[str, Any]:
-    """The twin of `local` to create on the provider (never a `status`)."""
+def remote_pod(local: Mapping[str, Any], target: Target, identity: tokens.PodIdentity | None = None) -> dict[str, Any]:
+    """The twin of `local` to create on the provider (never a `status`).
+
+    With `identity` its projected service-account token volumes are served from the token Secret
+    `identity.secret_name` and its containers reach the consumer's API server; without one they are
+    dropped.
+    """
     meta = local.get("metadata") or {}
     labels = {**_origin_labels(meta, target), ORIGIN_NODE_LABEL: target.node}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _twin_metadata(local, target, labels),
-        "spec": _remote_spec(local.get("spec") or {}),
+        "spec": _remote_spec(local.get("spec") or {}, identity),
     }
 
 
@@ -490,7 +505,8 @@ def _env_references(container: Mapping[str, Any]) -> Iterable[Reference]:
 
 
 def _volume_references(volume: Mapping[str, Any]) -> Iterable[Reference]:
-    # Volumes remote_pod drops need nothing remotely (kube-root-ca.crt is the consumer's CA).
+    # Token volumes need nothing copied: remote_pod drops them, or serves them from the token Secret
+    # (kube-root-ca.crt there is the consumer's CA, which the provider's namesake is not).
     if _is_token_volume(volume):
         return
     config_map = volume.get("configMap")

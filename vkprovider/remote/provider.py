@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -43,6 +43,7 @@ from peering.kube.watch import watch
 from peering.models import API_VERSION
 from peering.quantity import format_quantity, parse
 from vkprovider.forge import pods as forge
+from vkprovider.forge import reflection
 from vkprovider.node.provider import NOT_FOUND, NodeState, Notify, ProviderError, Twin
 from vkprovider.remote.translate import Identity, IPTranslator
 
@@ -96,6 +97,9 @@ class RemoteProvider:
         #: local namespace -> pods refused because it had no Ready twin namespace yet.
         self._waiting: dict[str, set[str]] = {}
         self._tg: asyncio.TaskGroup | None = None
+        #: Called with (local namespace, twin namespace) when a twin namespace becomes Ready and with
+        #: (local namespace, None) when it goes (reflection starts and stops its reflectors).
+        self.namespace_listeners: list[Callable[[str, str | None], None]] = []
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider, node=settings.node)
 
     # ---- provider view
@@ -148,6 +152,8 @@ class RemoteProvider:
             if old:
                 self.local_ns.pop(old, None)
                 self._stop_watches(old)
+                for listener in self.namespace_listeners:
+                    listener(local, None)
             return
         if not twin or self.twin_ns.get(local) == twin:
             return
@@ -155,6 +161,8 @@ class RemoteProvider:
         self.local_ns[twin] = local
         if self._tg is not None:
             self._start_watches(twin)
+        for listener in self.namespace_listeners:
+            listener(local, twin)
         # Pods refused because this namespace had no twin yet go again now, not after their backoff.
         for name in sorted(self._waiting.pop(local, set())):
             self._notify(local, name)
@@ -344,13 +352,18 @@ class RemoteProvider:
                 f"{self.settings.provider} until it exists",
                 reason="ReferenceNotFound",
             )
+        if reflection.policy(local, {}).reason == "Skipped":  # allow-list mode does not stop what a pod needs
+            raise ProviderError(
+                f"{ref.kind} {namespace}/{ref.name} is annotated {reflection.SKIP_ANNOTATION}: the pod needs it on "
+                f"{self.settings.provider} and cannot be offloaded without it",
+                reason="ReferenceNotReflected",
+            )
         rv = str(local["metadata"].get("resourceVersion"))
         cache_key = (target.namespace, ref.kind, ref.name)
         if self._copied.get(cache_key) == rv:
             return
-        local.setdefault("kind", ref.kind)
-        local.setdefault("apiVersion", "v1")
-        twin = forge.remote_object(local, target)
+        # The same copy the Secret/ConfigMap reflector makes (the pod cannot wait for it).
+        twin = (reflection.remote_config_map if ref.kind == "ConfigMap" else reflection.remote_secret)(local, target)
         if twin is None:
             return
         url = rest.path("v1", plural, ref.name, namespace=target.namespace)

@@ -1,0 +1,403 @@
+"""`PodTokens`: consumer-issued service-account tokens for offloaded pods, kept fresh in the twin namespace.
+
+Owns, for one consumer and one provider:
+- issuing: per token source of a pod (vkprovider.forge.tokens) a TokenRequest to the CONSUMER's API
+  server for the pod's service account, bound to the local pod (name and UID), so the consumer
+  revokes the token when the pod goes; the consumer's CA from its `kube-root-ca.crt` ConfigMap;
+- the pod's token Secret `gpufed-token-<pod>` in its twin namespace (server-side applied; layout in
+  vkprovider.forge.tokens), written before the twin exists (`ensure`) and never over an object of
+  that name that this consumer did not create (`NameCollision`);
+- refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces (their
+  annotations say everything needed, so a restarted process resumes without the local pods) every
+  `resync_s`, and re-issues each pod's tokens once `refresh_fraction` of their lifetime has passed
+  or they are 24 h old (the kubelet's rule); a Secret whose bound pod is gone on the consumer is
+  deleted (UID precondition);
+- `forget`: deleting a pod's token Secret when its twin goes.
+
+Never logs, and never puts into an error message, a token: only names, namespaces and API messages.
+
+Does not: create or delete twins or decide when (vkprovider.remote.provider and vkprovider.node do),
+or rewrite the twin's spec (forge.pods.remote_pod with the `PodIdentity` `ensure` returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+
+from peering.ids import ORIGIN_CLUSTER_LABEL
+from peering.kube import rest
+from peering.kube.client import KubeError
+from vkprovider.forge import pods as forge
+from vkprovider.forge import tokens as tf
+from vkprovider.node.provider import ProviderError
+
+#: Refresh once this fraction of a token's lifetime has passed (the kubelet's 80%).
+DEFAULT_REFRESH_FRACTION = tf.DEFAULT_REFRESH_FRACTION
+#: Seconds between two listings of the token Secrets (schedule rebuilt, failed refreshes retried).
+DEFAULT_RESYNC_S = 60.0
+#: Shortest sleep (s) of the refresh loop when a refresh is due sooner (never a busy loop).
+MIN_SLEEP_S = 0.005
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class TokenSettings:
+    #: Address of the CONSUMER's API server as offloaded pods reach it (KUBERNETES_SERVICE_HOST).
+    api_host: str
+    #: Its port (KUBERNETES_SERVICE_PORT).
+    api_port: int
+    #: Fraction (0..1) of a token's lifetime after which it is re-issued.
+    refresh_fraction: float = DEFAULT_REFRESH_FRACTION
+    #: Seconds between two listings of the token Secrets.
+    resync_s: float = DEFAULT_RESYNC_S
+
+
+Key = tuple[str, str]  # (twin namespace, Secret name)
+
+
+@dataclass
+class _Entry:
+    state: tf.TokenSecretState
+    #: Write generation: entries written while a resync listed are kept over the (older) listing.
+    gen: int
+    #: A refresh failed: not tried again before the next resync.
+    failed: bool = False
+
+
+class PodTokens:
+    def __init__(
+        self,
+        local_api: Any,
+        remote_api: Any,
+        consumer: str,
+        settings: TokenSettings,
+        *,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.local = local_api
+        self.remote = remote_api
+        self.consumer = consumer
+        self.settings = settings
+        self.clock = clock
+        #: Set once the first pass of `run` (listing + due refreshes) is done.
+        self.ready = asyncio.Event()
+        self._schedule: dict[Key, _Entry] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._gen = 0
+        self._log = structlog.get_logger().bind(component="pod-tokens", consumer=consumer)
+
+    # ---- pods
+
+    def identity(self, pod: Mapping[str, Any]) -> tf.PodIdentity | None:
+        """The identity `forge.pods.remote_pod` needs for `pod`; None when it mounts no token."""
+        if not tf.token_sources(pod):
+            return None
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        return tf.PodIdentity(tf.token_secret_name(name), self.settings.api_host, self.settings.api_port)
+
+    async def ensure(self, pod: Mapping[str, Any], target: forge.Target) -> tf.PodIdentity | None:
+        """Make the token Secret of `pod` in `target.namespace` hold fresh tokens; its identity.
+
+        Call before creating the twin. Tokens not yet due are not requested again. ProviderError:
+        `NameCollision` (a Secret of that name not created by this consumer, left alone),
+        `TokenRequestFailed` (the consumer refused, with its message), `ConsumerUnavailable`,
+        `ReferenceNotFound` (no `kube-root-ca.crt` on the consumer), `ProviderUnavailable`/`ProviderFailed`.
+        """
+        identity = self.identity(pod)
+        if identity is None:
+            return None
+        binding = tf.binding_of(pod, target, identity)
+        key = (target.namespace, identity.secret_name)
+        async with self._lock(key):
+            url = rest.path("v1", "secrets", identity.secret_name, namespace=target.namespace)
+            try:
+                existing = await rest.get(self.remote, url)
+            except KubeError as e:
+                raise _provider_refusal(e, f"cannot read Secret {target.namespace}/{identity.secret_name}") from e
+            if existing is not None and not forge.owned_by(existing, self.consumer):
+                raise ProviderError(
+                    f"Secret {target.namespace}/{identity.secret_name} on the provider was not created by gpufed; "
+                    "it is left alone and this pod cannot get its service-account token under that name",
+                    reason="NameCollision",
+                )
+            state = tf.read_token_secret(existing) if existing is not None else None
+            if state is not None and state.binding == binding and not state.due(self.clock(), self._fraction):
+                self._remember(key, state)
+                return identity
+            try:
+                applied = await self._issue(binding, fallback_ca=None)
+            except _PodGoneError as e:
+                raise ProviderError(
+                    f"cannot get a service-account token from the consumer: {e}", reason="TokenRequestFailed"
+                ) from e
+            self._remember_applied(key, applied)
+        return identity
+
+    async def forget(self, namespace: str, pod_name: str, twin_namespace: str, *, uid: str | None = None) -> None:
+        """Delete the token Secret of pod `namespace/pod_name` (of the pod `uid` only, when given).
+
+        A missing Secret is fine; one not created by this consumer (or for another pod) is left alone.
+        ProviderError when the provider refuses or does not answer (the caller retries).
+        """
+        key = (twin_namespace, tf.token_secret_name(pod_name))
+        async with self._lock(key):
+            url = rest.path("v1", "secrets", key[1], namespace=twin_namespace)
+            try:
+                existing = await rest.get(self.remote, url)
+            except KubeError as e:
+                raise _provider_refusal(e, f"cannot read Secret {twin_namespace}/{key[1]}") from e
+            if existing is not None:
+                state = tf.read_token_secret(existing)
+                same_pod = state is None or (state.binding.pod_namespace, state.binding.pod_name) == (
+                    namespace,
+                    pod_name,
+                )
+                if not (forge.owned_by(existing, self.consumer, uid) and same_pod):
+                    self._log.info("token secret of another owner left alone", namespace=twin_namespace, secret=key[1])
+                    return
+                try:
+                    await rest.delete(
+                        self.remote,
+                        url,
+                        uid=str(existing["metadata"].get("uid") or "") or None,
+                        what=f"delete token Secret {twin_namespace}/{key[1]}",
+                    )
+                except KubeError as e:
+                    if not e.conflict:  # a conflict is the UID precondition: that Secret is already gone
+                        raise _provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
+                self._log.info("token secret deleted", namespace=twin_namespace, secret=key[1], pod=pod_name)
+            self._schedule.pop(key, None)
+        self._drop_lock(key)
+
+    # ---- refresh loop
+
+    async def run(self, twin_namespaces: Callable[[], Iterable[str]]) -> None:
+        """Refresh token Secrets in the twin namespaces `twin_namespaces()` names; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._resync(list(twin_namespaces()))
+            except Exception as e:  # never crash the loop: the next resync tries again
+                self._log.warning("cannot resync token secrets", error=str(e))
+            deadline = loop.time() + self.settings.resync_s
+            while True:
+                await self._refresh_due()
+                self.ready.set()
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                await asyncio.sleep(min(remaining, max(self._seconds_to_next_due(), MIN_SLEEP_S)))
+
+    async def _resync(self, namespaces: list[str]) -> None:
+        start = self._gen
+        listed: dict[Key, _Entry] = {}
+        ok: set[str] = set()
+        selector = f"{tf.TOKEN_FOR_POD_LABEL},{ORIGIN_CLUSTER_LABEL}={self.consumer}"
+        for namespace in namespaces:
+            try:
+                items = await rest.list_items(
+                    self.remote, rest.path("v1", "secrets", namespace=namespace), params={"labelSelector": selector}
+                )
+            except KubeError as e:
+                self._log.warning("cannot list token secrets; keeping the schedule", namespace=namespace, error=str(e))
+                continue
+            ok.add(namespace)
+            for item in items:
+                state = tf.read_token_secret(item)
+                if state is None or not forge.owned_by(item, self.consumer):
+                    self._log.warning(
+                        "unreadable token secret left alone",
+                        namespace=namespace,
+                        secret=(item.get("metadata") or {}).get("name"),
+                    )
+                    continue
+                listed[(namespace, state.binding.secret_name)] = _Entry(state, start)
+        wanted = set(namespaces)
+        schedule: dict[Key, _Entry] = {}
+        for key, entry in self._schedule.items():
+            # Kept: namespaces that could not be listed, and what was written while listing.
+            if key[0] in wanted and (key[0] not in ok or entry.gen > start):
+                schedule[key] = entry
+        for key, entry in listed.items():
+            schedule.setdefault(key, entry)
+        self._schedule = schedule
+        for key in list(self._locks):
+            if key not in schedule and not self._locks[key].locked():
+                del self._locks[key]
+
+    async def _refresh_due(self) -> None:
+        now = self.clock()
+        for key, entry in list(self._schedule.items()):
+            if entry.failed or not entry.state.due(now, self._fraction):
+                continue
+            try:
+                await self._refresh(key)
+            except Exception as e:  # never crash the loop: retried on the next resync
+                self._log.warning("token refresh failed; retrying later", namespace=key[0], secret=key[1], error=str(e))
+                current = self._schedule.get(key)
+                if current is not None:
+                    current.failed = True
+
+    async def _refresh(self, key: Key) -> None:
+        async with self._lock(key):
+            entry = self._schedule.get(key)
+            if entry is None:
+                return
+            url = rest.path("v1", "secrets", key[1], namespace=key[0])
+            existing = await rest.get(self.remote, url)  # the latest state: ensure may have refreshed it
+            state = tf.read_token_secret(existing) if existing is not None else None
+            if existing is None or state is None or not forge.owned_by(existing, self.consumer):
+                self._schedule.pop(key, None)
+                return
+            if not state.due(self.clock(), self._fraction):
+                self._remember(key, state)
+                return
+            try:
+                applied = await self._issue(state.binding, fallback_ca=tf.data_value(existing, tf.CA_KEY))
+            except _PodGoneError as gone:
+                self._log.info(
+                    "bound pod is gone on the consumer; deleting its token secret",
+                    namespace=key[0],
+                    secret=key[1],
+                    pod=f"{state.binding.pod_namespace}/{state.binding.pod_name}",
+                    reason=str(gone),
+                )
+                with contextlib.suppress(KubeError):  # a conflict: replaced meanwhile; else next pass
+                    await rest.delete(self.remote, url, uid=state.uid, what=f"delete token Secret {key[0]}/{key[1]}")
+                self._schedule.pop(key, None)
+                return
+            self._remember_applied(key, applied)
+            self._log.info("tokens refreshed", namespace=key[0], secret=key[1], pod=state.binding.pod_name)
+
+    # ---- issuing
+
+    async def _issue(self, binding: tf.TokenBinding, *, fallback_ca: str | None) -> dict[str, Any]:
+        """Request every token of `binding`, read the consumer's CA, apply the Secret; the applied Secret."""
+        issued: dict[str, tf.IssuedToken] = {}
+        for source in binding.sources:
+            issued[source.key] = await self._request(binding, source)
+        ca_pem = await self._consumer_ca(binding.pod_namespace, fallback_ca)
+        body = tf.secret_for(binding, issued, ca_pem)
+        url = rest.path("v1", "secrets", binding.secret_name, namespace=binding.twin_namespace)
+        try:
+            return await rest.apply(
+                self.remote, url, body, what=f"apply token Secret {binding.twin_namespace}/{binding.secret_name}"
+            )
+        except KubeError as e:
+            raise _provider_refusal(e, f"cannot write Secret {binding.twin_namespace}/{binding.secret_name}") from e
+
+    async def _request(self, binding: tf.TokenBinding, source: tf.TokenSource) -> tf.IssuedToken:
+        url = rest.path("v1", "serviceaccounts", binding.service_account, namespace=binding.pod_namespace, sub="token")
+        issued_at = self.clock()
+        what = f"TokenRequest for pod {binding.pod_namespace}/{binding.pod_name} ({binding.service_account})"
+        try:
+            answer = await rest.request(self.local, "POST", url, body=tf.token_request(binding, source), what=what)
+        except KubeError as e:
+            if _pod_gone(e, binding):
+                raise _PodGoneError(str(e)) from e
+            message = f"cannot get a service-account token from the consumer: {e}"
+            reason = "ConsumerUnavailable" if e.transient else "TokenRequestFailed"
+            raise ProviderError(message, reason=reason) from e
+        status = answer.get("status") or {}
+        token = status.get("token")
+        if not isinstance(token, str) or not token:
+            raise ProviderError(f"{what}: the consumer answered without a token", reason="TokenRequestFailed")
+        # The requested lifetime bounds the refresh even if the server issues a longer-lived token.
+        expires_at = issued_at + timedelta(seconds=source.expiration_seconds)
+        answered = tf.parse_time(status.get("expirationTimestamp"))
+        if answered is not None:
+            expires_at = min(expires_at, answered)
+        return tf.IssuedToken(token=token, issued_at=issued_at, expires_at=expires_at)
+
+    async def _consumer_ca(self, namespace: str, fallback: str | None) -> str:
+        url = rest.path("v1", "configmaps", forge.ROOT_CA_CONFIGMAP, namespace=namespace)
+        try:
+            config_map = await rest.get(self.local, url)
+        except KubeError as e:
+            if fallback is not None:
+                return fallback
+            reason = "ConsumerUnavailable" if e.transient else "ReferenceUnreadable"
+            raise ProviderError(f"cannot read the consumer's CA: {e}", reason=reason) from e
+        ca = ((config_map or {}).get("data") or {}).get(tf.CA_KEY)
+        if isinstance(ca, str) and ca:
+            return ca
+        if fallback is not None:
+            return fallback
+        raise ProviderError(
+            f'ConfigMap "{forge.ROOT_CA_CONFIGMAP}" (key {tf.CA_KEY}) not found in namespace {namespace}: '
+            "the pod's service-account volume cannot be served",
+            reason="ReferenceNotFound",
+        )
+
+    # ---- schedule
+
+    @property
+    def _fraction(self) -> float:
+        return self.settings.refresh_fraction
+
+    def _lock(self, key: Key) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def _drop_lock(self, key: Key) -> None:
+        lock = self._locks.get(key)
+        if lock is not None and not lock.locked() and key not in self._schedule:
+            del self._locks[key]
+
+    def _remember(self, key: Key, state: tf.TokenSecretState) -> None:
+        self._gen += 1
+        self._schedule[key] = _Entry(state, self._gen)
+        if state.due(self.clock(), self._fraction):
+            # Freshly issued yet already due (a clock skew, a server's very short token): wait for the
+            # next resync rather than re-issuing in a tight loop.
+            self._schedule[key].failed = True
+
+    def _remember_applied(self, key: Key, applied: Mapping[str, Any]) -> None:
+        state = tf.read_token_secret(applied)
+        if state is not None:
+            self._remember(key, state)
+
+    def _seconds_to_next_due(self) -> float:
+        now = self.clock()
+        waits = [
+            (tf.refresh_at(e.state.issued_at, e.state.expires_at, self._fraction) - now).total_seconds()
+            for e in self._schedule.values()
+            if not e.failed and e.state.issued_at is not None and e.state.expires_at is not None
+        ]
+        return min(waits, default=self.settings.resync_s)
+
+    def scheduled(self) -> dict[Key, datetime | None]:
+        """(twin namespace, Secret name) -> when its tokens are due (None: at the next resync)."""
+        out: dict[Key, datetime | None] = {}
+        for key, entry in self._schedule.items():
+            issued, expires = entry.state.issued_at, entry.state.expires_at
+            known = issued is not None and expires is not None and not entry.failed
+            out[key] = tf.refresh_at(issued, expires, self._fraction) if known and issued and expires else None
+        return out
+
+
+class _PodGoneError(Exception):
+    """The consumer says the pod the tokens are bound to no longer exists (or is another incarnation)."""
+
+
+def _pod_gone(e: KubeError, binding: tf.TokenBinding) -> bool:
+    message = str(e)
+    if e.status == 404:
+        # A missing service account (or namespace-less request) is not a missing pod: keep the Secret.
+        return 'serviceaccounts "' not in message
+    return 400 <= e.status < 500 and bool(binding.pod_uid) and binding.pod_uid in message
+
+
+def _provider_refusal(e: KubeError, what: str) -> ProviderError:
+    if e.transient:
+        return ProviderError(f"{what}: {e}", reason="ProviderUnavailable")
+    return ProviderError(f"{what}: {e}", reason="ProviderFailed")
