@@ -9,16 +9,22 @@ test offloads its own fresh namespace (strategy LocalAndRemote unless it says ot
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from peering.ids import ClusterID
+from peering.kube import rest
+from peering.kube.client import client_from_dict
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, out, peered_session
+from vkprovider.forge.pods import Target
+from vkprovider.remote.tokens import PodTokens, TokenSettings
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +75,7 @@ def config_map(namespace: str, name: str, data: dict[str, str], **annotations: s
     }
 
 
-def warnings(clusters: Clusters, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+def events_about(clusters: Clusters, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = clusters.kubectl_json(
         "consumer", "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name},reason={reason}"
     )["items"]
@@ -165,7 +171,9 @@ def test_unowned_object_on_the_provider_is_left_alone_and_reported(
     theirs = config_map(twin(ids, namespace), "shared", {"owner": "provider-admin"})
     apply(clusters, "gpu-a", theirs)
     apply(clusters, "consumer", config_map(namespace, "shared", {"owner": "consumer"}))
-    events = eventually("collision reported", lambda: warnings(clusters, namespace, "shared", "ReflectionCollision"))
+    events = eventually(
+        "collision reported", lambda: events_about(clusters, namespace, "shared", "ReflectionCollision")
+    )
     assert "not created by gpufed" in events[0]["message"]
     obj = remote(clusters, ids, namespace, "configmap", "shared")
     assert obj is not None and obj["data"] == {"owner": "provider-admin"}
@@ -176,7 +184,7 @@ def test_status_event_on_the_namespace_offloading(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:
     offload(clusters, namespace)
-    events = eventually("Reflecting event", lambda: warnings(clusters, namespace, "offloading", "Reflecting"))
+    events = eventually("Reflecting event", lambda: events_about(clusters, namespace, "offloading", "Reflecting"))
     assert f"reflecting into {twin(ids, namespace)} on {ids['gpu-a']}" in events[0]["message"]
 
 
@@ -339,7 +347,7 @@ def test_ingress_reflected_only_where_the_provider_has_its_class(
         assert ing["spec"]["ingressClassName"] == cls
         assert ing["spec"]["rules"][0]["host"] == "web.example.com"
         events = eventually(
-            "missing class reported", lambda: warnings(clusters, namespace, "elsewhere", "IngressClassMissing")
+            "missing class reported", lambda: events_about(clusters, namespace, "elsewhere", "IngressClassMissing")
         )
         assert "no-such-class" in events[0]["message"]
         assert remote(clusters, ids, namespace, "ingress", "elsewhere") is None
@@ -347,3 +355,128 @@ def test_ingress_reflected_only_where_the_provider_has_its_class(
         gone(clusters, ids, namespace, "ingress", "web")
     finally:
         clusters.kubectl("gpu-a", "delete", "ingressclass", cls, check=False)
+
+
+# ---------------------------------------------------------------------------- ServiceAccount tokens
+
+
+def token_review(clusters: Clusters, token: str) -> dict[str, Any]:
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+    p = clusters.kubectl("consumer", "create", "-f", "-", "-o", "json", input_text=json.dumps(review))
+    status: dict[str, Any] = json.loads(p.stdout)["status"]
+    return status
+
+
+def _token(secret: dict[str, Any]) -> str:
+    return base64.b64decode(secret["data"]["token-0"]).decode()
+
+
+def test_offloaded_pod_gets_a_consumer_token_mounted_where_it_expects_it(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace, "--pod-strategy", "Remote")
+    clusters.run_pod("consumer", namespace, "api-client", container={"resources": {"requests": SMALL}})
+    local = clusters.kubectl_json("consumer", "get", "pod", "api-client", "-n", namespace)
+    token_volume = next(v for v in local["spec"]["volumes"] if v["name"].startswith("kube-api-access-"))
+
+    twin_pod = remote(clusters, ids, namespace, "pod", "api-client")
+    assert twin_pod is not None
+    volumes = {v["name"]: v for v in twin_pod["spec"]["volumes"]}
+    sources = volumes[token_volume["name"]]["projected"]["sources"]
+    paths = {i["path"]: (s["secret"]["name"], i["key"]) for s in sources if "secret" in s for i in s["secret"]["items"]}
+    assert paths == {
+        "token": ("gpufed-token-api-client", "token-0"),
+        "ca.crt": ("gpufed-token-api-client", "ca.crt"),
+        "namespace": ("gpufed-token-api-client", "namespace"),
+    }
+    mounts = twin_pod["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": token_volume["name"],
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    } in mounts
+    env = {e["name"]: e.get("value") for e in twin_pod["spec"]["containers"][0]["env"]}
+    server = clusters.kubectl_json("consumer", "config", "view", "--minify", "--raw")["clusters"][0]["cluster"][
+        "server"
+    ]
+    assert f"https://{env['KUBERNETES_SERVICE_HOST']}:{env['KUBERNETES_SERVICE_PORT']}" == server
+    assert twin_pod["spec"]["automountServiceAccountToken"] is False
+
+    secret = remote(clusters, ids, namespace, "secret", "gpufed-token-api-client")
+    assert secret is not None
+    assert base64.b64decode(secret["data"]["namespace"]).decode() == namespace
+    ca = clusters.kubectl_json("consumer", "get", "configmap", "kube-root-ca.crt", "-n", namespace)["data"]["ca.crt"]
+    assert base64.b64decode(secret["data"]["ca.crt"]).decode() == ca
+    status = token_review(clusters, _token(secret))
+    assert status["authenticated"] is True, status
+    assert status["user"]["username"] == f"system:serviceaccount:{namespace}:default"
+    assert status["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["api-client"]
+
+    # The token is bound to the local pod: deleting the pod removes the Secret and voids the token.
+    clusters.kubectl("consumer", "delete", "pod", "api-client", "-n", namespace, "--wait=true", timeout=90)
+    gone(clusters, ids, namespace, "secret", "gpufed-token-api-client")
+    # (the API server checks the bound pod through its informer cache: give it a moment)
+    eventually(
+        "token voided with its pod", lambda: token_review(clusters, _token(secret)).get("authenticated") is not True
+    )
+
+
+async def test_tokens_are_refreshed_before_expiry(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, api: dict[str, Any]
+) -> None:
+    """A `PodTokens` with a tiny refresh fraction (3607 s tokens renewed after ~7 s) against the real
+    clusters; its pod runs on a consumer node, so the virtual kubelet's own refresher (80 %) never
+    competes for the Secret."""
+    offload(clusters, namespace)
+    local_node = clusters.kubectl_json("consumer", "get", "nodes", "-l", "!gpufed.io/type")["items"][0]
+    clusters.create(
+        "consumer",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "bound", "namespace": namespace},
+            "spec": {
+                "nodeName": local_node["metadata"]["name"],
+                "containers": [{"name": "main", "image": "x", "resources": {"requests": SMALL}}],
+            },
+        },
+    )
+    pod = await rest.get(api["consumer"], rest.path("v1", "pods", "bound", namespace=namespace))
+    assert pod is not None
+    creds = await rest.get(
+        api["consumer"], rest.path("v1", "secrets", f"gpufed-remote-{ids['gpu-a']}", namespace="gpufed")
+    )
+    assert creds is not None
+    remote_api = await client_from_dict(yaml.safe_load(base64.b64decode(creds["data"]["kubeconfig"])))
+    try:
+        tokens = PodTokens(
+            api["consumer"],
+            remote_api,
+            ids["consumer"],
+            TokenSettings("127.0.0.1", 443, refresh_fraction=0.002, resync_s=1.0),
+        )
+        twin_ns = twin(ids, namespace)
+        identity = await tokens.ensure(pod, Target(ids["consumer"], "", twin_ns, ids["gpu-a"]))
+        assert identity is not None and identity.secret_name == "gpufed-token-bound"
+        secret = remote(clusters, ids, namespace, "secret", "gpufed-token-bound")
+        assert secret is not None
+        first = _token(secret)
+        assert token_review(clusters, first)["authenticated"] is True
+
+        async def refreshed() -> str:
+            while True:
+                got = remote(clusters, ids, namespace, "secret", "gpufed-token-bound")
+                if got is not None and _token(got) != first:
+                    return _token(got)
+                await asyncio.sleep(0.5)
+
+        runner = asyncio.create_task(tokens.run(lambda: [twin_ns]))
+        try:
+            second = await asyncio.wait_for(refreshed(), 60)
+        finally:
+            runner.cancel()
+        status = token_review(clusters, second)
+        assert status["authenticated"] is True, status
+        assert status["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["bound"]
+    finally:
+        await remote_api.close()

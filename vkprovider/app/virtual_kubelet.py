@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from peering.kube.budget import set_budget
 from peering.kube.client import KubeError, api_client, client_from_dict
 from peering.kube.watch import watch
 from peering.models import API_VERSION
+from vkprovider.forge.tokens import DEFAULT_REFRESH_FRACTION
 from vkprovider.node.kubeletapi import DEFAULT_STREAM_IDLE_S, KubeletAPI, KubeletAPISettings
 from vkprovider.node.node import NodeController, NodeSettings
 from vkprovider.node.pods import PodController, PodSettings
@@ -37,6 +40,8 @@ from vkprovider.node.servingcert import ServingCertManager, ServingCertSettings,
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
 from vkprovider.remote.streaming import RemoteStreaming
+from vkprovider.remote.tokens import PodTokens, TokenSettings
+from vkprovider.remote.translate import Identity, IPTranslator
 
 #: Client budget towards each API server: a kubelet runs with 50 QPS / burst 100; one virtual
 #: kubelet stands for a whole provider, so it gets more (it is still bounded).
@@ -72,6 +77,11 @@ class VirtualKubeletSettings:
     qps: float = DEFAULT_QPS
     burst: int = DEFAULT_BURST
     pods: PodSettings = field(default_factory=PodSettings)
+    #: host:port offloaded pods use to reach the consumer's API (KUBERNETES_SERVICE_HOST/PORT);
+    #: None: the server of `kubeconfig`, through the IP translator.
+    consumer_api_server: str | None = None
+    #: Fraction of a consumer-issued token's lifetime after which it is renewed.
+    token_refresh_fraction: float = DEFAULT_REFRESH_FRACTION
     #: Seconds between full resyncs of reflected objects.
     reflection_resync_s: float = DEFAULT_RESYNC_S
     version: str = "v0.0.0-gpufed"
@@ -99,6 +109,17 @@ async def _credentials(api: Any, provider: str, log: Any) -> dict[str, Any]:
         await asyncio.sleep(CREDENTIALS_POLL_S)
 
 
+def api_endpoint(server: str, translator: IPTranslator) -> tuple[str, int]:
+    """(host, port) of an API server URL or host:port, the host as the provider's pods reach it."""
+    parsed = urllib.parse.urlsplit(server if "://" in server else f"https://{server}")
+    if not parsed.hostname:
+        raise VirtualKubeletError(f"no host in the consumer API server {server!r}")
+    host = parsed.hostname
+    with contextlib.suppress(ValueError):
+        host = translator.to_remote_ip(str(ipaddress.ip_address(host)))
+    return host, parsed.port or 443
+
+
 async def run(settings: VirtualKubeletSettings) -> None:
     log = structlog.get_logger().bind(node=settings.node_name, remote_cluster=settings.provider)
     async with api_client(settings.kubeconfig, settings.context) as api:
@@ -113,10 +134,20 @@ async def run(settings: VirtualKubeletSettings) -> None:
         remote_api = await client_from_dict(cfg)
         try:
             set_budget(remote_api, settings.qps, settings.burst)
+            translator = Identity()  # the fabric's remapper, once pod CIDRs are remapped
+            api_host, api_port = api_endpoint(settings.consumer_api_server or api.configuration.host, translator)
+            tokens = PodTokens(
+                api,
+                remote_api,
+                consumer,
+                TokenSettings(api_host, api_port, refresh_fraction=settings.token_refresh_fraction),
+            )
             provider = RemoteProvider(
                 api,
                 remote_api,
                 RemoteSettings(consumer, settings.provider, settings.node_name, settings.node_address),
+                translator,
+                tokens,
             )
             node = NodeController(
                 api,
@@ -131,7 +162,10 @@ async def run(settings: VirtualKubeletSettings) -> None:
             )
             pods = PodController(api, provider, settings.node_name, settings.pods)
             reflection = Reflection(
-                api, remote_api, ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s)
+                api,
+                remote_api,
+                ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s),
+                translator,
             )
 
             def on_namespace(local: str, twin: str | None) -> None:

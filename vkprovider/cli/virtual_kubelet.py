@@ -58,6 +58,14 @@ def virtual_kubelet(
     qps: Annotated[float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")] = DEFAULT_QPS,
     burst: Annotated[int, typer.Option("--burst", envvar="GPUFED_BURST", help="request burst")] = DEFAULT_BURST,
     workers: Annotated[int, typer.Option("--workers", envvar="GPUFED_WORKERS", help="concurrent pod reconciles")] = 32,
+    consumer_api_server: Annotated[
+        str | None,
+        typer.Option(
+            "--consumer-api-server",
+            envvar="GPUFED_CONSUMER_API_SERVER",
+            help="host:port offloaded pods use to reach this cluster's API [default: the kubeconfig's server]",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run one virtual node backed by a peered provider (the controller starts one per provider)."""
@@ -87,6 +95,7 @@ def virtual_kubelet(
         qps=qps,
         burst=burst,
         pods=PodSettings(workers=workers),
+        consumer_api_server=consumer_api_server,
         version=f"v{version('gpufed')}-gpufed",
     )
 

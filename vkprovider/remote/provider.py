@@ -5,9 +5,12 @@ Owns, for one (consumer, provider, virtual node):
   namespace maps to which twin namespace), and per ready twin namespace a watch on the twins this
   virtual node owns (label `gpufed.io/origin-node=<node>`) and on the namespace's Events;
 - creating twins (forge.pods.remote_pod) after the ConfigMaps and Secrets they reference exist in
-  the twin namespace (copied from the consumer, never overwriting an object gpufed did not create),
+  the twin namespace (copied from the consumer with the reflection forge, never overwriting an
+  object gpufed did not create, refused when annotated `gpufed.io/skip-reflection`) and, with
+  `tokens`, after their consumer-issued service-account token Secret exists (remote.tokens),
   deleting them with UID preconditions, mapping API refusals to `ProviderError` with the provider's
   own message (e.g. the quota's "exceeded quota: gpufed-grant, requested: ...");
+- telling listeners (reflection) when a twin namespace becomes Ready or goes;
 - remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
   replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement);
 - the node's state: capacity and GPU labels from this provider's granted ResourceSlices (consumer
@@ -45,6 +48,7 @@ from peering.quantity import format_quantity, parse
 from vkprovider.forge import pods as forge
 from vkprovider.forge import reflection
 from vkprovider.node.provider import NOT_FOUND, NodeState, Notify, ProviderError, Twin
+from vkprovider.remote.tokens import PodTokens
 from vkprovider.remote.translate import Identity, IPTranslator
 
 COMPONENT = "gpufed-virtual-kubelet"
@@ -76,11 +80,14 @@ class RemoteProvider:
         remote_api: Any,
         settings: RemoteSettings,
         translator: IPTranslator | None = None,
+        tokens: PodTokens | None = None,
     ) -> None:
         self.local = local_api
         self.remote = remote_api
         self.settings = settings
         self.translator = translator or Identity()
+        #: Consumer-issued service-account tokens for twins (None: twins run without an identity).
+        self.tokens = tokens
         self.ready = asyncio.Event()
         self.tenant_ns = tenant_namespace(ClusterID(settings.consumer))
         #: local namespace -> twin namespace (Ready TwinNamespaces only), and back.
@@ -127,6 +134,8 @@ class RemoteProvider:
                     )
                 )
                 self._tg = tg
+                if self.tokens is not None:
+                    tg.create_task(self.tokens.run(lambda: list(self.twin_ns.values())))
                 await twins_synced.wait()  # each Ready twin namespace has started its watches by now
                 await asyncio.gather(*(e.wait() for e in self._synced.values()))
                 self.ready.set()
@@ -301,7 +310,8 @@ class RemoteProvider:
         target = self._target(namespace, name)
         for ref in forge.references(pod):
             await self._copy_reference(namespace, ref, target)
-        body = forge.remote_pod(pod, target)
+        identity = await self.tokens.ensure(pod, target) if self.tokens is not None else None
+        body = forge.remote_pod(pod, target, identity)
         url = rest.path("v1", "pods", namespace=target.namespace)
         try:
             created = await rest.create(self.remote, url, body, what=f"create twin {target.namespace}/{name}")
@@ -432,6 +442,8 @@ class RemoteProvider:
             if e.conflict:  # the UID precondition: that twin is already gone
                 return
             raise self._refusal(e, "cannot delete the twin") from e
+        if self.tokens is not None:
+            await self.tokens.forget(namespace, name, meta["namespace"], uid=uid)
         if grace_period_s == 0:
             with contextlib.suppress(KeyError):
                 if self._twins[(namespace, name)]["metadata"].get("uid") == meta["uid"]:

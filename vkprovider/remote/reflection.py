@@ -49,6 +49,7 @@ from peering.kube.watch import watch
 from peering.models import API_VERSION
 from vkprovider.forge import reflection as forge
 from vkprovider.forge.pods import Target
+from vkprovider.forge.tokens import TOKEN_FOR_POD_LABEL
 from vkprovider.remote.translate import Identity, IPTranslator
 
 COMPONENT = "gpufed-reflection"
@@ -59,8 +60,6 @@ DEFAULT_WORKERS = 8
 #: Seconds before a watch that failed with a non-transient error (e.g. 403 while the provider is
 #: still binding the twin namespace) is tried again.
 WATCH_RETRY_S = 2.0
-#: Label of the token Secrets `remote.tokens` writes into twin namespaces: not reflected objects.
-TOKEN_LABEL = "gpufed.io/token-for-pod"  # noqa: S105 -- a label key, not a password
 DEFAULT_CLASS_ANNOTATION = "ingressclass.kubernetes.io/is-default-class"
 
 Key = tuple[str, str, str]  # (kind, local namespace, name)
@@ -280,7 +279,7 @@ class Reflection:
             if self._ns.get(local_ns) is not state:
                 return
             labels = obj["metadata"].get("labels") or {}
-            if TOKEN_LABEL in labels:
+            if TOKEN_FOR_POD_LABEL in labels:
                 return  # remote.tokens' Secrets have no local counterpart
             name = obj["metadata"]["name"]
             if t == "DELETED":
