@@ -1,6 +1,6 @@
 """`python -m bench`: the command line of `make bench` — which parts, which sizes, keep or stop.
 
-Owns: argument parsing, running the chosen parts in order (one module per part; today `offload`),
+Owns: argument parsing, running the chosen parts in order (one module per part: `offload`, `reflection`),
 stamping each result with the machine it ran on, and handing results to `bench.report`, which
 writes bench/results/<part>.json and regenerates docs/benchmarks.md. Exits non-zero only when a
 part could not run (a missed target is a result, not an error).
@@ -12,9 +12,11 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench import offload, report
+from bench import offload, reflection, report
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -27,7 +29,7 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-PARTS = ("offload",)
+PARTS = ("offload", "reflection")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -38,11 +40,36 @@ def _parts(text: str) -> tuple[str, ...]:
     return parts
 
 
+def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+    if part == "offload":
+        return offload.run(
+            offload.OffloadOptions(
+                sizes=args.pods,
+                state_dir=args.state_dir,
+                bin_dir=bin_dir,
+                base_port=args.base_port,
+                concurrency=args.concurrency,
+                keep=args.keep,
+            ),
+            progress,
+        )
+    return reflection.run(
+        reflection.ReflectionOptions(
+            args.state_dir, bin_dir, args.base_port, rate=args.rate, duration_s=args.duration, keep=args.keep
+        ),
+        progress,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0] if __doc__ else None)
     p.add_argument("--parts", type=_parts, default=PARTS, help=f"comma-separated parts to run ({', '.join(PARTS)})")
     p.add_argument("--pods", type=_sizes, default=offload.DEFAULT_SIZES, help="burst sizes, e.g. 100,500 (default 500)")
     p.add_argument("--concurrency", type=int, default=offload.DEFAULT_CONCURRENCY, help="concurrent creates (64)")
+    p.add_argument("--rate", type=float, default=reflection.DEFAULT_RATE, help="reflection: changes/s (20)")
+    p.add_argument(
+        "--duration", type=float, default=reflection.DEFAULT_DURATION_S, help="reflection: seconds per kind (20)"
+    )
     p.add_argument("--keep", action="store_true", help="leave the bench clusters running afterwards")
     p.add_argument("--state-dir", type=Path, default=offload.DEFAULT_STATE_DIR, help="bench environment state")
     p.add_argument("--base-port", type=int, default=offload.DEFAULT_BASE_PORT, help="first loopback port (16000)")
@@ -60,23 +87,14 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = report.machine_info(bin_dir, args.state_dir)
     for part in args.parts:
-        if part == "offload":
-            opts = offload.OffloadOptions(
-                sizes=args.pods,
-                state_dir=args.state_dir,
-                bin_dir=bin_dir,
-                base_port=args.base_port,
-                concurrency=args.concurrency,
-                keep=args.keep,
-            )
-            try:
-                data = offload.run(opts, progress)
-            except Exception as e:
-                print(f"bench: part {part} failed: {type(e).__name__}: {e}", file=sys.stderr)
-                return 1
+        try:
+            data = _run_part(part, args, bin_dir, progress)
+        except Exception as e:
+            print(f"bench: part {part} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
         data["machine"] = machine
         path = report.write_result(part, data)
-        print(report.text_table(data))
+        print(report.text_table(data) if part == "offload" else report.reflection_table(data))
         print(f"wrote {path}")
     print(f"wrote {report.write_docs()}")
     return 0

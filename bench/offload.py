@@ -171,11 +171,6 @@ async def ensure_namespace(api: Any, name: str) -> None:
     await until(f"the default ServiceAccount of {name}", sa, 60)
 
 
-def _ready(node: dict[str, Any] | None) -> bool:
-    conds = ((node or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty list."""
     ordered = sorted(values)
@@ -382,7 +377,18 @@ async def delete_all(api: Any, namespace: str, remote_api: Any = None, twin_ns: 
 # ------------------------------------------------------------------------------------ the part
 
 
-async def _offload_namespace(
+async def peer(kc: Path, *, pods: int) -> None:
+    """Peer consumer -> gpu-a with the CLI (it returns once the virtual node is Ready)."""
+    code, out = await gpufed_cli(
+        "peer", "--kubeconfig", str(kc), "--context", CONSUMER,
+        "--remote-kubeconfig", str(kc), "--remote-context", PROVIDER,
+        "--gpus", "8", "--cpu", "400", "--memory", "2Ti", "--pods", str(pods),
+    )  # fmt: skip
+    if code != 0:
+        raise RuntimeError(f"gpufed peer failed ({code}):\n{out}")
+
+
+async def offload_namespace(
     env: LocalEnvironment, consumer: Any, provider: Any, ids: dict[str, str]
 ) -> tuple[str, str]:
     """Offload VK_NS to gpu-a; (how, twin namespace name)."""
@@ -462,22 +468,11 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
         ids = {CONSUMER: await cluster_id(consumer), PROVIDER: await cluster_id(provider)}
         vnode = f"gpufed-{ids[PROVIDER]}"
         progress(f"peering {CONSUMER} ({ids[CONSUMER]}) with {PROVIDER} ({ids[PROVIDER]})")
-        code, out = await gpufed_cli(
-            "peer", "--kubeconfig", str(kc), "--context", CONSUMER,
-            "--remote-kubeconfig", str(kc), "--remote-context", PROVIDER,
-            "--gpus", "8", "--cpu", "400", "--memory", "2Ti", "--pods", str(max(opts.sizes) + 50),
-        )  # fmt: skip
-        if code != 0:
-            raise RuntimeError(f"gpufed peer failed ({code}):\n{out}")
-
-        async def node_ready() -> bool:
-            return _ready(await rest.get(consumer, rest.path("v1", "nodes", vnode)))
-
-        await until(f"virtual node {vnode} Ready", node_ready, 120)
+        await peer(kc, pods=max(opts.sizes) + 50)
         progress(f"virtual node {vnode} Ready")
         for ns in (LOCAL_NS, VK_NS):
             await ensure_namespace(consumer, ns)
-        how, twin_ns = await _offload_namespace(env, consumer, provider, ids)
+        how, twin_ns = await offload_namespace(env, consumer, provider, ids)
         progress(f"{VK_NS} offloaded ({how}); twin namespace {PROVIDER}/{twin_ns}")
         # Leftovers of an interrupted earlier run (--keep) would be counted otherwise.
         await delete_all(consumer, LOCAL_NS)

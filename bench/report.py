@@ -271,7 +271,59 @@ def _offload_summary(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {"offload": _offload_section}
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:g} ms"
+
+
+def _reflection_section(data: dict[str, Any]) -> list[str]:
+    env = data.get("environment") or {}
+    m = data.get("machine") or {}
+    lines = [
+        "## Reflection",
+        "",
+        f"Measured {m.get('date', '?')} on {m.get('cpu', '?')} ({m.get('cores', '?')} cores). "
+        f"{env.get('objects', '?')} objects per kind in the offloaded namespace, changed round-robin at a steady "
+        f"rate for {env.get('duration_s', '?')} s; each change carries a sequence number. *local watch* is the "
+        "baseline: the consumer API server's own write-to-watch delay, which any controller pays. *provider copy* "
+        "is the time from the local write returning to the provider's watch seeing the reflected change "
+        "(consumer watch -> gpufed reflector -> server-side apply on the provider -> provider watch).",
+        "",
+        "| kind | changes | rate | path | p50 | p90 | p99 | max | unobserved | target p99 |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for kind, r in sorted((data.get("kinds") or {}).items()):
+        for side, label in (("local", "local watch"), ("remote", "provider copy")):
+            st = r.get(side) or {}
+            target = ""
+            if side == "remote":
+                v = r.get("verdict") or {}
+                target = f"≤ {v.get('target_p99_ms'):g} ms: **{'met' if v.get('met') else 'missed'}**"
+            lines.append(
+                f"| {kind} | {r.get('changes')} | {r.get('rate_per_s')}/s | {label} | {_ms(st.get('p50_ms'))} | "
+                f"{_ms(st.get('p90_ms'))} | {_ms(st.get('p99_ms'))} | {_ms(st.get('max_ms'))} | "
+                f"{st.get('unobserved', '—')} | {target} |"
+            )
+    lines.append("")
+    return lines
+
+
+def reflection_table(data: dict[str, Any]) -> str:
+    """A plain summary of one reflection run for the terminal."""
+    rows = [f"{'kind':<14} {'path':<7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'lost':>5}"]
+    for kind, r in sorted((data.get("kinds") or {}).items()):
+        for side in ("local", "remote"):
+            st = r.get(side) or {}
+            rows.append(
+                f"{kind:<14} {side:<7} {st.get('p50_ms', '-'):>8} {st.get('p99_ms', '-'):>8} "
+                f"{st.get('max_ms', '-'):>8} {st.get('unobserved', '-'):>5}"
+            )
+    return "\n".join(rows)
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "offload": _offload_section,
+    "reflection": _reflection_section,
+}
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
@@ -286,7 +338,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         "Benchmarks are never timed tests: a missed target is reported here, not failed.",
         "",
         "```sh",
-        "make bench                                   # offload part, N=500",
+        "make bench                                   # offload (N=500) and reflection parts",
+        "make bench BENCH_ARGS='--parts reflection'   # one part",
         "make bench BENCH_ARGS='--pods 100,500'       # several sizes",
         "make bench BENCH_ARGS='--pods 500 --keep'    # leave the bench clusters running afterwards",
         "make bench BENCH_ARGS='--report-only'        # regenerate this file from bench/results",

@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import pytest
-
 from peering.ids import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -23,11 +21,11 @@ from vkprovider.forge.pods import (
     local_status,
     owned_by,
     references,
-    remote_object,
     remote_pod,
     status_differs,
     terminated_status,
 )
+from vkprovider.forge.reflection import remote_config_map
 from vkprovider.forge.tokens import PodIdentity
 
 UID = "7d0c4b7e-1f0a-4d7c-9d1e-3b5f0e2a9c11"
@@ -806,7 +804,7 @@ def test_references_of_the_admitted_pod_skip_the_service_account_volume() -> Non
     assert references(admitted_pod()) == []
 
 
-# ---------------------------------------------------------------- remote_object and owned_by
+# ---------------------------------------------------------------- owned_by
 
 
 def local_object(kind: str, **fields: Any) -> dict[str, Any]:
@@ -829,51 +827,6 @@ def local_object(kind: str, **fields: Any) -> dict[str, Any]:
 ORIGIN = {ORIGIN_CLUSTER_LABEL: "consumer-1a2b3c4d", ORIGIN_UID_LABEL: "u-1", MANAGED_BY_LABEL: MANAGED_BY}
 
 
-def test_remote_config_map() -> None:
-    local = local_object("ConfigMap", data={"a": "1"}, binaryData={"b": "AA=="}, immutable=True)
-    assert remote_object(local, TARGET) == {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "app",
-            "namespace": "team-consumer-1a2b3c4d",
-            "labels": {"app": "x", **ORIGIN},
-            "annotations": {"note": "keep"},
-        },
-        "data": {"a": "1"},
-        "binaryData": {"b": "AA=="},
-        "immutable": True,
-    }
-
-
-def test_remote_secret() -> None:
-    local = local_object("Secret", type="kubernetes.io/dockerconfigjson", data={".dockerconfigjson": "e30="})
-    assert remote_object(local, TARGET) == {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": "app",
-            "namespace": "team-consumer-1a2b3c4d",
-            "labels": {"app": "x", **ORIGIN},
-            "annotations": {"note": "keep"},
-        },
-        "type": "kubernetes.io/dockerconfigjson",
-        "data": {".dockerconfigjson": "e30="},
-    }
-
-
-@pytest.mark.parametrize(
-    "local",
-    [
-        local_object("Secret", type="kubernetes.io/service-account-token", data={"token": "dA=="}),
-        local_object("Service", spec={}),
-        local_object("Pod", spec={}),
-    ],
-)
-def test_remote_object_refuses(local: dict[str, Any]) -> None:
-    assert remote_object(local, TARGET) is None
-
-
 def test_owned_by() -> None:
     twin = remote_pod(admitted_pod(), TARGET)
     assert owned_by(twin, "consumer-1a2b3c4d")
@@ -881,6 +834,6 @@ def test_owned_by() -> None:
     assert not owned_by(twin, "consumer-1a2b3c4d", "other-uid")
     assert not owned_by(twin, "consumer-ffffffff")
     assert not owned_by({"metadata": {"name": "x"}}, "consumer-1a2b3c4d")
-    config_map = remote_object(local_object("ConfigMap", data={}), TARGET)
+    config_map = remote_config_map(local_object("ConfigMap", data={}), TARGET)
     assert config_map is not None and owned_by(config_map, "consumer-1a2b3c4d", "u-1")
     assert ORIGIN_NODE_LABEL not in config_map["metadata"]["labels"]

@@ -2,8 +2,9 @@
 
 Owns: what a remote twin pod looks like (metadata, origin labels, the spec with everything that only
 makes sense on the consumer removed), the status patch that mirrors the twin's status onto the local
-pod, the terminal status reported when a pod is deleted, which ConfigMaps and Secrets a pod needs,
-their remote twins, and the ownership test every update/delete of a remote object must pass.
+pod, the terminal status reported when a pod is deleted, which ConfigMaps and Secrets a pod needs
+(their copies are `forge.reflection`'s), and the ownership test every update/delete of a remote
+object must pass.
 
 Invariants: a remote twin always carries the origin labels (consumer ClusterID, local UID, and for
 pods the virtual node); nothing bound to the consumer cluster (service-account names, the
@@ -538,27 +539,6 @@ def references(pod: Mapping[str, Any]) -> list[Reference]:
         key = (ref.kind, ref.name)
         optional[key] = optional.get(key, True) and ref.optional
     return sorted(Reference(kind, name, opt) for (kind, name), opt in optional.items())
-
-
-def remote_object(local: Mapping[str, Any], target: Target) -> dict[str, Any] | None:
-    """Twin of a ConfigMap or Secret; None for other kinds and service-account-token Secrets."""
-    kind = local.get("kind")
-    if kind not in ("ConfigMap", "Secret"):
-        return None
-    # A service-account token is bound to the consumer's API server: useless and a leak remotely.
-    if kind == "Secret" and local.get("type") == SA_TOKEN_SECRET_TYPE:
-        return None
-    meta = local.get("metadata") or {}
-    # No ORIGIN_NODE_LABEL: several virtual nodes share one twin namespace and its objects.
-    metadata = _twin_metadata(local, target, _origin_labels(meta, target))
-    # Only last-applied is dropped here: annotations on ConfigMaps/Secrets are the user's data.
-    metadata["annotations"] = _annotations(meta, drop_gpufed=False)
-    out: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
-    fields = ("data", "binaryData", "immutable") if kind == "ConfigMap" else ("type", "data", "immutable")
-    for field in fields:
-        if field in local:
-            out[field] = copy.deepcopy(local[field])
-    return out
 
 
 def owned_by(remote: Mapping[str, Any], consumer: str, uid: str | None = None) -> bool:
