@@ -163,6 +163,32 @@ def test_skip_and_allow_annotations(clusters: Clusters, ids: dict[str, ClusterID
     eventually("plain back after allow-list mode", lambda: remote(clusters, ids, namespace, "configmap", "plain"))
     assert remote(clusters, ids, namespace, "configmap", "private") is None
 
+    # A pod that needs a skipped ConfigMap is refused, saying why.
+    clusters.create(
+        "consumer",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "needs-private", "namespace": namespace},
+            "spec": {
+                "nodeSelector": {"gpufed.io/type": "virtual-node"},
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "x",
+                        "resources": {"requests": SMALL},
+                        "envFrom": [{"configMapRef": {"name": "private"}}],
+                    }
+                ],
+            },
+        },
+    )
+    refused = eventually(
+        "refusal Event", lambda: events_about(clusters, namespace, "needs-private", "ReferenceNotReflected")
+    )
+    assert "private" in refused[0]["message"] and "skip-reflection" in refused[0]["message"]
+    assert remote(clusters, ids, namespace, "pod", "needs-private") is None
+
 
 def test_unowned_object_on_the_provider_is_left_alone_and_reported(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str

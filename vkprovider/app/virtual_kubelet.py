@@ -175,6 +175,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
                     reflection.start_namespace(local, twin)
 
             provider.namespace_listeners.append(on_namespace)
+            provider.namespace_annotations = reflection.namespace_annotations
             tls = ServingTLS()
             certs = ServingCertManager(api, settings.node_name, settings.node_address, tls, settings.serving_cert)
             kubelet = KubeletAPI(

@@ -107,6 +107,8 @@ class RemoteProvider:
         #: Called with (local namespace, twin namespace) when a twin namespace becomes Ready and with
         #: (local namespace, None) when it goes (reflection starts and stops its reflectors).
         self.namespace_listeners: list[Callable[[str, str | None], None]] = []
+        #: A namespace's annotations (the reflection policy's allow-list mode), from reflection.
+        self.namespace_annotations: Callable[[str], Mapping[str, str]] = lambda _ns: {}
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider, node=settings.node)
 
     # ---- provider view
@@ -362,9 +364,10 @@ class RemoteProvider:
                 f"{self.settings.provider} until it exists",
                 reason="ReferenceNotFound",
             )
-        if reflection.policy(local, {}).reason == "Skipped":  # allow-list mode does not stop what a pod needs
+        decision = reflection.policy(local, self.namespace_annotations(namespace))
+        if decision.reason in ("Skipped", "NotAllowed"):  # the reflector would remove the copy again
             raise ProviderError(
-                f"{ref.kind} {namespace}/{ref.name} is annotated {reflection.SKIP_ANNOTATION}: the pod needs it on "
+                f"{ref.kind} {namespace}/{ref.name} is not reflected ({decision.message}): the pod needs it on "
                 f"{self.settings.provider} and cannot be offloaded without it",
                 reason="ReferenceNotReflected",
             )

@@ -118,8 +118,9 @@ class Reflection:
         self._classes: dict[str, dict[str, Any]] = {}
         self._classes_known = False
         self._queue: WorkQueue[Key] = WorkQueue(f"reflection-{settings.provider}")
-        #: (local uid, remote uid or reason) already reported, so a resync does not repeat an Event.
-        self._reported: set[tuple[str, str]] = set()
+        #: Per local object UID (or "ns/<namespace>" for namespace-wide reports): what was already
+        #: reported, so a resync or a retrying watch does not repeat an Event. Dropped with the object.
+        self._reported: dict[str, set[str]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._pending: dict[str, str] = {}
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
@@ -168,8 +169,15 @@ class Reflection:
             state.task.cancel()
         for cache in (*self._local.values(), *self._remote.values()):
             for key in [k for k in cache if k[0] == local_ns]:
-                del cache[key]
+                obj = cache.pop(key)
+                self._reported.pop(str(obj["metadata"].get("uid")), None)
+        self._reported.pop(f"ns/{local_ns}", None)
         self._log.info("reflection stopped", namespace=local_ns)
+
+    def namespace_annotations(self, local_ns: str) -> Mapping[str, str]:
+        """The annotations of a reflected namespace as last seen (policy input); empty when unknown."""
+        state = self._ns.get(local_ns)
+        return state.annotations if state is not None else {}
 
     def namespaces(self) -> dict[str, str]:
         """Reflected local namespace -> twin namespace."""
@@ -214,8 +222,9 @@ class Reflection:
             return cb
 
         def report(message: str) -> None:
-            if (local_ns, message) not in self._reported:  # a failing watch retries every few seconds
-                self._reported.add((local_ns, message))
+            seen = self._reported.setdefault(f"ns/{local_ns}", set())
+            if message not in seen:  # a failing watch retries every few seconds
+                seen.add(message)
                 self._status_event(local_ns, "Warning", "ReflectionFailed", message)
 
         async with asyncio.TaskGroup() as tg:
@@ -261,6 +270,7 @@ class Reflection:
             name = obj["metadata"]["name"]
             if t == "DELETED":
                 cache.pop((local_ns, name), None)
+                self._reported.pop(str(obj["metadata"].get("uid")), None)
             else:
                 obj.setdefault("kind", kind.kind)
                 obj.setdefault("apiVersion", kind.api_version)
@@ -360,11 +370,11 @@ class Reflection:
             return None, decision.reason, decision.message
         target = Target(self.settings.consumer, "", state.twin, self.settings.provider)
         if kind is CONFIG_MAP:
-            return forge.remote_config_map(local, target), "NotReflected", ""
+            return forge.remote_config_map(local, target), "", ""
         if kind is SECRET:
-            return forge.remote_secret(local, target), "NotReflected", ""
+            return forge.remote_secret(local, target), "", ""
         if kind is SERVICE:
-            return forge.remote_service(local, target), "NotReflected", ""
+            return forge.remote_service(local, target), "", ""
         if kind is ENDPOINT_SLICE:
             services = self._reflected_services(local_ns, state)
             return forge.remote_endpoint_slice(local, target, self.translator.to_remote_ip, services), "", ""
@@ -433,10 +443,10 @@ class Reflection:
     async def _report_once(self, local: Mapping[str, Any] | None, reason: str, message: str, token: str) -> None:
         if local is None:
             return
-        key = (str(local["metadata"].get("uid")), f"{reason}/{token}")
-        if key in self._reported:
+        seen = self._reported.setdefault(str(local["metadata"].get("uid")), set())
+        if f"{reason}/{token}" in seen:
             return
-        self._reported.add(key)
+        seen.add(f"{reason}/{token}")
         self._log.warning(
             "reflection refused",
             kind=local.get("kind"),
