@@ -538,17 +538,19 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
     }
 
 
+def environment(state_dir: Path, bin_dir: Path, base_port: int) -> LocalEnvironment:
+    """The bench environment (every part uses the same one) with gpufed installed."""
+    return LocalEnvironment(
+        LocalSettings(
+            state_dir, bin_dir, build_script=REPO / "deploy" / "local" / "build.sh", manifests_dir=REPO / "deploy"
+        ),
+        bench_topology(base_port),
+    )
+
+
 def run(opts: OffloadOptions, progress: Progress) -> dict[str, Any]:
     """Start the bench environment, run every size, stop the environment unless `opts.keep`."""
-    env = LocalEnvironment(
-        LocalSettings(
-            opts.state_dir,
-            opts.bin_dir,
-            build_script=REPO / "deploy" / "local" / "build.sh",
-            manifests_dir=REPO / "deploy",
-        ),
-        bench_topology(opts.base_port),
-    )
+    env = environment(opts.state_dir, opts.bin_dir, opts.base_port)
     limit = max_pods(env.topology)
     if max(opts.sizes) > limit:
         raise ValueError(f"--pods {max(opts.sizes)}: the bench clusters hold at most {limit} pods per burst")

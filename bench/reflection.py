@@ -27,7 +27,7 @@ from bench.offload import CONSUMER, PROVIDER, VK_NS, percentile
 from peering.kube import rest
 from peering.kube.client import api_client
 from peering.kube.watch import watch
-from vkprovider.localenv.launcher import LocalEnvironment, LocalSettings
+from vkprovider.localenv.launcher import LocalEnvironment
 
 SEQ = "bench.gpufed.io/seq"
 DEFAULT_RATE = 20.0
@@ -186,15 +186,7 @@ async def _run(env: LocalEnvironment, opts: ReflectionOptions, progress: Progres
 
 
 def run(opts: ReflectionOptions, progress: Progress) -> dict[str, Any]:
-    env = LocalEnvironment(
-        LocalSettings(
-            opts.state_dir,
-            opts.bin_dir,
-            build_script=offload.REPO / "deploy" / "local" / "build.sh",
-            manifests_dir=offload.REPO / "deploy",
-        ),
-        offload.bench_topology(opts.base_port),
-    )
+    env = offload.environment(opts.state_dir, opts.bin_dir, opts.base_port)
     try:
         return asyncio.run(_run(env, opts, progress))
     finally:

@@ -284,7 +284,8 @@ def _reflection_section(data: dict[str, Any]) -> list[str]:
         f"Measured {m.get('date', '?')} on {m.get('cpu', '?')} ({m.get('cores', '?')} cores). "
         f"{env.get('objects', '?')} objects per kind in the offloaded namespace, changed round-robin at a steady "
         f"rate for {env.get('duration_s', '?')} s; each change carries a sequence number. *local watch* is the "
-        "baseline: the consumer API server's own write-to-watch delay, which any controller pays. *provider copy* "
+        "baseline: the consumer API server's own write-to-watch delay, which any controller pays (the watch event "
+        "often arrives before the write's response; such negative delays count as 0). *provider copy* "
         "is the time from the local write returning to the provider's watch seeing the reflected change "
         "(consumer watch -> gpufed reflector -> server-side apply on the provider -> provider watch).",
         "",
