@@ -1,4 +1,4 @@
-"""Helpers the e2e modules share: the gpufed CLI as a user runs it, peering, polling."""
+"""Helpers the e2e modules share: the gpufed CLI as a user runs it, peering, offloading, polling, workloads."""
 
 from __future__ import annotations
 
@@ -101,3 +101,35 @@ def peered_session(clusters: Clusters, providers: dict[str, tuple[str, ...]]) ->
         for provider in providers:
             p = unpeer(clusters, provider)
             assert p.returncode == 0, out(p)
+
+
+def offload(clusters: Clusters, namespace: str, *flags: str) -> None:
+    p = gpufed(
+        "offload-namespace", namespace, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer", *flags
+    )
+    assert p.returncode == 0, out(p)
+
+
+def deployment(name: str, namespace: str, replicas: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "nginx:1.27",
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                        }
+                    ],
+                    **spec,
+                },
+            },
+        },
+    }

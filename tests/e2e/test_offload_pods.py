@@ -20,7 +20,7 @@ import pytest
 
 from peering.ids import ClusterID
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpufed, out, peered_session
+from tests.e2e.helpers import deployment, eventually, offload, peered_session
 
 pytestmark = pytest.mark.e2e
 
@@ -40,13 +40,6 @@ def vnode(ids: dict[str, ClusterID], provider: str) -> str:
 
 def twin_ns(ids: dict[str, ClusterID], namespace: str) -> str:
     return f"{namespace}-{ids['consumer']}"
-
-
-def offload(clusters: Clusters, namespace: str, *flags: str) -> None:
-    p = gpufed(
-        "offload-namespace", namespace, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer", *flags
-    )
-    assert p.returncode == 0, out(p)
 
 
 def pods(clusters: Clusters, context: str, namespace: str, *selector: str) -> list[dict[str, Any]]:
@@ -73,31 +66,6 @@ def wait_ready(clusters: Clusters, namespace: str, count: int, selector: str) ->
 
     result: list[dict[str, Any]] = eventually(f"{count} running pods ({selector})", ready, timeout=90)
     return result
-
-
-def deployment(name: str, namespace: str, replicas: int, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "nginx:1.27",
-                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-                        }
-                    ],
-                    **spec,
-                },
-            },
-        },
-    }
 
 
 # ---------------------------------------------------------------------------- the main story

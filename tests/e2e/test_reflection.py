@@ -22,7 +22,7 @@ from peering.ids import ClusterID
 from peering.kube import rest
 from peering.kube.client import client_from_dict
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpufed, out, peered_session
+from tests.e2e.helpers import deployment, eventually, gpufed, offload, out, peered_session
 from vkprovider.forge.pods import Target
 from vkprovider.remote.tokens import PodTokens, TokenSettings
 
@@ -34,13 +34,6 @@ SMALL = {"cpu": "10m", "memory": "16Mi"}
 @pytest.fixture(scope="module")
 def ids(clusters: Clusters) -> Iterator[dict[str, ClusterID]]:
     yield from peered_session(clusters, {"gpu-a": ("--gpus", "8")})
-
-
-def offload(clusters: Clusters, namespace: str, *flags: str) -> None:
-    p = gpufed(
-        "offload-namespace", namespace, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer", *flags
-    )
-    assert p.returncode == 0, out(p)
 
 
 def twin(ids: dict[str, ClusterID], namespace: str) -> str:
@@ -248,27 +241,7 @@ def test_service_endpoints_include_offloaded_pods_and_follow_scaling(
 ) -> None:
     offload(clusters, namespace)
     apply(clusters, "consumer", _service(namespace, "web", "ClusterIP"))
-    virtual = {"gpufed.io/type": "virtual-node"}
-    apply(
-        clusters,
-        "consumer",
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": namespace},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    "spec": {
-                        "nodeSelector": virtual,
-                        "containers": [{"name": "main", "image": "nginx:1.27", "resources": {"requests": SMALL}}],
-                    },
-                },
-            },
-        },
-    )
+    apply(clusters, "consumer", deployment("web", namespace, 2, nodeSelector={"gpufed.io/type": "virtual-node"}))
     # One consumer-local backend beside them.
     clusters.create(
         "consumer",
@@ -506,3 +479,33 @@ async def test_tokens_are_refreshed_before_expiry(
         assert status["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["bound"]
     finally:
         await remote_api.close()
+
+
+def test_offloading_grants_the_virtual_kubelets_read_access_and_unoffloading_revokes_it(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    binding = clusters.kubectl_json("consumer", "get", "rolebinding", "gpufed-reflection", "-n", namespace)
+    assert binding["roleRef"]["name"] == "gpufed-virtual-kubelet-reflection"
+    vk = ["--as=gpufed:virtual-kubelet"]
+    assert (
+        clusters.kubectl("consumer", "auth", "can-i", "list", "secrets", "-n", namespace, *vk).stdout.strip() == "yes"
+    )
+    # Nothing outside offloaded namespaces.
+    denied = clusters.kubectl("consumer", "auth", "can-i", "list", "secrets", "-n", "kube-system", *vk, check=False)
+    assert denied.stdout.strip() == "no"
+    apply(clusters, "consumer", config_map(namespace, "settings", {"lr": "0.1"}))
+    eventually("ConfigMap on gpu-a", lambda: remote(clusters, ids, namespace, "configmap", "settings"))
+
+    p = gpufed("unoffload-namespace", namespace, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
+    assert p.returncode == 0, out(p)
+    # The twin namespace (with every copy in it) is gone, and so is the virtual kubelets' access.
+    eventually(
+        "twin namespace deleted",
+        lambda: "NotFound" in clusters.kubectl("gpu-a", "get", "namespace", twin(ids, namespace), check=False).stderr,
+    )
+    assert clusters.kubectl(
+        "consumer", "get", "rolebinding", "gpufed-reflection", "-n", namespace, check=False
+    ).returncode
+    again = clusters.kubectl("consumer", "auth", "can-i", "list", "secrets", "-n", namespace, *vk, check=False)
+    assert again.stdout.strip() == "no"

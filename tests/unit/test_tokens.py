@@ -633,6 +633,16 @@ async def test_a_consumer_without_its_ca_configmap_is_a_provider_error(world: Wo
     assert world.secret() is None
 
 
+async def test_the_consumer_ca_is_read_once_for_many_pods(world: World) -> None:
+    tokens = world.tokens()
+    for i in range(3):
+        pod = make_pod(KUBE_API_ACCESS, uid=f"uid-{i}", name=f"trainer-{i}")
+        world.consumer.create("pods", pod)
+        await tokens.ensure(pod, TARGET)
+    assert len(world.consumer.calls("GET", "/api/v1/namespaces/team/configmaps/kube-root-ca.crt")) == 1
+    assert len(world.issuer.requests) == 3
+
+
 async def test_forget_deletes_the_secret_and_drops_it_from_the_schedule(world: World) -> None:
     pod = world.add_pod(KUBE_API_ACCESS)
     tokens = world.tokens()

@@ -124,7 +124,7 @@ class Reflection:
         self._tg: asyncio.TaskGroup | None = None
         self._pending: dict[str, str] = {}
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
-        #: Applies and deletes done (for tests and the benchmark's API cost figure).
+        #: Applies and deletes done (tests read it to prove that nothing was written).
         self.writes = 0
 
     # ---- lifecycle
@@ -348,12 +348,11 @@ class Reflection:
 
     # ---- reconcile
 
-    def _reflected_services(self, local_ns: str, state: _Namespace) -> set[str]:
-        out = set()
-        for (ns, name), svc in self._local[SERVICE.kind].items():
-            if ns == local_ns and forge.policy(svc, state.annotations).reflect:
-                out.add(name)
-        return out
+    def _reflected_service(self, local_ns: str, slice_: Mapping[str, Any], state: _Namespace) -> set[str]:
+        """The slice's Service when it is reflected (it exists locally and the policy allows it)."""
+        service = str((slice_["metadata"].get("labels") or {}).get(forge.SERVICE_NAME_LABEL) or "")
+        svc = self._local[SERVICE.kind].get((local_ns, service))
+        return {service} if svc is not None and forge.policy(svc, state.annotations).reflect else set()
 
     def _default_class(self) -> str | None:
         for name, obj in sorted(self._classes.items()):
@@ -376,7 +375,7 @@ class Reflection:
         if kind is SERVICE:
             return forge.remote_service(local, target), "", ""
         if kind is ENDPOINT_SLICE:
-            services = self._reflected_services(local_ns, state)
+            services = self._reflected_service(local_ns, local, state)
             return forge.remote_endpoint_slice(local, target, self.translator.to_remote_ip, services), "", ""
         if not self._classes_known:
             return None, "", ""  # not yet known: nothing to decide (the class watch enqueues again)
@@ -405,6 +404,7 @@ class Reflection:
             if remote is not None:
                 await self._delete(kind, remote, url)
             return None
+        assert local is not None  # a wanted copy always has its local object
         if remote is not None and not forge.needs_apply(want, remote):
             return None
         if remote is not None and forge.needs_recreate(want, remote):
@@ -440,9 +440,7 @@ class Reflection:
         )
         await self._report_once(local, "ReflectionCollision", message, str(remote["metadata"].get("uid")))
 
-    async def _report_once(self, local: Mapping[str, Any] | None, reason: str, message: str, token: str) -> None:
-        if local is None:
-            return
+    async def _report_once(self, local: Mapping[str, Any], reason: str, message: str, token: str) -> None:
         seen = self._reported.setdefault(str(local["metadata"].get("uid")), set())
         if f"{reason}/{token}" in seen:
             return

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -42,6 +43,8 @@ from vkprovider.node.provider import ProviderError
 DEFAULT_REFRESH_FRACTION = tf.DEFAULT_REFRESH_FRACTION
 #: Seconds between two listings of the token Secrets (schedule rebuilt, failed refreshes retried).
 DEFAULT_RESYNC_S = 60.0
+#: Seconds the consumer's CA (from kube-root-ca.crt) is reused before it is read again.
+CA_CACHE_S = 300.0
 #: Shortest sleep (s) of the refresh loop when a refresh is due sooner (never a busy loop).
 MIN_SLEEP_S = 0.005
 
@@ -91,6 +94,8 @@ class PodTokens:
         self.clock = clock
         #: Set once the first pass of `run` (listing + due refreshes) is done.
         self.ready = asyncio.Event()
+        #: (consumer CA PEM, monotonic time read) — see _consumer_ca.
+        self._ca_cache: tuple[str, float] | None = None
         self._schedule: dict[Key, _Entry] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
         self._gen = 0
@@ -320,6 +325,16 @@ class PodTokens:
         return tf.IssuedToken(token=token, issued_at=issued_at, expires_at=expires_at)
 
     async def _consumer_ca(self, namespace: str, fallback: str | None) -> str:
+        # Every namespace's kube-root-ca.crt holds the same cluster CA: one read serves all pods for a
+        # while instead of one more request per offloaded pod (a rotated CA is picked up within the TTL).
+        cached = self._ca_cache
+        if cached is not None and time.monotonic() - cached[1] < CA_CACHE_S:
+            return cached[0]
+        ca = await self._read_consumer_ca(namespace, fallback)
+        self._ca_cache = (ca, time.monotonic())
+        return ca
+
+    async def _read_consumer_ca(self, namespace: str, fallback: str | None) -> str:
         url = rest.path("v1", "configmaps", forge.ROOT_CA_CONFIGMAP, namespace=namespace)
         try:
             config_map = await rest.get(self.local, url)
