@@ -11,13 +11,13 @@ GPUFED := $(VENV)/bin/gpufed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv binaries lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo bench clean
+.PHONY: help venv binaries deps lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo bench clean
 
 help:
 	@echo "make demo       create the venv, build the clusters from source, peer them, offload a namespace, run a GPU Job"
 	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
 	@echo "make bench      benchmarks on dedicated local clusters -> docs/benchmarks.md (BENCH_ARGS='--pods 100,500')"
-	@echo "other targets:  venv binaries lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
+	@echo "other targets:  venv binaries deps lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; gpufed needs Python >= 3.11" >&2; exit 1; }
@@ -33,6 +33,9 @@ venv: $(VENV)/.installed
 binaries:
 	@bash deploy/local/build.sh $(BIN)
 
+deps:
+	@bash deploy/local/deps.sh
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -44,7 +47,7 @@ typecheck: venv
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: venv binaries
+test-e2e: venv binaries deps
 	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
 
 test: lint typecheck test-unit test-e2e

@@ -76,6 +76,9 @@ def leftovers(clusters: Clusters) -> list[str]:
             "foreignclusters.gpufed.io",
             "resourceslices.gpufed.io",
             "twinnamespaces.gpufed.io",
+            "gateways.gpufed.io",
+            "connections.gpufed.io",
+            "remotenetworks.gpufed.io",
         ):
             items = clusters.kubectl_json(c, "get", kind, "-A")["items"]
             found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
@@ -84,8 +87,12 @@ def leftovers(clusters: Clusters) -> list[str]:
             found += [f"{c}: {kind}/{i['metadata']['name']}" for i in items]
         nodes = clusters.kubectl_json(c, "get", "nodes", "-l", "gpufed.io/type=virtual-node")["items"]
         found += [f"{c}: node/{i['metadata']['name']}" for i in nodes]
-        secrets = clusters.kubectl_json(c, "get", "secrets", "-n", "gpufed", "-l", PROVIDER_LABEL)["items"]
-        found += [f"{c}: secret/{i['metadata']['name']}" for i in secrets]
+        secrets = clusters.kubectl_json(c, "get", "secrets", "-n", "gpufed")["items"]
+        found += [
+            f"{c}: secret/{i['metadata']['name']}"
+            for i in secrets
+            if PROVIDER_LABEL in (i["metadata"].get("labels") or {}) or i["metadata"]["name"].startswith("gpufed-wg-")
+        ]
     return found
 
 

@@ -45,7 +45,8 @@ def test_schemas_are_structural(kind: type[ResourceSlice]) -> None:
         if "properties" in node:
             assert "additionalProperties" not in node
             assert node.get("type") == "object"
-    assert "spec" in schema["properties"] and "status" in schema["properties"]
+    assert "spec" in schema["properties"]
+    assert ("status" in schema["properties"]) == ("status" in kind.model_fields)
 
 
 def test_printer_columns_and_status_subresource() -> None:

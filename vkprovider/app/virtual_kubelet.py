@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 import yaml
 
+from netfabric.controllers.translator import LiveRemapper
 from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, ClusterID, remote_kubeconfig_secret
 from peering.kube import rest
 from peering.kube.budget import set_budget
@@ -41,7 +42,7 @@ from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
 from vkprovider.remote.streaming import RemoteStreaming
 from vkprovider.remote.tokens import PodTokens, TokenSettings
-from vkprovider.remote.translate import Identity, IPTranslator
+from vkprovider.remote.translate import IPTranslator
 
 #: Client budget towards each API server: a kubelet runs with 50 QPS / burst 100; one virtual
 #: kubelet stands for a whole provider, so it gets more (it is still bounded).
@@ -134,7 +135,8 @@ async def run(settings: VirtualKubeletSettings) -> None:
         remote_api = await client_from_dict(cfg)
         try:
             set_budget(remote_api, settings.qps, settings.burst)
-            translator = Identity()  # the fabric's remapper, once pod CIDRs are remapped
+            translator = LiveRemapper(api, settings.provider)
+            await translator.load()
             api_host, api_port = api_endpoint(settings.consumer_api_server or api.configuration.host, translator)
             tokens = PodTokens(
                 api,
@@ -206,6 +208,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
                     tg.create_task(reflection.run()),
                     tg.create_task(certs.run()),
                     tg.create_task(kubelet.run()),
+                    tg.create_task(translator.run()),
                     tg.create_task(
                         watch(
                             api,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from vkprovider.cli import controller, local, offload, virtual_kubelet
+from vkprovider.cli import controller, local, network, offload, virtual_kubelet
 from vkprovider.cli import peer as peering_cmds
 
 app = typer.Typer(
@@ -17,6 +17,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(local.app, name="local")
+app.add_typer(network.app, name="network")
+app.command(name="gateway")(network.gateway)
 app.command(name="controller")(controller.controller)
 app.command(name="virtual-kubelet")(virtual_kubelet.virtual_kubelet)
 app.command(name="peer")(peering_cmds.peer)

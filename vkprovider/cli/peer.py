@@ -9,11 +9,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from netfabric import ops as network_ops
+from netfabric.ops import NetworkStep
 from peering.kube.client import KubeError
 from peering.models import GPU_RESOURCE
 from peering.ops import peer as ops
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
 from vkprovider.app.peersteps import VirtualNodeReady
+from vkprovider.cli import network as net
 from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, console, fail, run_op
 
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
@@ -47,8 +50,22 @@ def peer(
         ),
     ] = None,
     timeout: Timeout = DEFAULT_TIMEOUT_S,
+    no_network: Annotated[
+        bool, typer.Option("--no-network", help="control plane only: no tunnel (`gpufed network connect` later)")
+    ] = False,
+    gateway_endpoint: net.GatewayEndpoint = None,
+    pod_cidr: net.PodCIDR = None,
+    remote_pod_cidr: net.RemotePodCIDR = None,
+    mtu: net.MTU = 0,
+    masquerade: net.Masquerade = False,
+    driver: net.Driver = "auto",
 ) -> None:
-    """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig) and negotiate a slice."""
+    """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig), negotiate a slice and
+    configure the network fabric."""
+    after_auth = list(AFTER_AUTH)
+    if not no_network:
+        opts = net.network_options(gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver)
+        after_auth.append(NetworkStep(opts))
     resources = {"cpu": cpu, "memory": memory, "pods": str(pods)}
     if gpus != 0:  # negative values reach validation and get its error
         resources[GPU_RESOURCE] = str(gpus)
@@ -61,7 +78,7 @@ def peer(
         provider_api_server=remote_api_server,
     )
     after_grant = [*AFTER_GRANT, VirtualNodeReady(timeout)]
-    result = _run(ops.peer(req, Report(), after_auth=AFTER_AUTH, after_grant=after_grant))
+    result = _run(ops.peer(req, Report(), after_auth=after_auth, after_grant=after_grant))
     table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
     table.add_column("resource")
     table.add_column("requested", justify="right")
@@ -83,7 +100,10 @@ def unpeer(
     remote_context: RemoteContext = None,
     timeout: Timeout = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Remove everything a peering created on both clusters."""
+    """Remove everything a peering created on both clusters, the network fabric included."""
+    consumer = ClusterRef(kubeconfig, context, "consumer")
+    provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
+    _run(network_ops.disconnect(consumer, provider, Report()))
     _run(
         ops.unpeer(
             ClusterRef(kubeconfig, context, "consumer"),

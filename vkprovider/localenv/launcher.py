@@ -48,6 +48,7 @@ import aiohttp
 from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
 from peering.kube import manifests, rest
 from peering.kube.client import KubeError, api_client, client, translating
+from peering.models import API_VERSION, NETWORK_CONFIG
 from vkprovider.localenv import kubeconfig, kwokcfg, metricsserver
 from vkprovider.localenv.pki import ClusterPKI, ensure_pki
 from vkprovider.localenv.topology import ClusterPorts, ClusterSpec, Topology
@@ -694,6 +695,20 @@ class LocalEnvironment:
                 deadline,
                 identity,
                 lambda: self._check_alive(spec, CONTROLLER, state),
+            )
+            await rest.apply(
+                api,
+                rest.path(API_VERSION, "networkconfigs", NETWORK_CONFIG, namespace=SYSTEM_NAMESPACE),
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "NetworkConfig",
+                    "metadata": {"name": NETWORK_CONFIG, "namespace": SYSTEM_NAMESPACE},
+                    "spec": {
+                        "podCidr": spec.pod_cidr,
+                        "reservedCidrs": [spec.service_cidr],
+                        "gatewayEndpoint": self.topology.gateway_endpoint(spec.name),
+                    },
+                },
             )
         progress(f"{spec.name}: gpufed installed; controller {'started' if started else 'already running'}")
 

@@ -22,6 +22,9 @@ from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
 
 #: Default pod CIDR of every local cluster (deliberately the same everywhere).
 DEFAULT_POD_CIDR = "10.244.0.0/16"
+#: The local environment's gateway underlay (a veth network between gateway network namespaces).
+UNDERLAY_CIDR = "192.168.77.0/24"
+GATEWAY_PORT = 51820
 #: Default service CIDR of every local cluster (deliberately the same everywhere).
 DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 #: First loopback port handed out; each cluster gets a block of `PORTS_PER_CLUSTER`.
@@ -170,6 +173,12 @@ class Topology(BaseModel):
             if c.name == name:
                 return c
         raise KeyError(f"no cluster named {name!r} in the topology (have {[c.name for c in self.clusters]})")
+
+    def gateway_endpoint(self, name: str) -> str:
+        """Where the cluster's gateway listens on the local underlay (UNDERLAY_CIDR): the data-plane
+        tests give a network namespace this address; the clusters' NetworkConfigs advertise it."""
+        idx = [c.name for c in self.clusters].index(self.cluster(name).name)
+        return f"{ipaddress.ip_network(UNDERLAY_CIDR).network_address + 10 + idx}:{GATEWAY_PORT}"
 
     def ports(self, name: str) -> ClusterPorts:
         idx = [c.name for c in self.clusters].index(self.cluster(name).name)

@@ -1,0 +1,1 @@
+"""Long-running fabric components: the gateway agent (one per peering per side)."""

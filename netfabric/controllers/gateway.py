@@ -1,0 +1,391 @@
+"""The gateway agent: one per peering per side (`gpufed gateway --name <peer-cluster-id>`).
+
+Owns: turning this cluster's Gateway, RemoteNetwork, NetworkConfig and private-key Secret for one
+peer into a running data plane — the WireGuard interface (kernel or wireguard-go, chosen per
+`spec.driver`), its tunnel address and MTU, the nftables prefix-NAT table, the policy routing that
+carries marked packets into the tunnel — and keeping it so: it watches the three CRs (the Secret is read on each
+pass), re-applies on any change and every `resync_s` (repairing drift such as a flushed table), probes the peer across
+the tunnel and publishes the Connection status (Connected / Degraded / Down with a reason). Recovery
+after an underlay cut needs no action: WireGuard's keepalive re-handshakes and the status follows
+the probe. When the Gateway is deleted it removes everything it created and returns.
+
+Does not: allocate ranges or keys (netfabric.ops does, through the peering), render rules
+(netfabric.render), or touch tables, links and rules it did not create. It never logs keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from netfabric import plan as plans
+from netfabric.drivers import nft
+from netfabric.drivers.netns import DataplaneError, Netns, clear_routes, link_mtu, route_device, set_link, set_routes
+from netfabric.drivers.wireguard import KernelWireGuard, PeerStats, TunnelConfig, TunnelDriver, WireguardGo
+from netfabric.ipam import DEFAULT_MTU, IPAMError, mtu_for
+from netfabric.render import RenderError, allowed_ips, interface_name, mark_for, nft_ruleset, table_name
+from peering.ids import SYSTEM_NAMESPACE
+from peering.kube import rest
+from peering.kube.client import KubeError
+from peering.kube.watch import watch
+from peering.models import (
+    API_VERSION,
+    NETWORK_CONFIG,
+    GatewaySpec,
+    NetworkConfigSpec,
+    RemoteNetworkSpec,
+    split_endpoint,
+)
+
+log = structlog.get_logger()
+
+#: Key of the private key in the gateway's Secret (base64 WireGuard key).
+PRIVATE_KEY_FIELD = "privateKey"
+#: Consecutive failed probes after which the connection is Down (Degraded before).
+DOWN_AFTER = 3
+#: WireGuard rejects a session this old without a handshake (REJECT_AFTER_TIME).
+HANDSHAKE_STALE_S = 180.0
+_RTT = re.compile(r"time[=<]([0-9.]+) ?ms")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    #: The Gateway object (= the peer's cluster id) in `namespace`.
+    name: str
+    namespace: str = SYSTEM_NAMESPACE
+    #: Named network namespace of the data plane; None: this process's own (a gateway pod).
+    netns: str | None = None
+    #: wireguard-go binary, used when kernel WireGuard is missing or `spec.driver` asks for it.
+    wireguard_go: Path = Path("wireguard-go")
+    #: Seconds between probes across the tunnel.
+    probe_interval_s: float = 2.0
+    #: Seconds one probe waits for its answer.
+    probe_timeout_s: float = 1.0
+    #: Seconds between full re-applies of the data plane (drift repair).
+    resync_s: float = 60.0
+    #: Seconds after which an unchanged Connection status is written again (RTT, handshake age).
+    status_refresh_s: float = 30.0
+
+
+@dataclass
+class Inputs:
+    gateway: GatewaySpec
+    network: NetworkConfigSpec
+    remote: RemoteNetworkSpec
+    private_key: str = field(repr=False)
+
+
+@dataclass
+class Health:
+    failures: int = 0
+    rtt_ms: float | None = None
+    stats: PeerStats | None = None
+
+
+class GatewayDeletedError(LookupError):
+    """The Gateway object was deleted: tear down."""
+
+
+def judge(health: Health, error: str | None, now: float) -> tuple[str, str, str]:
+    """(phase, reason, message) of a Connection from the latest probes; pure."""
+    if error:
+        return "Down", "ConfigurationFailed", error
+    if health.stats is None:
+        return "Down", "InterfaceMissing", "the WireGuard interface is not there"
+    hs = health.stats.latest_handshake
+    age = None if hs is None else max(0.0, now - hs)
+    if health.failures == 0:
+        return "Connected", "ProbeSucceeded", f"peer answers across the tunnel in {health.rtt_ms or 0:.2f} ms"
+    if health.failures < DOWN_AFTER:
+        return "Degraded", "ProbeLoss", f"{health.failures} probe(s) in a row lost"
+    if age is None:
+        return "Down", "NoHandshake", "no WireGuard handshake with the peer yet (is its gateway running and reachable?)"
+    if age > HANDSHAKE_STALE_S:
+        return "Down", "HandshakeStale", f"last WireGuard handshake {age:.0f} s ago; the underlay may be cut"
+    return "Down", "ProbeFailing", f"{health.failures} probes in a row lost (last handshake {age:.0f} s ago)"
+
+
+def _spec(obj: dict[str, Any] | None, model: Any, what: str) -> Any:
+    if obj is None:
+        raise LookupError(f"{what} not found")
+    try:
+        return model.model_validate(obj.get("spec") or {})
+    except ValidationError as e:
+        raise ValueError(f"{what} is invalid: {e.errors()[0]['msg']}") from e
+
+
+class GatewayAgent:
+    def __init__(
+        self,
+        api: Any,
+        settings: GatewaySettings,
+        drivers: list[TunnelDriver] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.s = settings
+        self.ns = Netns(settings.netns)
+        self.drivers = drivers or [KernelWireGuard(), WireguardGo(settings.wireguard_go)]
+        self.clock = clock
+        self.dirty = asyncio.Event()
+        self.gone = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.driver: TunnelDriver | None = None
+        self.inputs: Inputs | None = None
+        self.error: str | None = None
+        self.health = Health()
+        self._written: tuple[str, str] | None = None
+        self._written_at = 0.0
+        self._since: str | None = None
+        self.log = log.bind(remote_cluster=settings.name, kind="Gateway")
+
+    def _path(self, plural: str, name: str, sub: str = "") -> str:
+        return rest.path(API_VERSION, plural, name, namespace=self.s.namespace, sub=sub)
+
+    # ---- inputs
+
+    async def read(self) -> Inputs:
+        gw = await rest.get(self.api, self._path("gateways", self.s.name))
+        if gw is None:
+            raise GatewayDeletedError(f"Gateway {self.s.namespace}/{self.s.name} not found")
+        spec: GatewaySpec = _spec(gw, GatewaySpec, f"Gateway {self.s.name}")
+        network: NetworkConfigSpec = _spec(
+            await rest.get(self.api, self._path("networkconfigs", NETWORK_CONFIG)),
+            NetworkConfigSpec,
+            f"NetworkConfig {self.s.namespace}/{NETWORK_CONFIG}",
+        )
+        remote: RemoteNetworkSpec = _spec(
+            await rest.get(self.api, self._path("remotenetworks", self.s.name)),
+            RemoteNetworkSpec,
+            f"RemoteNetwork {self.s.namespace}/{self.s.name}",
+        )
+        secret = await rest.get(
+            self.api, rest.path("v1", "secrets", spec.private_key_secret, namespace=self.s.namespace)
+        )
+        raw = ((secret or {}).get("data") or {}).get(PRIVATE_KEY_FIELD)
+        if not raw:
+            raise LookupError(f"Secret {self.s.namespace}/{spec.private_key_secret} has no {PRIVATE_KEY_FIELD}")
+        return Inputs(spec, network, remote, base64.b64decode(raw).decode().strip())
+
+    # ---- data plane
+
+    async def _choose_driver(self, wanted: str) -> TunnelDriver:
+        for d in self.drivers:
+            if wanted in ("auto", d.name) and await d.available(self.ns):
+                return d
+        names = ", ".join(d.name for d in self.drivers if wanted in ("auto", d.name)) or wanted
+        raise DataplaneError(
+            f"no WireGuard data plane for driver {wanted!r} in {self.ns.describe()} (tried {names}): "
+            "load the wireguard kernel module, or provide wireguard-go and /dev/net/tun"
+        )
+
+    async def _mtu(self, spec: GatewaySpec) -> int:
+        if spec.mtu:
+            return spec.mtu
+        target: IPv4Address | None = None
+        if spec.endpoint:
+            with contextlib.suppress(ValueError):
+                target = IPv4Address(split_endpoint(spec.endpoint)[0])
+
+        def underlay(ipr: Any) -> int | None:
+            dev = route_device(ipr, target) if target else None
+            return link_mtu(ipr, dev) if dev else None
+
+        under = await self.ns.netlink(underlay, "reading the underlay MTU")
+        # the peer's underlay family is not known here: leave room for IPv6 (80 B) to be safe
+        return mtu_for(under, ipv6_underlay=True) if under else DEFAULT_MTU
+
+    async def apply(self, inp: Inputs) -> None:
+        spec = inp.gateway
+        if not spec.peer_public_key:
+            raise DataplaneError("the peer's public key is not known yet (run `gpufed network connect`)")
+        if spec.role == "Client" and not spec.endpoint:
+            raise DataplaneError("a client gateway needs spec.endpoint, the server gateway's host:port")
+        gp = plans.gateway_plan(inp.network, inp.remote, spec.masquerade)
+        driver = self.driver
+        if driver is None or spec.driver not in ("auto", driver.name):
+            driver = await self._choose_driver(spec.driver)
+        peer_ip = IPv4Address(spec.peer_tunnel_address)
+        cfg = TunnelConfig(
+            private_key=inp.private_key,
+            peer_public_key=spec.peer_public_key,
+            allowed_ips=tuple(allowed_ips(gp, peer_ip)),
+            listen_port=spec.listen_port if spec.role == "Server" else None,
+            endpoint=split_endpoint(spec.endpoint) if spec.role == "Client" else None,
+            keepalive_s=spec.keepalive_s or None,
+        )
+        await driver.ensure(self.ns, gp.interface, cfg)
+        self.driver = driver
+        mtu = await self._mtu(spec)
+        local_ip = IPv4Address(spec.tunnel_address)
+        await self.ns.netlink(lambda ipr: set_link(ipr, gp.interface, local_ip, peer_ip, mtu), "configuring the tunnel")
+        await nft.apply(self.ns, nft_ruleset(gp))
+        mapped = [gp.peer_pod.mapped] + ([gp.peer_external.mapped] if gp.peer_external else [])
+        await self.ns.netlink(
+            lambda ipr: set_routes(ipr, gp.interface, gp.mark, gp.mark, mapped), "routing into the tunnel"
+        )
+        await self.ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        await self._status_gateway(driver.name, gp.interface, mtu)
+
+    async def teardown(self) -> None:
+        gp_iface, table, mark = _names(self.s.name)
+        for d in self.drivers:
+            with contextlib.suppress(DataplaneError):
+                await d.remove(self.ns, gp_iface)
+        with contextlib.suppress(DataplaneError):
+            await nft.delete_table(self.ns, table)
+        with contextlib.suppress(DataplaneError):
+            await self.ns.netlink(lambda ipr: clear_routes(ipr, mark, mark), "removing policy routing")
+        self.log.info("gateway removed", interface=gp_iface)
+
+    # ---- status
+
+    async def _status_gateway(self, driver: str, iface: str, mtu: int) -> None:
+        with contextlib.suppress(KubeError):
+            await rest.merge_patch(
+                self.api,
+                self._path("gateways", self.s.name, "status"),
+                {"status": {"driver": driver, "interface": iface, "mtu": mtu}},
+            )
+
+    async def probe(self) -> None:
+        if self.inputs is None or self.driver is None:
+            self.health = Health(failures=self.health.failures + 1)
+            return
+        gp_iface = _names(self.s.name)[0]
+        try:
+            stats = await self.driver.stats(self.ns, gp_iface)
+        except DataplaneError:
+            stats = None
+        peer = self.inputs.gateway.peer_tunnel_address
+        timeout = max(1, round(self.s.probe_timeout_s))
+        try:
+            out = await self.ns.run(["ping", "-n", "-q", "-c", "1", "-W", str(timeout), peer])
+            m = _RTT.search(out) or re.search(r"= [0-9.]+/([0-9.]+)/", out)
+            self.health = Health(0, float(m.group(1)) if m else None, stats)
+        except DataplaneError:
+            self.health = Health(self.health.failures + 1, None, stats)
+
+    async def publish(self, force: bool = False) -> None:
+        phase, reason, message = judge(self.health, self.error, self.clock())
+        now = self.clock()
+        changed = self._written != (phase, reason)
+        if not (changed or force or now - self._written_at >= self.s.status_refresh_s):
+            return
+        stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if changed or self._since is None:
+            self._since = stamp
+        hs = self.health.stats.latest_handshake if self.health.stats else None
+        status = {
+            "phase": phase,
+            "reason": reason,
+            "message": message,
+            "rttMs": self.health.rtt_ms,
+            "latestHandshake": (dt.datetime.fromtimestamp(hs, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if hs else None),
+            "lastProbe": stamp,
+            "lastTransitionTime": self._since,
+        }
+        path = self._path("connections", self.s.name)
+        try:
+            if await rest.get(self.api, path) is None:
+                await rest.create(
+                    self.api,
+                    self._path("connections", ""),
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": "Connection",
+                        "metadata": {"name": self.s.name, "namespace": self.s.namespace},
+                        "spec": {"clusterId": self.s.name},
+                    },
+                )
+            await rest.merge_patch(self.api, self._path("connections", self.s.name, "status"), {"status": status})
+        except KubeError as e:
+            self.log.warning("cannot write the connection status", error=str(e))
+            return
+        if changed:
+            self.log.info("connection", phase=phase, reason=reason, message=message)
+        self._written, self._written_at = (phase, reason), now
+
+    # ---- loops
+
+    async def reconcile(self) -> None:
+        try:
+            self.inputs = await self.read()
+            await self.apply(self.inputs)
+            self.error = None
+        except GatewayDeletedError:
+            self.gone.set()
+            return
+        except (LookupError, ValueError, DataplaneError, IPAMError, RenderError, KubeError) as e:
+            self.error = str(e)
+        if self.error:
+            self.log.warning("gateway not applied", error=self.error)
+        self.ready.set()
+
+    async def _watch(self, plural: str, name: str) -> None:
+        def on_event(t: str, obj: dict[str, Any]) -> None:
+            self.dirty.set()
+            if plural == "gateways" and t == "DELETED":
+                self.gone.set()
+
+        path = rest.path(API_VERSION, plural, namespace=self.s.namespace)
+        await watch(
+            self.api,
+            path,
+            on_event,
+            what=f"{plural}/{name}",
+            params={"fieldSelector": f"metadata.name={name}"},
+        )
+
+    async def _reconcile_loop(self) -> None:
+        last = 0.0
+        while not self.gone.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.dirty.wait(), timeout=max(0.1, self.s.resync_s - (time.monotonic() - last)))
+            self.dirty.clear()
+            last = time.monotonic()
+            await self.reconcile()
+            await self.publish(force=True)
+
+    async def _probe_loop(self) -> None:
+        await self.ready.wait()
+        while not self.gone.is_set():
+            await self.probe()
+            await self.publish()
+            await asyncio.sleep(self.s.probe_interval_s)
+
+    async def run(self) -> None:
+        """Run until the Gateway is deleted (then tear down and return) or cancelled (the data plane
+        stays up: a restarted agent adopts it)."""
+        # the key Secret is read (GET by name) on every reconcile, not watched: the gateway's RBAC
+        # names that one Secret, and list/watch cannot be narrowed to a name
+        watched: list[tuple[str, str]] = [
+            ("gateways", self.s.name),
+            ("remotenetworks", self.s.name),
+            ("networkconfigs", NETWORK_CONFIG),
+        ]
+        self.dirty.set()
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._watch(p, n)) for p, n in watched]
+            tasks.append(tg.create_task(self._reconcile_loop()))
+            tasks.append(tg.create_task(self._probe_loop()))
+            await self.gone.wait()
+            for t in tasks:
+                t.cancel()
+        await asyncio.shield(self.teardown())
+
+
+def _names(remote_id: str) -> tuple[str, str, int]:
+    return interface_name(remote_id), table_name(remote_id), mark_for(remote_id)

@@ -1,0 +1,220 @@
+"""Renderers for one gateway's data plane: the nftables ruleset, the WireGuard UAPI message, names.
+
+Owns: `GatewayPlan` (everything one peering's gateway needs, validated), the nftables text that
+atomically replaces only that peering's table (`nft_ruleset`), the WireGuard cross-platform UAPI
+"set" message (`uapi_set`, https://www.wireguard.com/xplatform/), the peer's allowed IPs
+(`allowed_ips`), and the deterministic per-peering names (`interface_name`, `table_name`, `mark_for`).
+
+The rules (see `netfabric.remap` for the model): traffic for the peer is marked (conntrack mark, then
+fwmark, which doubles as the policy-routing table id so the caller can route it into the tunnel even
+when both pod CIDRs are the same); on the way out "remapped -> real" is DNATed; on the way in our
+external-CIDR addresses are DNATed to the real local addresses they stand for, and the peer's real
+source is SNATed to its remapped twin (or masqueraded to the gateway's address instead).
+
+Does not: run `nft`, `ip` or `wg`, talk to a WireGuard device, create routes or policy rules (the
+drivers do), allocate ranges (`netfabric.ipam`), or handle IPv6.
+
+Pure: no I/O. Every output is deterministic for a given input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from types import MappingProxyType
+
+from netfabric.ipam import RangeMap
+
+#: Linux IFNAMSIZ is 16 including the terminating NUL.
+MAX_INTERFACE = 15
+_INTERFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+#: nft identifiers may not start with a digit (it would lex as a number); NFT_NAME_MAXLEN is 256 with NUL.
+MAX_TABLE = 255
+_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEY = re.compile(r"[0-9a-fA-F]{64}")
+MAX_MARK = 0xFFFFFFFF
+#: `mark_for` stays inside [MARK_MIN, MARK_MAX] and never sets kube-proxy's masquerade (0x4000) or
+#: drop (0x8000) bits, which kube-proxy tests on the packet mark in POSTROUTING.
+MARK_MIN = 0x10000
+MARK_MAX = 0xFFFFFFF
+_KUBE_PROXY_BITS = 0xC000
+INTERFACE_PREFIX = "gf-"
+TABLE_PREFIX = "gpufed_"
+
+
+class RenderError(ValueError):
+    """A name, key or plan the data plane cannot take."""
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    """One peering's gateway data plane.
+
+    `interface`: the WireGuard interface name (1-15 of `[A-Za-z0-9_.-]`, not "." or "..").
+    `table`: the nftables table name (family ip), `[A-Za-z0-9_]`, not starting with a digit.
+    `mark`: 1..0xffffffff, the conntrack mark, fwmark and policy-routing table id.
+    `local_pod`: our real pod CIDR. `peer_pod` / `peer_external`: the peer's real pod / external CIDR
+    -> how we see it. `external_ips`: an address in OUR external CIDR -> the real local address it
+    stands for (DNATed on the way in; a read-only copy is kept). `masquerade`: SNAT inbound traffic to
+    the gateway's own address instead of the peer's remapped twin.
+    """
+
+    interface: str
+    table: str
+    mark: int
+    local_pod: IPv4Network
+    peer_pod: RangeMap
+    peer_external: RangeMap | None
+    external_ips: Mapping[IPv4Address, IPv4Address] = field(default_factory=dict, hash=False)
+    masquerade: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "external_ips", MappingProxyType(dict(self.external_ips)))
+        if not _INTERFACE.fullmatch(self.interface) or self.interface in {".", ".."}:
+            raise RenderError(
+                f"invalid interface name {self.interface!r}: use 1-{MAX_INTERFACE} of letters, digits, '_', '.', '-'"
+            )
+        if len(self.table) > MAX_TABLE or not _TABLE.fullmatch(self.table):
+            raise RenderError(
+                f"invalid nftables table name {self.table!r}: use letters, digits and '_', not starting with a digit"
+            )
+        if not 1 <= self.mark <= MAX_MARK:
+            raise RenderError(f"mark {self.mark:#x} is outside 0x1..{MAX_MARK:#x}")
+        seen = [self.peer_pod.mapped]
+        if self.peer_external is not None:
+            if self.peer_external.mapped.overlaps(self.peer_pod.mapped):
+                raise RenderError(
+                    f"the peer's external range {self.peer_external.mapped} overlaps its pod range "
+                    f"{self.peer_pod.mapped} as we see them"
+                )
+            seen.append(self.peer_external.mapped)
+        for net in seen:
+            if net.overlaps(self.local_pod):
+                raise RenderError(
+                    f"{net} (a peer range as we see it) overlaps our pod CIDR {self.local_pod}: it needs remapping"
+                )
+
+
+def _hex(mark: int) -> str:
+    return f"0x{mark:08x}"
+
+
+def _peer_ranges(plan: GatewayPlan) -> list[RangeMap]:
+    return [plan.peer_pod] if plan.peer_external is None else [plan.peer_pod, plan.peer_external]
+
+
+def nft_ruleset(plan: GatewayPlan) -> str:
+    """Text for `nft -f -` that atomically replaces only `plan.table` (idempotent on re-apply).
+
+    The leading `table` + `delete table` lines make the delete succeed whether or not the table exists.
+    """
+    t, iface, mark = plan.table, f'"{plan.interface}"', _hex(plan.mark)
+    ranges = _peer_ranges(plan)
+    seen_as = ", ".join(str(r.mapped) for r in ranges)
+    marks = [
+        "type filter hook prerouting priority mangle; policy accept;",
+        f"iifname {iface} ct mark set {mark}",
+        f"iifname != {iface} ip daddr {{ {seen_as} }} ct mark set {mark}",
+        f"iifname != {iface} ct mark {mark} meta mark set {mark}",
+    ]
+    prenat = ["type nat hook prerouting priority dstnat; policy accept;"]
+    # Way out: remapped -> real.
+    for r in ranges:
+        if not r.identity:
+            to_real = f"ip daddr & {r.mapped.hostmask} | {r.real.network_address}"
+            prenat.append(f"iifname != {iface} ip daddr {r.mapped} dnat ip to {to_real}")
+    # Way in: our external-CIDR addresses -> the real local addresses they stand for.
+    for ext, real in sorted(plan.external_ips.items()):
+        prenat.append(f"iifname {iface} ip daddr {ext} dnat ip to {real}")
+    postnat = ["type nat hook postrouting priority srcnat; policy accept;"]
+    if plan.masquerade:
+        postnat.append(f"iifname {iface} oifname != {iface} masquerade")
+    else:
+        # Way in, the mirror of the way out: peer real -> how we see it.
+        for r in ranges:
+            if not r.identity:
+                to_mapped = f"ip saddr & {r.real.hostmask} | {r.mapped.network_address}"
+                postnat.append(f"iifname {iface} ip saddr {r.real} snat ip to {to_mapped}")
+    lines = [f"table ip {t}", f"delete table ip {t}", f"table ip {t} {{"]
+    for name, body in (("marks", marks), ("prenat", prenat), ("postnat", postnat)):
+        lines.append(f"\tchain {name} {{")
+        lines.extend(f"\t\t{rule}" for rule in body)
+        lines.append("\t}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _key(value: str, what: str) -> str:
+    # Never echo the value: it may be a private key.
+    if not _KEY.fullmatch(value):
+        raise RenderError(f"{what} must be 64 hexadecimal characters (32 bytes)")
+    return value.lower()
+
+
+def uapi_set(
+    private_key_hex: str,
+    listen_port: int | None,
+    peer_public_key_hex: str,
+    endpoint: tuple[str, int] | None,
+    keepalive: int | None,
+    allowed_ips: Sequence[IPv4Network],
+) -> str:
+    """The WireGuard UAPI "set" message configuring the device and its single peer, replacing any others.
+
+    Keys are hex (as UAPI wants them, lowercased); `endpoint` is an IPv4 address and port. The message
+    ends with the empty line that terminates a UAPI request.
+    """
+    lines = ["set=1", f"private_key={_key(private_key_hex, 'private key')}"]
+    if listen_port is not None:
+        if not 0 <= listen_port <= 0xFFFF:
+            raise RenderError(f"listen port {listen_port} is outside 0..65535")
+        lines.append(f"listen_port={listen_port}")
+    lines += ["replace_peers=true", f"public_key={_key(peer_public_key_hex, 'peer public key')}"]
+    if endpoint is not None:
+        host, port = endpoint
+        try:
+            address = IPv4Address(host)
+        except ValueError:
+            raise RenderError(f"endpoint host {host!r} is not an IPv4 address") from None
+        if not 1 <= port <= 0xFFFF:
+            raise RenderError(f"endpoint port {port} is outside 1..65535")
+        lines.append(f"endpoint={address}:{port}")
+    if keepalive is not None:
+        if not 0 <= keepalive <= 0xFFFF:
+            raise RenderError(f"keepalive {keepalive} is outside 0..65535 seconds")
+        lines.append(f"persistent_keepalive_interval={keepalive}")
+    lines.append("replace_allowed_ips=true")
+    lines += [f"allowed_ip={net}" for net in allowed_ips]
+    return "\n".join(lines) + "\n\n"
+
+
+def allowed_ips(plan: GatewayPlan, peer_tunnel_ip: IPv4Address) -> list[IPv4Network]:
+    """What the peer may send from and we route to it: its REAL ranges (the tunnel carries real addresses)."""
+    nets = [r.real for r in _peer_ranges(plan)]
+    nets.append(IPv4Network(peer_tunnel_ip))
+    return nets
+
+
+def _digest(remote_cluster_id: str) -> str:
+    if not remote_cluster_id:
+        raise RenderError("the remote cluster ID is empty")
+    return hashlib.sha256(remote_cluster_id.encode()).hexdigest()
+
+
+def interface_name(remote_cluster_id: str) -> str:
+    """`gf-` + 12 hex of the ID's sha256: 15 characters, the IFNAMSIZ limit."""
+    return INTERFACE_PREFIX + _digest(remote_cluster_id)[: MAX_INTERFACE - len(INTERFACE_PREFIX)]
+
+
+def table_name(remote_cluster_id: str) -> str:
+    """`gpufed_` + 16 hex of the ID's sha256."""
+    return TABLE_PREFIX + _digest(remote_cluster_id)[:16]
+
+
+def mark_for(remote_cluster_id: str) -> int:
+    """A mark in [0x10000, 0xfffffff] from the ID's sha256, with kube-proxy's 0xc000 bits clear."""
+    value = MARK_MIN + int(_digest(remote_cluster_id)[:16], 16) % (MARK_MAX - MARK_MIN + 1)
+    return value & ~_KUBE_PROXY_BITS
