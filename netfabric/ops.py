@@ -201,9 +201,11 @@ async def _apply_side(
         api, _path("remotenetworks", peer_id), _body("RemoteNetwork", peer_id, remote.model_dump(by_alias=True))
     )
     await _gateway_rbac(api, peer_id)
-    await rest.apply(api, _path("gateways", peer_id), _body("Gateway", peer_id, gateway))
+    gw = await rest.apply(api, _path("gateways", peer_id), _body("Gateway", peer_id, gateway))
     if await rest.get(api, _path("connections", peer_id)) is None:
-        await rest.create(api, _path("connections"), _body("Connection", peer_id, {"clusterId": peer_id}))
+        conn = _body("Connection", peer_id, {"clusterId": peer_id})
+        conn["metadata"]["ownerReferences"] = [rest.owner_ref(gw)]
+        await rest.create(api, _path("connections"), conn)
 
 
 async def connect_peers(p: Peers, opts: NetworkOptions, report: Reporter) -> dict[str, Any]:
@@ -392,10 +394,11 @@ async def expose(api: Any, address: str) -> dict[str, Any]:
         raise PeerError(f"the external CIDR {local.external_cidr} is full: {e}") from e
     entries = [e.model_dump(by_alias=True) for e in local.external_ips if IPv4Address(e.address) != real]
     entries.append({"address": str(real), "externalAddress": str(ext)})
-    await rest.merge_patch(api, _path("networkconfigs", NETWORK_CONFIG), {"spec": {"externalIps": entries}})
+    updated = NetworkConfigSpec.model_validate({**local.model_dump(by_alias=True), "externalIps": entries})
+    await rest.merge_patch(api, _path("networkconfigs", NETWORK_CONFIG), {"spec": updated.model_dump(by_alias=True)})
     seen = {}
     for name, net in (await _remote_networks(api)).items():
-        seen[name] = plans.remapper(local, net).to_remote_ip(str(real))
+        seen[name] = plans.remapper(updated, net).to_remote_ip(str(real))
     return {"address": str(real), "externalAddress": str(ext), "peersReachItAt": seen}
 
 

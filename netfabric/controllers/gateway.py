@@ -297,19 +297,9 @@ class GatewayAgent:
             "lastProbe": stamp,
             "lastTransitionTime": self._since,
         }
-        path = self._path("connections", self.s.name)
+        # the Connection is created (owned by the Gateway) by `gpufed network connect`, never here:
+        # an agent racing a disconnect must not resurrect it
         try:
-            if await rest.get(self.api, path) is None:
-                await rest.create(
-                    self.api,
-                    self._path("connections", ""),
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "Connection",
-                        "metadata": {"name": self.s.name, "namespace": self.s.namespace},
-                        "spec": {"clusterId": self.s.name},
-                    },
-                )
             await rest.merge_patch(self.api, self._path("connections", self.s.name, "status"), {"status": status})
         except KubeError as e:
             self.log.warning("cannot write the connection status", error=str(e))

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any, TypeVar
 
-from pyroute2 import IPRoute, NetNS
+from pyroute2 import IPRoute
+from pyroute2.netns import popns, pushns
 
 T = TypeVar("T")
 
@@ -55,17 +57,47 @@ class Netns:
             raise DataplaneError(f"`{' '.join(argv[:3])}` in {self.describe()} failed ({proc.returncode}): {msg}")
         return out.decode(errors="replace")
 
+    async def start_daemon(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+        """Run a program that daemonises (forks and exits once ready): its output must not hold our
+        pipes open, so stdout is discarded and stderr kept in a file, read when it fails."""
+        full = self.argv(argv)
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *full,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=err,
+                    env={**os.environ, **(env or {})},
+                    start_new_session=True,
+                )
+            except FileNotFoundError as e:
+                raise DataplaneError(f"{full[0]} is not installed: {e}") from e
+            if await proc.wait() != 0:
+                err.seek(0)
+                msg = err.read().decode(errors="replace").strip()
+                raise DataplaneError(f"`{' '.join(argv[:2])}` in {self.describe()} failed ({proc.returncode}): {msg}")
+
     async def netlink(self, fn: Callable[[Any], T], what: str) -> T:
         """Run `fn(ipr)` with an IPRoute bound to this namespace, in a worker thread."""
 
+        # Not pyroute2's NetNS: it forks a helper process, and a forked child of an asyncio process
+        # shares the loop's signal wakeup fd, so the helper's SIGTERM at close() reaches our loop as
+        # if we had been asked to stop. setns() on the worker thread instead (it is per thread).
         def call() -> T:
-            ipr: Any = NetNS(self.name) if self.name else IPRoute()
+            if self.name:
+                pushns(self.name)
             try:
-                return fn(ipr)
+                ipr: Any = IPRoute()
+                try:
+                    return fn(ipr)
+                finally:
+                    ipr.close()
             except Exception as e:  # pyroute2 raises NetlinkError and OSError subclasses
                 raise DataplaneError(f"{what} in {self.describe()}: {e}") from e
             finally:
-                ipr.close()
+                if self.name:
+                    popns()
 
         return await asyncio.to_thread(call)
 

@@ -114,10 +114,9 @@ class WireguardGo:
         if not (has_link and await self._alive(iface)):
             if has_link:  # a link without its daemon (the daemon died): start over
                 await ns.netlink(lambda ipr: delete_link(ipr, iface), f"deleting stale {iface}")
-            await ns.run(
-                [str(self.binary), iface],
-                env={"LOG_LEVEL": "error", "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"},
-            )
+            # LOG_LEVEL=error: nothing on a healthy start; the banner about kernel support goes to
+            # stderr and is dropped unless the start fails
+            await ns.start_daemon([str(self.binary), iface], env={"LOG_LEVEL": "error"})
             deadline = time.monotonic() + START_TIMEOUT_S
             while not await self._alive(iface):
                 if time.monotonic() > deadline:

@@ -186,7 +186,9 @@ class Fabric:
         return spec
 
     def curl(self, role: str, ip: str, timeout: float = 5) -> str:
-        return ns_exec(self.ns(role), "curl", "-s", "-m", str(timeout), f"http://{ip}:{HTTP_PORT}/").stdout
+        """The source address the server saw; "" when the request failed."""
+        got = ns_exec(self.ns(role), "curl", "-s", "-m", str(timeout), f"http://{ip}:{HTTP_PORT}/", check=False)
+        return got.stdout if got.returncode == 0 else ""
 
     def ping(self, role: str, ip: str, count: int = 3) -> subprocess.CompletedProcess[str]:
         return ns_exec(self.ns(role), "ping", "-n", "-c", str(count), "-W", "2", ip, check=False)
@@ -204,6 +206,11 @@ class Fabric:
         for proc in [*self.agents.values(), *self.servers]:
             proc.kill()
             proc.wait(timeout=10)
+        # wireguard-go keeps a deleted namespace alive: remove the tunnels first, which ends it
+        for role in ("cgw", "pgw"):
+            links = ns_exec(self.ns(role), "ip", "-br", "link", check=False).stdout.split("\n")
+            for name in (line.split()[0].split("@")[0] for line in links if line.startswith("gf-")):
+                ns_exec(self.ns(role), "ip", "link", "del", name, check=False)
         for n in self.names:
             sh("ip", "netns", "del", n, check=False)
 
@@ -361,9 +368,13 @@ def test_provider_pod_reaches_a_consumer_service_through_the_external_cidr(
 def test_the_underlay_carries_only_wireguard(fabric: Fabric, offloaded: tuple[str, str, str]) -> None:
     port = fabric.clusters.topology.gateway_endpoint("gpu-a").split(":")[1]
     probe = (
-        "table inet gfprobe { chain c { type filter hook prerouting priority -400; policy accept;\n"
-        f'iifname "ul-p" udp dport {port} counter\n'
-        'iifname "ul-p" meta l4proto { icmp, tcp } counter\n} }\n'
+        "table inet gfprobe {\n"
+        "  chain c {\n"
+        "    type filter hook prerouting priority -400; policy accept;\n"
+        f'    iifname "ul-p" udp dport {port} counter\n'
+        '    iifname "ul-p" meta l4proto { icmp, tcp } counter\n'
+        "  }\n"
+        "}\n"
     )
     subprocess.run(["ip", "netns", "exec", fabric.ns("pgw"), "nft", "-f", "-"], input=probe, text=True, check=True)
     try:

@@ -48,7 +48,7 @@ import aiohttp
 from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
 from peering.kube import manifests, rest
 from peering.kube.client import KubeError, api_client, client, translating
-from peering.models import API_VERSION, NETWORK_CONFIG
+from peering.models import API_VERSION, NETWORK_CONFIG, NetworkConfigSpec
 from vkprovider.localenv import kubeconfig, kwokcfg, metricsserver
 from vkprovider.localenv.pki import ClusterPKI, ensure_pki
 from vkprovider.localenv.topology import ClusterPorts, ClusterSpec, Topology
@@ -703,11 +703,11 @@ class LocalEnvironment:
                     "apiVersion": API_VERSION,
                     "kind": "NetworkConfig",
                     "metadata": {"name": NETWORK_CONFIG, "namespace": SYSTEM_NAMESPACE},
-                    "spec": {
-                        "podCidr": spec.pod_cidr,
-                        "reservedCidrs": [spec.service_cidr],
-                        "gatewayEndpoint": self.topology.gateway_endpoint(spec.name),
-                    },
+                    "spec": NetworkConfigSpec(
+                        pod_cidr=spec.pod_cidr,
+                        reserved_cidrs=[spec.service_cidr],
+                        gateway_endpoint=self.topology.gateway_endpoint(spec.name),
+                    ).model_dump(by_alias=True),
                 },
             )
         progress(f"{spec.name}: gpufed installed; controller {'started' if started else 'already running'}")
