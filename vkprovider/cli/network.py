@@ -119,7 +119,7 @@ def disconnect(
     )
 
 
-async def _status(kubeconfig: Path, context: str | None) -> list[dict[str, Any]]:
+async def network_status(kubeconfig: Path, context: str | None) -> list[dict[str, Any]]:
     async with api_client(kubeconfig, context) as api:
         return await ops.status(api)
 
@@ -156,7 +156,7 @@ def status(
         raise fail("--output must be table or json", code=2)
     if not kubeconfig.exists():
         raise fail(f"kubeconfig {kubeconfig} does not exist")
-    rows = _run(_status(kubeconfig, context))
+    rows = _run(network_status(kubeconfig, context))
     if output == "json":
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -123,6 +123,7 @@ def info(
     if output not in ("table", "json"):
         raise fail("--output must be table or json", code=2)
     data = _run(ops.info(ClusterRef(kubeconfig, context, "cluster")))
+    data["connections"] = _run(net.network_status(kubeconfig, context))
     if output == "json":
         typer.echo(json.dumps(data, indent=2))
         return
@@ -155,3 +156,5 @@ def info(
             used = ", ".join(f"{k}={v}" for k, v in sorted(x["used"].items()))
             c.add_row(x["clusterId"], x["phase"], fmt, used, ", ".join(x["twinNamespaces"]))
         console.print(c)
+    if data["connections"]:
+        console.print(net.status_table(data["connections"]))
