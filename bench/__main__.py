@@ -1,7 +1,7 @@
 """`python -m bench`: the command line of `make bench` — which parts, which sizes, keep or stop.
 
-Owns: argument parsing, running the chosen parts in order (one module per part: `offload`, `reflection`),
-stamping each result with the machine it ran on, and handing results to `bench.report`, which
+Owns: argument parsing, running the chosen parts in order (one module per part: `offload`, `reflection`,
+`fabric`), stamping each result with the machine it ran on, and handing results to `bench.report`, which
 writes bench/results/<part>.json and regenerates docs/benchmarks.md. Exits non-zero only when a
 part could not run (a missed target is a result, not an error).
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import offload, reflection, report
+from bench import fabric, offload, reflection, report
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -29,7 +29,7 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-PARTS = ("offload", "reflection")
+PARTS = ("offload", "reflection", "fabric")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -53,6 +53,13 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
             ),
             progress,
         )
+    if part == "fabric":
+        return fabric.run(
+            fabric.FabricOptions(
+                bin_dir, seconds=args.fabric_seconds, runs=args.fabric_runs, round_trips=args.fabric_round_trips
+            ),
+            progress,
+        )
     return reflection.run(
         reflection.ReflectionOptions(
             args.state_dir, bin_dir, args.base_port, rate=args.rate, duration_s=args.duration, keep=args.keep
@@ -69,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=reflection.DEFAULT_RATE, help="reflection: changes/s (20)")
     p.add_argument(
         "--duration", type=float, default=reflection.DEFAULT_DURATION_S, help="reflection: seconds per kind (20)"
+    )
+    p.add_argument(
+        "--fabric-seconds", type=float, default=fabric.DEFAULT_SECONDS, help="fabric: seconds per iperf3 run (5)"
+    )
+    p.add_argument("--fabric-runs", type=int, default=fabric.DEFAULT_RUNS, help="fabric: runs per path (3)")
+    p.add_argument(
+        "--fabric-round-trips",
+        type=int,
+        default=fabric.DEFAULT_ROUND_TRIPS,
+        help="fabric: request/response round trips per run (2000)",
     )
     p.add_argument("--keep", action="store_true", help="leave the bench clusters running afterwards")
     p.add_argument("--state-dir", type=Path, default=offload.DEFAULT_STATE_DIR, help="bench environment state")
@@ -94,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         data["machine"] = machine
         path = report.write_result(part, data)
-        print(report.text_table(data) if part == "offload" else report.reflection_table(data))
+        print(report.TABLES[part](data))
         print(f"wrote {path}")
     print(f"wrote {report.write_docs()}")
     return 0

@@ -79,6 +79,13 @@ def _body(kind: str, name: str, spec: dict[str, Any], labels: dict[str, str] | N
     }
 
 
+#: How each caller lets the user supply a missing NetworkConfig's pod CIDR.
+_POD_CIDR_HINT = {
+    "consumer": " or pass its pod CIDR (--pod-cidr)",
+    "provider": " or pass its pod CIDR (--remote-pod-cidr)",
+}
+
+
 async def network_config(api: Any, role: str, pod_cidr: str | None = None) -> NetworkConfigSpec:
     """This cluster's NetworkConfig; created from `pod_cidr` when missing and given."""
     obj = await rest.get(api, _path("networkconfigs", NETWORK_CONFIG))
@@ -86,8 +93,7 @@ async def network_config(api: Any, role: str, pod_cidr: str | None = None) -> Ne
         if not pod_cidr:
             raise PeerError(
                 f"the {role} cluster has no NetworkConfig {SYSTEM_NAMESPACE}/{NETWORK_CONFIG}: create one "
-                f"(kubectl apply, see docs/networking.md) or pass its pod CIDR "
-                f"({'--pod-cidr' if role == 'consumer' else '--remote-pod-cidr'})"
+                f"(kubectl apply, see docs/networking.md){_POD_CIDR_HINT.get(role, '')}"
             )
         try:
             spec = NetworkConfigSpec(pod_cidr=pod_cidr)
@@ -217,7 +223,8 @@ async def connect_peers(p: Peers, opts: NetworkOptions, report: Reporter) -> dic
     if not endpoint:
         raise PeerError(
             f"where does {p.consumer_id} reach {p.provider_id}'s gateway? pass --gateway-endpoint HOST[:PORT] or "
-            f"set spec.gatewayEndpoint in the provider's NetworkConfig {SYSTEM_NAMESPACE}/{NETWORK_CONFIG}"
+            f"set spec.gatewayEndpoint in the provider's NetworkConfig {SYSTEM_NAMESPACE}/{NETWORK_CONFIG} "
+            "(or peer with --no-network and connect later)"
         )
     try:
         _, port = split_endpoint(endpoint)

@@ -20,6 +20,7 @@ import base64
 import contextlib
 import datetime as dt
 import re
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -223,7 +224,7 @@ class GatewayAgent:
             peer_public_key=spec.peer_public_key,
             allowed_ips=tuple(allowed_ips(gp, peer_ip)),
             listen_port=spec.listen_port if spec.role == "Server" else None,
-            endpoint=split_endpoint(spec.endpoint) if spec.role == "Client" else None,
+            endpoint=await _resolve(split_endpoint(spec.endpoint)) if spec.role == "Client" else None,
             keepalive_s=spec.keepalive_s or None,
         )
         await driver.ensure(self.ns, gp.interface, cfg)
@@ -236,7 +237,10 @@ class GatewayAgent:
         await self.ns.netlink(
             lambda ipr: set_routes(ipr, gp.interface, gp.mark, gp.mark, mapped), "routing into the tunnel"
         )
-        await self.ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        # forwarding is per namespace; a gateway pod's is usually on already and /proc/sys may be
+        # read-only there, so write it only when it is off
+        if (await self.ns.run(["sysctl", "-n", "net.ipv4.ip_forward"])).strip() != "1":
+            await self.ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         await self._status_gateway(driver.name, gp.interface, mtu)
 
     async def teardown(self) -> None:
@@ -347,6 +351,7 @@ class GatewayAgent:
             self.dirty.clear()
             last = time.monotonic()
             await self.reconcile()
+            await self.probe()  # so the status written next describes the tunnel just applied
             await self.publish(force=True)
 
     async def _probe_loop(self) -> None:
@@ -375,6 +380,21 @@ class GatewayAgent:
             for t in tasks:
                 t.cancel()
         await asyncio.shield(self.teardown())
+
+
+async def _resolve(endpoint: tuple[str, int]) -> tuple[str, int]:
+    """A host name in the endpoint becomes an IPv4 address (WireGuard takes addresses only); it is
+    resolved again on every pass, so a moved LoadBalancer name is followed."""
+    host, port = endpoint
+    try:
+        return str(IPv4Address(host)), port
+    except ValueError:
+        pass
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
+    except OSError as e:
+        raise DataplaneError(f"cannot resolve the gateway endpoint {host!r}: {e}") from e
+    return str(infos[0][4][0]), port
 
 
 def _names(remote_id: str) -> tuple[str, str, int]:

@@ -237,7 +237,7 @@ def fabric(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture(scope="module")
-def offloaded(fabric: Fabric) -> tuple[str, str, str]:
+def offloaded(fabric: Fabric) -> Iterator[tuple[str, str, str]]:
     """(consumer namespace, local pod IP as the consumer API shows it, the twin's real podIP)."""
     clusters = fabric.clusters
     ns = f"fabric-{fabric.tag}"
@@ -282,7 +282,11 @@ def offloaded(fabric: Fabric) -> tuple[str, str, str]:
     )
     fabric.link("pgw", "ppod", remote)
     fabric.serve("ppod", remote)
-    return ns, str(local), str(remote)
+    try:
+        yield ns, str(local), str(remote)
+    finally:
+        gpufed("unoffload-namespace", ns, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
+        clusters.kubectl("consumer", "delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_peer_configured_both_sides_and_the_remapping_is_consistent(fabric: Fabric) -> None:
