@@ -165,6 +165,12 @@ class Fabric:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
 
+    def network(self, verb: str, *flags: str) -> subprocess.CompletedProcess[str]:
+        """`gpufed network <verb>` for this peering, as a user runs it."""
+        kc = str(self.clusters.kubeconfig)
+        pair = ["--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", "gpu-a"]
+        return gpufed("network", verb, *pair, *flags)
+
     def connection(self, context: str) -> dict[str, Any]:
         peer = self.ids["gpu-a"] if context == "consumer" else self.ids["consumer"]
         got = self.clusters.kubectl(context, "get", "connection", "-n", "gpufed", peer, "-o", "json", check=False)
@@ -397,25 +403,12 @@ def test_the_underlay_carries_only_wireguard(fabric: Fabric, offloaded: tuple[st
 
 
 def test_masquerade_mode_shows_the_gateway_address(fabric: Fabric, offloaded: tuple[str, str, str]) -> None:
-    kc = str(fabric.clusters.kubeconfig)
-    base = [
-        "network",
-        "connect",
-        "--kubeconfig",
-        kc,
-        "--context",
-        "consumer",
-        "--remote-kubeconfig",
-        kc,
-        "--remote-context",
-        "gpu-a",
-    ]
-    on = gpufed(*base, "--masquerade")
+    on = fabric.network("connect", "--masquerade")
     assert on.returncode == 0, out(on)
     try:
         eventually("masqueraded source", lambda: fabric.curl("cpod", offloaded[1], timeout=2) == GW_LINK, timeout=30)
     finally:
-        off = gpufed(*base)
+        off = fabric.network("connect")
         assert off.returncode == 0, out(off)
     eventually(
         "mirror SNAT again", lambda: fabric.curl("cpod", offloaded[1], timeout=2) not in ("", GW_LINK), timeout=30
@@ -450,28 +443,14 @@ def test_a_restarted_gateway_keeps_mappings_and_keys(fabric: Fabric, offloaded: 
     )
     assert after == before
     # re-running the network step (as `gpufed peer` does again) keeps them too
-    kc = str(fabric.clusters.kubeconfig)
-    again = gpufed(
-        "network",
-        "connect",
-        "--kubeconfig",
-        kc,
-        "--context",
-        "consumer",
-        "--remote-kubeconfig",
-        kc,
-        "--remote-context",
-        "gpu-a",
-    )
+    again = fabric.network("connect")
     assert again.returncode == 0, out(again)
     assert fabric.remote_network("consumer") == before[0]
     assert fabric.ping("cpod", offloaded[1]).returncode == 0
 
 
 def test_disconnect_tears_the_data_plane_down(fabric: Fabric, offloaded: tuple[str, str, str]) -> None:
-    kc = str(fabric.clusters.kubeconfig)
-    args = ["--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", "gpu-a"]
-    gone = gpufed("network", "disconnect", *args)
+    gone = fabric.network("disconnect")
     assert gone.returncode == 0, out(gone)
     agents = [fabric.agents["consumer"], fabric.agents["gpu-a"]]
     eventually("both gateway agents exit", lambda: all(a.poll() is not None for a in agents), timeout=30)

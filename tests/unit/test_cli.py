@@ -39,3 +39,22 @@ def test_down_of_nothing_succeeds(tmp_path: Path) -> None:
 def test_version() -> None:
     res = runner.invoke(app, ["version"])
     assert res.exit_code == 0 and res.stdout.startswith("gpufed ")
+
+
+def test_network_flags_are_checked_before_any_cluster_is_touched(tmp_path: Path) -> None:
+    kc = str(tmp_path / "kubeconfig")
+    base = ["network", "connect", "--kubeconfig", kc, "--remote-kubeconfig", kc]
+    res = runner.invoke(app, [*base, "--driver", "vpp"])
+    assert res.exit_code == 2 and "--driver must be auto, kernel or wireguard-go" in res.output
+    res = runner.invoke(app, [*base, "--mtu", "600"])
+    assert res.exit_code == 2 and "--mtu must be 0 (automatic) or 1280..9000" in res.output
+    res = runner.invoke(app, ["network", "status", "--kubeconfig", kc, "-o", "yaml"])
+    assert res.exit_code == 2 and "--output must be table or json" in res.output
+    res = runner.invoke(app, ["network", "status", "--kubeconfig", kc])
+    assert res.exit_code == 1 and "does not exist" in " ".join(res.output.split())
+
+
+def test_peer_refuses_bad_network_flags_too(tmp_path: Path) -> None:
+    kc = str(tmp_path / "kubeconfig")
+    res = runner.invoke(app, ["peer", "--kubeconfig", kc, "--remote-kubeconfig", kc, "--driver", "x"])
+    assert res.exit_code == 2 and "--driver must be" in res.output

@@ -82,6 +82,12 @@ Kubeconfig = Annotated[
 ]
 Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
+Output = Annotated[str, typer.Option("-o", "--output", help="table or json")]
+
+
+def check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        raise fail("--output must be table or json", code=2)
 
 
 def run_op(coro: Coroutine[Any, Any, T], errors: tuple[type[Exception], ...]) -> T:

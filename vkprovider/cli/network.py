@@ -15,7 +15,19 @@ from netfabric.controllers.gateway import GatewayAgent, GatewaySettings
 from netfabric.drivers.netns import DataplaneError
 from peering.kube.client import KubeError, api_client
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError
-from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, configure_logging, console, fail, run_op, serve
+from vkprovider.cli.common import (
+    Context,
+    Kubeconfig,
+    Output,
+    Report,
+    Timeout,
+    check_output,
+    configure_logging,
+    console,
+    fail,
+    run_op,
+    serve,
+)
 
 app = typer.Typer(help="The WireGuard fabric between peered clusters.", no_args_is_help=True)
 
@@ -149,11 +161,10 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
 def status(
     kubeconfig: Kubeconfig,
     context: Context = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="table or json")] = "table",
+    output: Output = "table",
 ) -> None:
     """Every peer's tunnel on this cluster: Connected / Degraded / Down and why, RTT, mappings."""
-    if output not in ("table", "json"):
-        raise fail("--output must be table or json", code=2)
+    check_output(output)
     if not kubeconfig.exists():
         raise fail(f"kubeconfig {kubeconfig} does not exist")
     rows = _run(network_status(kubeconfig, context))

@@ -17,7 +17,7 @@ from peering.ops import peer as ops
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
 from vkprovider.app.peersteps import VirtualNodeReady
 from vkprovider.cli import network as net
-from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, console, fail, run_op
+from vkprovider.cli.common import Context, Kubeconfig, Output, Report, Timeout, check_output, console, fail, run_op
 
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
 RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
@@ -104,24 +104,16 @@ def unpeer(
     consumer = ClusterRef(kubeconfig, context, "consumer")
     provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
     _run(network_ops.disconnect(consumer, provider, Report()))
-    _run(
-        ops.unpeer(
-            ClusterRef(kubeconfig, context, "consumer"),
-            ClusterRef(remote_kubeconfig, remote_context, "provider"),
-            Report(),
-            timeout,
-        )
-    )
+    _run(ops.unpeer(consumer, provider, Report(), timeout))
 
 
 def info(
     kubeconfig: Kubeconfig,
     context: Context = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="table or json")] = "table",
+    output: Output = "table",
 ) -> None:
     """This cluster's peerings: phase, requested vs granted, used vs granted per resource."""
-    if output not in ("table", "json"):
-        raise fail("--output must be table or json", code=2)
+    check_output(output)
     data = _run(ops.info(ClusterRef(kubeconfig, context, "cluster")))
     data["connections"] = _run(net.network_status(kubeconfig, context))
     if output == "json":
