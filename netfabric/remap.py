@@ -39,6 +39,10 @@ class RangeLike(Protocol):
 
     def to_mapped(self, ip: IPv4Address) -> IPv4Address: ...
 
+    def contains_mapped(self, ip: IPv4Address) -> bool: ...
+
+    def to_real(self, ip: IPv4Address) -> IPv4Address: ...
+
 
 def _parse(ip: str) -> IPv4Address | None:
     try:
@@ -82,6 +86,10 @@ class Remapper:
             return str(self.peer_pod.to_mapped(addr))
         if self.peer_external is not None and self.peer_external.contains_real(addr):
             return str(self.peer_external.to_mapped(addr))
+        # one of our own addresses as the peer sees it (e.g. a reflected endpoint) -> ours, real
+        for ours in (self.local_pod, self.local_external):
+            if ours is not None and ours.contains_mapped(addr):
+                return str(ours.to_real(addr))
         return ip
 
     def to_remote_ip(self, ip: str) -> str:
@@ -96,4 +104,9 @@ class Remapper:
             return str(self.local_external.to_mapped(external) if self.local_external is not None else external)
         if self.local_external is not None and self.local_external.contains_real(addr):
             return str(self.local_external.to_mapped(addr))
+        # the peer's own address as we see it (e.g. an offloaded pod behind a reflected Service) ->
+        # the peer's real address
+        for theirs in (self.peer_pod, self.peer_external):
+            if theirs is not None and theirs.contains_mapped(addr):
+                return str(theirs.to_real(addr))
         return ip

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 from collections.abc import Iterator
+from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 import pytest
@@ -275,13 +276,27 @@ def test_service_endpoints_include_offloaded_pods_and_follow_scaling(
         )["items"]
         return got
 
+    # Both clusters use 10.244.0.0/16, so the fabric remaps: the provider's copy lists every backend
+    # as the PROVIDER reaches it — offloaded pods at their real addresses there, the consumer's own
+    # pod at its address in the provider's view of the consumer (arithmetic on the RemoteNetwork).
+    rn = clusters.kubectl_json("consumer", "get", "remotenetwork", "-n", "gpufed", ids["gpu-a"])["spec"]
+
+    def moved(ip: IPv4Address, src: str, dst: str) -> str:
+        return str(IPv4Network(dst).network_address + (int(ip) - int(IPv4Network(src).network_address)))
+
+    def provider_view(ip: str) -> str:
+        a = IPv4Address(ip)
+        if a in IPv4Network(rn["mapped"]["podCidr"]):
+            return moved(a, rn["mapped"]["podCidr"], rn["real"]["podCidr"])
+        return moved(a, "10.244.0.0/16", rn["peerView"]["podCidr"])
+
     def converged(count: int) -> set[str] | None:
         ips = pod_ips()
         if ips is None or len(ips) != count:
             return None
         want = set(ips.values())
         local, remote_ = _addresses(slices("consumer", namespace)), _addresses(slices("gpu-a", twin(ids, namespace)))
-        return want if local == want and remote_ == want else None
+        return want if local == want and remote_ == {provider_view(i) for i in want} else None
 
     ips = eventually("3 backends in both clusters' EndpointSlices", lambda: converged(3), timeout=90)
     nodes = {p["spec"]["nodeName"] for p in clusters.kubectl_json("consumer", "get", "pods", "-n", namespace)["items"]}

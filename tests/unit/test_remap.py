@@ -180,3 +180,16 @@ def test_to_remote_changes_only_our_addresses(value: int) -> None:
         assert A(out) in LOCAL_EXT.mapped
     else:
         assert out == str(ip)
+
+
+def test_each_side_view_of_the_other_goes_back_to_the_real_address() -> None:
+    # a reflected endpoint that is an offloaded pod, as WE see it -> the peer's own address for it
+    assert R.to_remote_ip("10.64.3.4") == "10.244.3.4"
+    assert R.to_remote_ip("10.65.0.9") == "10.200.0.9"
+    # one of our pods as the PEER reports it -> our real address
+    assert R.to_local_ip("10.70.1.10") == "10.244.1.10"
+    assert R.to_local_ip("10.71.0.5") == "10.201.0.5"
+    # round trips through both views
+    for ip in ("10.244.7.7", "10.201.0.3"):
+        assert R.to_local_ip(R.to_remote_ip(ip)) == ip
+    assert R.to_remote_ip(R.to_local_ip("10.244.9.9")) == "10.244.9.9"
