@@ -1,7 +1,8 @@
 """The IP-translation Protocol the remote provider declares (DESIGN.md §3, §7).
 
-Owns: `IPTranslator` — how a provider's pod IP is shown locally and back. `netfabric.remap`
-implements it when pod CIDRs overlap (the fabric issue); until then `Identity` is used.
+Owns: `IPTranslator` — how a provider's pod IP is shown locally and back. The virtual kubelet uses
+the fabric's `netfabric.controllers.translator.LiveRemapper` (a `netfabric.remap.Remapper` kept
+current); `Identity` is for tests and peerings whose addresses need no translation.
 """
 
 from __future__ import annotations
