@@ -150,6 +150,7 @@ class GatewayAgent:
         self._written: tuple[str, str] | None = None
         self._written_at = 0.0
         self._since: str | None = None
+        self._gateway_status: tuple[str, str, int] | None = None
         self.log = log.bind(remote_cluster=settings.name, kind="Gateway")
 
     def _path(self, plural: str, name: str, sub: str = "") -> str:
@@ -257,12 +258,19 @@ class GatewayAgent:
     # ---- status
 
     async def _status_gateway(self, driver: str, iface: str, mtu: int) -> None:
-        with contextlib.suppress(KubeError):
+        """What runs, written when it changes (not on every re-apply)."""
+        if self._gateway_status == (driver, iface, mtu):
+            return
+        try:
             await rest.merge_patch(
                 self.api,
                 self._path("gateways", self.s.name, "status"),
                 {"status": {"driver": driver, "interface": iface, "mtu": mtu}},
             )
+        except KubeError as e:
+            self.log.warning("cannot write the gateway status", error=str(e))
+            return
+        self._gateway_status = (driver, iface, mtu)
 
     async def probe(self) -> None:
         if self.inputs is None or self.driver is None:
@@ -288,7 +296,7 @@ class GatewayAgent:
         changed = self._written != (phase, reason)
         if not (changed or force or now - self._written_at >= self.s.status_refresh_s):
             return
-        stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = _rfc3339(now)
         if changed or self._since is None:
             self._since = stamp
         hs = self.health.stats.latest_handshake if self.health.stats else None
@@ -297,7 +305,7 @@ class GatewayAgent:
             "reason": reason,
             "message": message,
             "rttMs": self.health.rtt_ms,
-            "latestHandshake": (dt.datetime.fromtimestamp(hs, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if hs else None),
+            "latestHandshake": _rfc3339(hs) if hs else None,
             "lastProbe": stamp,
             "lastTransitionTime": self._since,
         }
@@ -395,6 +403,10 @@ async def _resolve(endpoint: tuple[str, int]) -> tuple[str, int]:
     except OSError as e:
         raise DataplaneError(f"cannot resolve the gateway endpoint {host!r}: {e}") from e
     return str(infos[0][4][0]), port
+
+
+def _rfc3339(unix: float) -> str:
+    return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _names(remote_id: str) -> tuple[str, str, int]:

@@ -31,7 +31,9 @@ from typing import Any
 
 import pytest
 from wireguard_tools import WireguardKey
+from wireguard_tools.wireguard_uapi import WireguardUAPIDevice
 
+from netfabric.render import interface_name
 from peering.ids import ClusterID
 from tests.e2e.conftest import REPO, Clusters
 from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
@@ -170,6 +172,20 @@ class Fabric:
         kc = str(self.clusters.kubeconfig)
         pair = ["--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", "gpu-a"]
         return gpufed("network", verb, *pair, *flags)
+
+    def tunnel(self, context: str) -> tuple[int, str]:
+        """(interface index, public key) of the running WireGuard device, read from the device."""
+        peer = self.ids["gpu-a"] if context == "consumer" else self.ids["consumer"]
+        ns = self.ns("cgw") if context == "consumer" else self.ns("pgw")
+        iface = interface_name(peer)
+        index = json.loads(ns_exec(ns, "ip", "-j", "link", "show", "dev", iface).stdout)[0]["ifindex"]
+        device = WireguardUAPIDevice(Path(f"/var/run/wireguard/{iface}.sock"))
+        try:
+            key = device.get_config().private_key
+        finally:
+            device.close()
+        assert key is not None
+        return int(index), str(key.public_key())
 
     def connection(self, context: str) -> dict[str, Any]:
         peer = self.ids["gpu-a"] if context == "consumer" else self.ids["consumer"]
@@ -434,9 +450,13 @@ def test_a_restarted_gateway_keeps_mappings_and_keys(fabric: Fabric, offloaded: 
         fabric.remote_network("consumer"),
         fabric.clusters.kubectl_json("consumer", "get", "gateway", "-n", "gpufed", fabric.ids["gpu-a"])["spec"],
     )
+    tunnel = fabric.tunnel("consumer")
+    assert tunnel[1] == before[1]["publicKey"]  # the data plane runs with the key of the Secret
     fabric.stop_agent("consumer")
     fabric.start_agent("consumer")
     fabric.wait_phase("Connected")
+    # the restarted agent adopted the running tunnel (same interface) and configured the same key
+    assert fabric.tunnel("consumer") == tunnel
     after = (
         fabric.remote_network("consumer"),
         fabric.clusters.kubectl_json("consumer", "get", "gateway", "-n", "gpufed", fabric.ids["gpu-a"])["spec"],

@@ -545,3 +545,16 @@ async def running(coro: Any) -> AsyncIterator[asyncio.Task[Any]]:
             await task
         if failure is not None:
             raise failure
+
+
+class Recorder:
+    """A `Reporter` (peering.ops) that keeps the progress lines a command would print."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.lines.append(f"step {text}")
+
+    def done(self, text: str) -> None:
+        self.lines.append(f"done {text}")

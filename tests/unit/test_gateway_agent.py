@@ -336,6 +336,22 @@ async def test_reconcile_configures_a_client_tunnel() -> None:
         assert ns.forwarding == "1"
 
 
+async def test_gateway_status_is_written_when_it_changes_not_on_every_reapply() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, _ = agent_for(api, [FakeDriver()], ipr=fake_ipr(underlay_mtu=1450))
+        path = f"/apis/{API_VERSION}/namespaces/{NS}/gateways/{PEER}/status"
+        await agent.reconcile()
+        await agent.reconcile()  # the periodic re-apply: same data plane
+        (patch,) = server.calls("PATCH", path)
+        assert patch.body["status"] == {"driver": "kernel", "interface": IFACE, "mtu": 1370}
+        gateway = server.get("gateways", NS, PEER)
+        assert gateway is not None
+        gateway["spec"]["mtu"] = 1300
+        await agent.reconcile()
+        assert [c.body["status"]["mtu"] for c in server.calls("PATCH", path)] == [1370, 1300]
+
+
 async def test_reconcile_leaves_forwarding_alone_when_it_is_on() -> None:
     async with serve() as (server, api):
         seed(server)

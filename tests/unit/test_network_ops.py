@@ -19,24 +19,13 @@ from netfabric import plan as plans
 from peering.ids import MANAGED_BY, MANAGED_BY_LABEL, SYSTEM_NAMESPACE, ClusterID
 from peering.models import API_VERSION, GatewaySpec, NetworkConfigSpec, RemoteNetworkSpec
 from peering.ops.peer import PeerError, Peers
-from tests.unit.fakes import FakeApiServer, serve
+from tests.unit.fakes import FakeApiServer, Recorder, serve
 
 NS = SYSTEM_NAMESPACE
 CONSUMER = ClusterID("consumer-12345678")
 PROVIDER = ClusterID("gpu-a-12345678")
 ENDPOINT = "192.168.77.11:51820"
 POD_CIDR = "10.244.0.0/16"
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def step(self, text: str) -> None:
-        self.lines.append(f"step {text}")
-
-    def done(self, text: str) -> None:
-        self.lines.append(f"done {text}")
 
 
 @dataclass
@@ -93,6 +82,17 @@ def _public_of_secret(secret: dict[str, Any]) -> str:
 
 
 # ---- connect
+
+
+SECOND = ClusterID("gpu-b-87654321")
+
+
+@contextlib.asynccontextmanager
+async def second_provider(s: Sides) -> AsyncIterator[Peers]:
+    """Another provider with the same pod CIDR, peered with the same consumer."""
+    async with serve() as (other, other_api):
+        network_config(other, podCidr=POD_CIDR, gatewayEndpoint="192.168.77.13")
+        yield Peers(s.peers.consumer_api, other_api, CONSUMER, SECOND, "", "", "")
 
 
 async def test_connect_allocates_and_exchanges_the_mappings() -> None:
@@ -264,21 +264,18 @@ async def test_connect_reallocates_when_the_peer_ranges_change() -> None:
 
 
 async def test_a_second_provider_gets_other_ranges_on_the_consumer() -> None:
-    async with sides() as s, serve() as (other, other_api):
-        network_config(other, podCidr=POD_CIDR, gatewayEndpoint="192.168.77.13")
+    async with sides() as s, second_provider(s) as peers_b:
         await ops.connect_peers(s.peers, ops.NetworkOptions(), Recorder())
-        second = ClusterID("gpu-b-87654321")
-        peers_b = Peers(s.peers.consumer_api, other_api, CONSUMER, second, "", "", "")
         await ops.connect_peers(peers_b, ops.NetworkOptions(), Recorder())
         a = RemoteNetworkSpec.model_validate(s.obj(s.consumer, "remotenetworks", PROVIDER)["spec"])
-        b = RemoteNetworkSpec.model_validate(s.obj(s.consumer, "remotenetworks", second)["spec"])
+        b = RemoteNetworkSpec.model_validate(s.obj(s.consumer, "remotenetworks", SECOND)["spec"])
         assert a.real == b.real
         taken = {a.mapped.pod_cidr, a.mapped.external_cidr}
         assert b.mapped.pod_cidr not in taken and b.mapped.external_cidr not in taken
         # and its own key Secret, Gateway and Connection
-        assert s.consumer.get("secrets", NS, f"gpufed-wg-{second}") is not None
-        assert s.consumer.get("gateways", NS, second) is not None
-        assert s.consumer.get("connections", NS, second) is not None
+        assert s.consumer.get("secrets", NS, f"gpufed-wg-{SECOND}") is not None
+        assert s.consumer.get("gateways", NS, SECOND) is not None
+        assert s.consumer.get("connections", NS, SECOND) is not None
 
 
 async def test_connect_without_an_endpoint_says_how_to_give_one() -> None:
@@ -388,34 +385,28 @@ async def test_disconnect_removes_everything_on_both_sides_and_is_idempotent() -
 
 
 async def test_disconnect_leaves_other_peerings_alone() -> None:
-    async with sides() as s, serve() as (other, other_api):
-        network_config(other, podCidr=POD_CIDR, gatewayEndpoint="192.168.77.13")
-        second = ClusterID("gpu-b-87654321")
-        peers_b = Peers(s.peers.consumer_api, other_api, CONSUMER, second, "", "", "")
+    async with sides() as s, second_provider(s) as peers_b:
         await ops.connect_peers(s.peers, ops.NetworkOptions(), Recorder())
         await ops.connect_peers(peers_b, ops.NetworkOptions(), Recorder())
         await ops.disconnect_peers(s.peers, Recorder())
         for kind, name in (
-            ("gateways", second),
-            ("connections", second),
-            ("remotenetworks", second),
-            ("secrets", f"gpufed-wg-{second}"),
-            ("roles", f"gpufed-gateway-{second}"),
-            ("rolebindings", f"gpufed-gateway-{second}"),
+            ("gateways", SECOND),
+            ("connections", SECOND),
+            ("remotenetworks", SECOND),
+            ("secrets", f"gpufed-wg-{SECOND}"),
+            ("roles", f"gpufed-gateway-{SECOND}"),
+            ("rolebindings", f"gpufed-gateway-{SECOND}"),
         ):
             assert s.consumer.get(kind, NS, name) is not None, kind
         assert s.consumer.get("gateways", NS, PROVIDER) is None
 
 
 async def test_disconnect_releases_the_allocation() -> None:
-    async with sides() as s, serve() as (other, other_api):
-        network_config(other, podCidr=POD_CIDR, gatewayEndpoint="192.168.77.13")
+    async with sides() as s, second_provider(s) as peers_b:
         await ops.connect_peers(s.peers, ops.NetworkOptions(), Recorder())
         await ops.disconnect_peers(s.peers, Recorder())
-        second = ClusterID("gpu-b-87654321")
-        peers_b = Peers(s.peers.consumer_api, other_api, CONSUMER, second, "", "", "")
         await ops.connect_peers(peers_b, ops.NetworkOptions(), Recorder())
-        b = RemoteNetworkSpec.model_validate(s.obj(s.consumer, "remotenetworks", second)["spec"])
+        b = RemoteNetworkSpec.model_validate(s.obj(s.consumer, "remotenetworks", SECOND)["spec"])
         # the first provider's ranges are free again
         assert (b.mapped.pod_cidr, b.mapped.external_cidr) == ("10.64.0.0/16", "10.65.0.0/16")
 
@@ -570,15 +561,12 @@ async def test_expose_without_a_network_config_does_not_point_at_a_connect_flag(
 
 
 async def test_an_allocation_stays_when_ranges_before_it_are_released() -> None:
-    async with sides() as s, serve() as (other, other_api):
-        network_config(other, podCidr=POD_CIDR, gatewayEndpoint="192.168.77.13")
-        second = ClusterID("gpu-b-87654321")
-        peers_b = Peers(s.peers.consumer_api, other_api, CONSUMER, second, "", "", "")
+    async with sides() as s, second_provider(s) as peers_b:
         await ops.connect_peers(s.peers, ops.NetworkOptions(), Recorder())
         await ops.connect_peers(peers_b, ops.NetworkOptions(), Recorder())
-        before = copy.deepcopy(s.obj(s.consumer, "remotenetworks", second)["spec"]["mapped"])
+        before = copy.deepcopy(s.obj(s.consumer, "remotenetworks", SECOND)["spec"]["mapped"])
         assert before == {"podCidr": "10.66.0.0/16", "externalCidr": "10.67.0.0/16"}
         await ops.disconnect_peers(s.peers, Recorder())
         # 10.64/10.65 are free again, but the live peering keeps the ranges its pods are known by
         await ops.connect_peers(peers_b, ops.NetworkOptions(), Recorder())
-        assert s.obj(s.consumer, "remotenetworks", second)["spec"]["mapped"] == before
+        assert s.obj(s.consumer, "remotenetworks", SECOND)["spec"]["mapped"] == before

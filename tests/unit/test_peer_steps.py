@@ -10,21 +10,10 @@ import pytest
 
 from peering.ids import REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE, ClusterID
 from peering.ops.peer import PeerError, Peers
-from tests.unit.fakes import FakeApiServer, serve
+from tests.unit.fakes import FakeApiServer, Recorder, serve
 from vkprovider.app.peersteps import VirtualNodeReady
 
 PROVIDER = ClusterID("gpu-a-12345678")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def step(self, text: str) -> None:
-        self.lines.append(f"step {text}")
-
-    def done(self, text: str) -> None:
-        self.lines.append(f"done {text}")
 
 
 def _peers(api: Any) -> Peers:
