@@ -124,3 +124,25 @@ NAMESPACE_OFFLOADING = "offloading"
 def virtual_node_name(provider: ClusterID) -> str:
     """Default virtual node for a provider (one per peering)."""
     return f"gpufed-{provider}"
+
+
+# ---- the global GPU pool (issue 8): capacity estimator, GPU node agent, pool virtual nodes
+
+#: Provider side, namespace `gpufed`: where the capacity estimator listens and the CA of its
+#: serving certificate (data keys `endpoint`, `ca.crt`); every authenticated consumer may read it.
+ESTIMATOR_CONFIGMAP = "gpufed-estimator"
+#: Provider side, namespace `gpufed`: the estimator's serving key and certificate (kept across restarts).
+ESTIMATOR_TLS_SECRET = "gpufed-estimator-tls"  # noqa: S105 -- a Secret's name, not a password
+#: On GPU nodes, written by the GPU node agent: `Healthy` or `Unhealthy` (the estimator skips the
+#: latter); the reason is in GPU_HEALTH_REASON_ANNOTATION.
+GPU_HEALTH_ANNOTATION = "gpufed.io/gpu-health"
+GPU_HEALTH_REASON_ANNOTATION = "gpufed.io/gpu-health-reason"
+GPU_HEALTHY = "Healthy"
+GPU_UNHEALTHY = "Unhealthy"
+#: On GPU nodes, written by the GPU node agent: where its facts come from: `nvml`, or
+#: `labels` (NVML unavailable: device-plugin capacity and existing nvidia.com/gpu.* labels).
+GPU_SOURCE_ANNOTATION = "gpufed.io/gpu-source"
+#: On virtual nodes (consumer side): the pool's figures as JSON (what `gpufed pool` prints).
+POOL_ANNOTATION = "gpufed.io/gpu-pool"
+#: On virtual nodes of a per-product pool: the GPU product (also in nvidia.com/gpu.product).
+POOL_PRODUCT_LABEL = "gpufed.io/gpu-pool-product"
