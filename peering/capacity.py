@@ -1,0 +1,1 @@
+"""Placeholder: the pure GPU capacity model (written next)."""
