@@ -146,3 +146,9 @@ GPU_SOURCE_ANNOTATION = "gpufed.io/gpu-source"
 POOL_ANNOTATION = "gpufed.io/gpu-pool"
 #: On virtual nodes of a per-product pool: the GPU product (also in nvidia.com/gpu.product).
 POOL_PRODUCT_LABEL = "gpufed.io/gpu-pool-product"
+#: On a consumer's ForeignCluster of a provider (per peering; the virtual kubelet restarts to apply):
+#: `live` (default: the provider's capacity estimator, pools, fit checks, fail-back) or `static`
+#: (capacity = grant, one node, no fit check, no fail-back: how other federations behave).
+CAPACITY_ANNOTATION = "gpufed.io/capacity"
+#: `per-product` (default: one virtual node per GPU product when the provider has several) or `provider`.
+GPU_POOLS_ANNOTATION = "gpufed.io/gpu-pools"

@@ -355,7 +355,8 @@ class GatewayAgent:
         last = 0.0
         while not self.gone.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.dirty.wait(), timeout=max(0.1, self.s.resync_s - (time.monotonic() - last)))
+                async with asyncio.timeout(max(0.1, self.s.resync_s - (time.monotonic() - last))):
+                    await self.dirty.wait()  # asyncio.timeout: 3.11's wait_for may swallow a cancellation
             self.dirty.clear()
             last = time.monotonic()
             await self.reconcile()

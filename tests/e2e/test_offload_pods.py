@@ -278,7 +278,9 @@ def test_quota_refusal_is_provider_failed_with_the_quota_message(
     offload(
         clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}"
     )
-    # Bound directly (as a scheduler bug or a user with nodeName would): 16 GPUs exceed the 8 granted.
+    # Bound directly (as a scheduler bug or a user with nodeName would): 20 CPUs exceed the 16
+    # granted, though a provider node could take them (a GPU pod no node can take is failed back
+    # before it reaches the quota: test_gpu_pool).
     clusters.create(
         "consumer",
         {
@@ -288,7 +290,7 @@ def test_quota_refusal_is_provider_failed_with_the_quota_message(
             "spec": {
                 "nodeName": vnode(ids, "gpu-a"),
                 "tolerations": [TOLERATION],
-                "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "16"}}}],
+                "containers": [{"name": "main", "image": "x", "resources": {"limits": {"cpu": "20", "memory": "1Gi"}}}],
             },
         },
     )
@@ -298,7 +300,7 @@ def test_quota_refusal_is_provider_failed_with_the_quota_message(
         return pod if pod["status"].get("reason") == "ProviderFailed" else None
 
     pod = eventually("status.reason ProviderFailed", refused)
-    assert "exceeded quota" in pod["status"]["message"] and "nvidia.com/gpu=16" in pod["status"]["message"]
+    assert "exceeded quota" in pod["status"]["message"] and "cpu=20" in pod["status"]["message"]
     evs = clusters.kubectl_json("consumer", "get", "events", "-n", namespace)["items"]
     assert any(e["type"] == "Warning" and e["reason"] == "QuotaExceeded" for e in evs)
     assert twins(clusters, ids, namespace)["gpu-a"] == []

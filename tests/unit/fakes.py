@@ -107,6 +107,11 @@ class FakeProvider:
         pod["status"] = status
         self._changed(namespace, name)
 
+    def unplaced(self, namespace: str, name: str, since: float | None) -> None:
+        """The provider has not placed the twin since `since` (unix time; None: placed)."""
+        self.pods[(namespace, name)]["unplaced_since"] = since
+        self._changed(namespace, name)
+
     def vanish(self, namespace: str, name: str) -> None:
         """The twin is gone at the provider (deleted, evicted, garbage-collected)."""
         if self.pods.pop((namespace, name), None) is not None:
@@ -145,6 +150,7 @@ class FakeProvider:
             origin_uid=pod["metadata"]["labels"][ORIGIN_UID_LABEL],
             terminal=pod["status"].get("phase") in TERMINAL_PHASES,
             deleting=bool(pod["metadata"].get("deletionTimestamp")),
+            unplaced_since=pod.get("unplaced_since"),
             raw=pod,
         )
 

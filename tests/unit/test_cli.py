@@ -58,3 +58,13 @@ def test_peer_refuses_bad_network_flags_too(tmp_path: Path) -> None:
     kc = str(tmp_path / "kubeconfig")
     res = runner.invoke(app, ["peer", "--kubeconfig", kc, "--remote-kubeconfig", kc, "--driver", "x"])
     assert res.exit_code == 2 and "--driver must be" in res.output
+
+
+def test_controller_estimator_flags_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    base = ["controller", "--kubeconfig", str(tmp_path / "kubeconfig")]
+    res = runner.invoke(app, [*base, "--estimator-port", "7443", "--estimator-host", "0.0.0.0"])
+    assert res.exit_code == 2 and "--estimator-address" in " ".join(res.output.split())
+    res = runner.invoke(app, [*base, "--estimator-port", "7443", "--estimator-address", "gpu-a.example"])
+    assert res.exit_code == 2 and "is not host:port" in " ".join(res.output.split())
+    res = runner.invoke(app, [*base, "--estimator-port", "70000"])
+    assert res.exit_code == 2 and "--estimator-port must be 1..65535" in " ".join(res.output.split())

@@ -201,3 +201,12 @@ def test_metrics_server_is_a_supervised_component_of_every_cluster(tmp_path: Pat
     ms = {s.name: [c for c in s.components if c.name == "metrics-server"] for s in statuses}
     assert [(c.port, c.running) for c in ms["gpu-a"]] == [(20027, False)]
     assert all(len(v) == 1 for v in ms.values())
+
+
+def test_every_controller_serves_the_capacity_estimator_on_its_port(tmp_path: Path) -> None:
+    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
+    for spec in env.topology.clusters:
+        cmd = env._command(spec, launcher.CONTROLLER)
+        port = env.topology.ports(spec.name).estimator
+        assert f"--estimator-port={port}" in cmd and "--estimator-host=127.0.0.1" in cmd, spec.name
+    assert env.topology.ports("gpu-b").estimator == 20048

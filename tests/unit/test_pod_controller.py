@@ -3,7 +3,9 @@ graceful and forced deletion, startup reconciliation, and terminal pods left alo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -263,3 +265,66 @@ async def test_container_state_of_a_deleted_pod_is_only_terminated() -> None:
     final = env.server.deleted("pods", NS, "web")
     assert final is not None
     assert list(final["status"]["containerStatuses"][0]["state"]) == ["terminated"]
+
+
+async def test_pod_the_provider_cannot_place_is_failed_back() -> None:
+    provider = FakeProvider()
+    message = "provider prov-a cannot place this pod (8 GPUs): no node has 8 free GPUs (largest: 4)"
+    provider.refuse[(NS, "train")] = ProviderError(message, reason="GPUUnplaceable", fail_back=True)
+    async with started(provider) as env:
+        p = pod("train")
+        env.server.create("pods", p)
+        await until(lambda: env.status("train").get("phase") == "Failed", what="failed back")
+        await until(lambda: bool(env.server.items("events", NS)), what="event")
+        status = env.status("train")
+        (event,) = env.server.items("events", NS)
+        attempts = provider.create_attempts[(NS, "train")]
+    assert attempts == 1  # never retried: the pod's owner replaces it
+    assert provider.creates == []
+    assert (status["reason"], status["message"]) == ("GPUUnplaceable", message)
+    disruption = [c for c in status["conditions"] if c["type"] == "DisruptionTarget"]
+    assert disruption and disruption[0]["status"] == "True"
+    assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+    assert (event["type"], event["reason"], event["message"]) == ("Warning", "GPUUnplaceable", message)
+
+
+async def test_twin_left_unplaced_is_deleted_then_the_pod_failed_back() -> None:
+    provider = FakeProvider()
+    settings = PodSettings(workers=4, max_retry_s=0.05, deletion_poll_s=0.05, unplaced_timeout_s=0.4)
+    async with serve() as (server, api):
+        env = Env(server, api, provider, Recording(api, provider, NODE, settings))
+        async with running(env.controller.run()):
+            await until(env.controller.ready.is_set)
+            p = pod("train")
+            server.create("pods", p)
+            await until(lambda: provider.twin(NS, "train") is not None, what="twin created")
+            uid = p["metadata"]["uid"]
+            provider.unplaced(NS, "train", time.time())
+            await until(lambda: env.status("train").get("phase") == "Failed", what="failed back", timeout=5)
+            status = env.status("train")
+            await asyncio.sleep(0.2)  # nothing creates it again
+    assert status["reason"] == "ProviderPendingTimeout"
+    assert "did not place the pod within 0.4s" in status["message"]
+    assert (NS, "train", uid, 0) in provider.deletes
+    assert provider.twin(NS, "train") is None
+    assert provider.creates == [(NS, "train", uid)]
+
+
+async def test_twin_placed_before_the_timeout_is_kept() -> None:
+    provider = FakeProvider()
+    settings = PodSettings(workers=4, max_retry_s=0.05, deletion_poll_s=0.05, unplaced_timeout_s=0.5)
+    async with serve() as (server, api):
+        env = Env(server, api, provider, Recording(api, provider, NODE, settings))
+        async with running(env.controller.run()):
+            await until(env.controller.ready.is_set)
+            server.create("pods", pod("train"))
+            await until(lambda: provider.twin(NS, "train") is not None, what="twin created")
+            provider.unplaced(NS, "train", time.time())
+            await asyncio.sleep(0.2)
+            provider.unplaced(NS, "train", None)
+            provider.set_phase(NS, "train", "Running")
+            await until(lambda: env.status("train").get("phase") == "Running", what="running")
+            await asyncio.sleep(0.6)  # past the timeout
+            status = env.status("train")
+    assert status["phase"] == "Running"
+    assert provider.deletes == []

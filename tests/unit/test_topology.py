@@ -74,6 +74,8 @@ def test_each_cluster_keeps_its_ports_inside_its_block() -> None:
         assert last_kubelet == ports.base + PORTS_PER_CLUSTER - 1
     assert topo.ports("gpu-a").metrics_server == 20027
     assert topo.ports("gpu-a").all()["metrics-server"] == 20027
+    assert topo.ports("gpu-a").estimator == 20028
+    assert topo.ports("gpu-a").all()["gpufed estimator"] == 20028
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ the cluster identity (created at first start), and, side by side under one TaskG
 cancelled: the provider and consumer peering roles, the namespace offloading controller, the
 offloading webhook (when a port is set; ready only once it serves), the approver of the virtual
 nodes' kubelet-serving certificates (`vkprovider.node.csrapprove`) and the virtual kubelets'
-supervisor. Roles communicate only through the API server.
+supervisor, and the capacity estimator (`peering.estimator.server`, when a port is set; ready only
+once it serves and has published its ConfigMap). Roles communicate only through the API server.
 
 Does not: install CRDs or RBAC (the installer does: `gpufed local up`, later the Helm chart).
 """
@@ -23,6 +24,7 @@ from peering.controllers.consumer import ConsumerRole, ConsumerSettings
 from peering.controllers.identity import Identity, ensure_identity
 from peering.controllers.offloading import OffloadingController, OffloadingSettings
 from peering.controllers.provider import ProviderRole, ProviderSettings
+from peering.estimator.server import EstimatorServer, EstimatorServerSettings
 from peering.ids import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE
 from peering.kube import rest
 from peering.kube.client import KubeError, api_client
@@ -51,6 +53,19 @@ class WebhookSettings:
     port: int | None = None
     #: Address the API server reaches the webhook on (the MutatingWebhookConfiguration's URL host).
     host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    """The provider's capacity estimator served by the controller (peering.estimator)."""
+
+    #: TCP port of the gRPC server; None: no estimator (consumers then see static grant capacity).
+    port: int | None = None
+    #: Address to listen on (0.0.0.0 / :: for every interface; then `address` is required).
+    host: str = "127.0.0.1"
+    #: host:port consumers reach it on (published in ConfigMap gpufed/gpufed-estimator and named by
+    #: its certificate); None: `host` and `port`.
+    address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,7 @@ class ControllerSettings:
     offloading: OffloadingSettings = field(default_factory=OffloadingSettings)
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     virtual_kubelets: VirtualKubeletsSettings = field(default_factory=VirtualKubeletsSettings)
+    estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
 
 
 async def preflight(api: Any) -> None:
@@ -122,6 +138,12 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
             if settings.webhook.port is not None
             else None
         )
+        est = settings.estimator
+        estimator = (
+            EstimatorServer(api, EstimatorServerSettings(port=est.port, host=est.host, address=est.address))
+            if est.port is not None
+            else None
+        )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(provider.run())
             tg.create_task(consumer.run())
@@ -129,6 +151,8 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
             tg.create_task(ServingCSRApprover(api, settings.virtual_kubelets.users).run())
             if webhook is not None:
                 tg.create_task(webhook.run())
+            if estimator is not None:
+                tg.create_task(estimator.run())
             vks = settings.virtual_kubelets
             if vks.kubeconfig is not None:
                 supervisor = Supervisor(
@@ -139,6 +163,8 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
             await offloading.ready.wait()
             if webhook is not None:
                 await webhook.ready.wait()  # pods of offloaded namespaces are refused until it serves
+            if estimator is not None:
+                await estimator.ready.wait()  # consumers find it through its ConfigMap from now on
             log.info("controller ready", cluster=identity.cluster_id)
             if ready is not None:
                 ready.set()

@@ -1,11 +1,12 @@
 """Starts and keeps running one `gpufed virtual-kubelet` process per peered provider.
 
 Owns: the set of virtual-kubelet child processes of this controller — one per ForeignCluster with
-role Provider whose credentials exist (phase Peered); a kubelet port for each from the configured
-range (kept while the process lives); restarts with capped backoff when a process exits while its
-peering exists (a crash or `kill -9` is survived: the new process adopts the node and its pods);
-stopping them when the controller stops. When a peering is removed the virtual kubelet sees it
-itself, deletes its Node and exits 0; the supervisor then does not restart it.
+role Provider whose credentials exist (phase Peered); a block of `PORTS_PER_VIRTUAL_KUBELET`
+kubelet ports for each from the configured range (one per pool node; kept while the process
+lives); restarts with capped backoff when a process exits while its peering exists (a crash or
+`kill -9` is survived: the new process adopts the nodes and their pods); stopping them when the
+controller stops. When a peering is removed the virtual kubelet sees it itself, deletes its Nodes
+and exits 0; the supervisor then does not restart it.
 
 This is how the local environment runs virtual kubelets; in a real cluster the Helm chart runs them
 as Deployments and this supervisor is off (no --virtual-kubelet-kubeconfig).
@@ -35,6 +36,9 @@ RESTART_BACKOFF_MAX_S = 30.0
 HEALTHY_RUN_S = 60.0
 #: Seconds a stopping process gets before SIGKILL.
 STOP_GRACE_S = 10.0
+#: Kubelet ports per virtual kubelet: one per pool node it may serve (GPU products of a provider,
+#: plus a draining node while pools change).
+PORTS_PER_VIRTUAL_KUBELET = 3
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,9 @@ def node_name(provider: str) -> str:
 
 
 class Child:
-    def __init__(self, provider: str, port: int) -> None:
+    def __init__(self, provider: str, ports: tuple[int, int]) -> None:
         self.provider = provider
-        self.port = port
+        self.ports = ports
         self.proc: asyncio.subprocess.Process | None = None
         self.wanted = True
         self.task: asyncio.Task[None] | None = None
@@ -86,22 +90,23 @@ class Supervisor:
             # The virtual kubelet removes its node and exits by itself; stop waiting for it otherwise.
             child.wanted = False
 
-    def _free_port(self) -> int:
-        used = {c.port for c in self.children.values()}
+    def _free_ports(self) -> tuple[int, int]:
+        used = {c.ports[0] for c in self.children.values()}
         first, last = self.settings.kubelet_ports
-        for p in range(first, last + 1):
+        n = PORTS_PER_VIRTUAL_KUBELET
+        for p in range(first, last + 1, n):
             if p not in used:
-                return p
-        raise RuntimeError(f"no free kubelet port in {first}-{last} for another virtual kubelet")
+                return p, min(p + n - 1, last)
+        raise RuntimeError(f"no free kubelet ports in {first}-{last} for another virtual kubelet ({n} each)")
 
     def _spawn(self, provider: str) -> None:
         assert self._tg is not None
         try:
-            port = self._free_port()
+            ports = self._free_ports()
         except RuntimeError as e:
             self._log.error("virtual kubelet not started", remote_cluster=provider, error=str(e))
             return
-        child = Child(provider, port)
+        child = Child(provider, ports)
         self.children[provider] = child
         child.task = self._tg.create_task(self._keep(child))
 
@@ -116,7 +121,7 @@ class Supervisor:
             f"--provider-cluster-id={child.provider}",
             f"--node-name={node_name(child.provider)}",
             f"--node-address={s.node_address}",
-            f"--kubelet-port={child.port}",
+            f"--kubelet-ports={child.ports[0]}-{child.ports[1]}",
         ]
         if s.context:
             cmd.append(f"--context={s.context}")
@@ -140,7 +145,7 @@ class Supervisor:
                     if out is not None:
                         out.close()
                 started = loop.time()
-                log.info("virtual kubelet started", pid=child.proc.pid, port=child.port)
+                log.info("virtual kubelet started", pid=child.proc.pid, ports=f"{child.ports[0]}-{child.ports[1]}")
                 code = await child.proc.wait()
                 if code == 0 or not child.wanted:
                     log.info("virtual kubelet exited", code=code)

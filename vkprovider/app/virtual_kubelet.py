@@ -1,13 +1,14 @@
-"""`gpufed virtual-kubelet`: one virtual node backed by one peered provider.
+"""`gpufed virtual-kubelet`: the virtual nodes backed by one peered provider.
 
 Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
 the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
-clear log line), the provider client (same budget), and `RemoteProvider` + `NodeController` +
-`PodController` + `Reflection` (started and stopped per twin namespace by the provider's
-TwinNamespace watch) + the kubelet API (`KubeletAPI` over `RemoteStreaming`, its certificate from
-`ServingCertManager`) under one TaskGroup. The Node is owned by the provider's ForeignCluster: when
-that is deleted (unpeer) this process removes its Node and exits; an ordinary stop (SIGTERM,
-crash, kill -9) leaves the Node and its pods in place for the next start to adopt.
+clear log line), the provider client (same budget), and under one TaskGroup: one `RemoteProvider`,
+one `Reflection` (started and stopped per twin namespace by the provider's TwinNamespace watch),
+the `CapacityFeed` of the provider's capacity estimator (unless capacity is static), and the
+`PoolManager` running one node + pod controller + kubelet API per GPU pool node. The Nodes are
+owned by the provider's ForeignCluster: when that is deleted (unpeer) this process removes them and
+exits; an ordinary stop (SIGTERM, crash, kill -9) leaves the Nodes and their pods in place for the
+next start to adopt.
 
 Does not: pick ports or restart itself (the controller's supervisor does, or a Deployment).
 """
@@ -19,7 +20,7 @@ import base64
 import contextlib
 import ipaddress
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +28,25 @@ import structlog
 import yaml
 
 from netfabric.controllers.translator import LiveRemapper
-from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, ClusterID, remote_kubeconfig_secret
+from peering.ids import (
+    CAPACITY_ANNOTATION,
+    GPU_POOLS_ANNOTATION,
+    IDENTITY_CONFIGMAP,
+    SYSTEM_NAMESPACE,
+    ClusterID,
+    remote_kubeconfig_secret,
+)
 from peering.kube import rest
 from peering.kube.budget import set_budget
-from peering.kube.client import KubeError, api_client, client_from_dict
+from peering.kube.client import api_client, client_from_dict
 from peering.kube.watch import watch
 from peering.models import API_VERSION
+from vkprovider.app.pools import PoolManager, PoolSettings
 from vkprovider.forge.tokens import DEFAULT_REFRESH_FRACTION
-from vkprovider.node.kubeletapi import DEFAULT_STREAM_IDLE_S, KubeletAPI, KubeletAPISettings
-from vkprovider.node.node import NodeController, NodeSettings
-from vkprovider.node.pods import PodController, PodSettings
-from vkprovider.node.servingcert import ServingCertManager, ServingCertSettings, ServingTLS
+from vkprovider.node.kubeletapi import DEFAULT_STREAM_IDLE_S
+from vkprovider.node.pods import PodSettings
+from vkprovider.node.servingcert import ServingCertSettings
+from vkprovider.remote.capacity import CapacityFeed
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
 from vkprovider.remote.streaming import RemoteStreaming
@@ -56,18 +65,39 @@ class VirtualKubeletError(Exception):
     """Cannot start: the message says what is missing."""
 
 
+class SettingsChangedError(VirtualKubeletError):
+    """The peering's settings (ForeignCluster annotations) changed: restart to apply them."""
+
+
+def peering_settings(fc: dict[str, Any], settings: VirtualKubeletSettings) -> tuple[str, bool]:
+    """(capacity mode, per-product pools) from the ForeignCluster's annotations over the flags."""
+    ann = fc["metadata"].get("annotations") or {}
+    capacity = ann.get(CAPACITY_ANNOTATION) or settings.capacity
+    pools = ann.get(GPU_POOLS_ANNOTATION) or ("per-product" if settings.per_product_pools else "provider")
+    if capacity not in ("live", "static"):
+        raise VirtualKubeletError(f"{CAPACITY_ANNOTATION}={capacity!r} on ForeignCluster: use live or static")
+    if pools not in ("per-product", "provider"):
+        raise VirtualKubeletError(f"{GPU_POOLS_ANNOTATION}={pools!r} on ForeignCluster: use per-product or provider")
+    return capacity, pools == "per-product"
+
+
 @dataclass(frozen=True)
 class VirtualKubeletSettings:
     #: kubeconfig of the virtual kubelet's identity on the consumer.
     kubeconfig: Path
     #: ClusterID of the provider behind this virtual node.
     provider: str
-    #: Node name (default gpufed-<provider>).
+    #: Name of the provider's node (default gpufed-<provider>); per-product pools append the product.
     node_name: str
     context: str | None = None
-    #: Address and kubelet port the node publishes.
+    #: Address the nodes publish, and the kubelet ports of their APIs (one per pool node).
     node_address: str = "127.0.0.1"
-    kubelet_port: int = 10250
+    kubelet_ports: tuple[int, int] = (10250, 10250)
+    #: Live capacity from the provider's estimator ("live") or the grant alone ("static": one node,
+    #: capacity = grant, no fit check — the baseline peers use).
+    capacity: str = "live"
+    #: One pool node per GPU product when the provider has several.
+    per_product_pools: bool = True
     #: Address the kubelet API listens on (default: the node address).
     listen_address: str | None = None
     #: Where the kubelet API's serving certificate comes from (CSR by default).
@@ -131,6 +161,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             raise VirtualKubeletError(
                 f"provider {settings.provider} is not peered (no ForeignCluster {settings.provider})"
             )
+        capacity, per_product = peering_settings(fc, settings)
         cfg = await _credentials(api, settings.provider, log)
         remote_api = await client_from_dict(cfg)
         try:
@@ -151,18 +182,27 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 translator,
                 tokens,
             )
-            node = NodeController(
+            feed = CapacityFeed(remote_api, cfg) if capacity == "live" else None
+            if feed is not None:
+                provider.placement = feed.can_place
+            pools = PoolManager(
                 api,
                 provider,
-                NodeSettings(
-                    name=settings.node_name,
-                    address=settings.node_address,
-                    kubelet_port=settings.kubelet_port,
-                    owner_references=(rest.owner_ref(fc),),
+                feed,
+                RemoteStreaming(remote_api, settings.provider, provider.twin_ref),
+                PoolSettings(
+                    node_address=settings.node_address,
+                    kubelet_ports=settings.kubelet_ports,
+                    listen_address=settings.listen_address,
+                    per_product=per_product,
                     version=settings.version,
+                    owner_references=(rest.owner_ref(fc),),
+                    # Static capacity is the baseline of other federations: no fail-back either.
+                    pods=settings.pods if feed is not None else replace(settings.pods, unplaced_timeout_s=None),
+                    serving_cert=settings.serving_cert,
+                    stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 ),
             )
-            pods = PodController(api, provider, settings.node_name, settings.pods)
             reflection = Reflection(
                 api,
                 remote_api,
@@ -178,36 +218,26 @@ async def run(settings: VirtualKubeletSettings) -> None:
 
             provider.namespace_listeners.append(on_namespace)
             provider.namespace_annotations = reflection.namespace_annotations
-            tls = ServingTLS()
-            certs = ServingCertManager(api, settings.node_name, settings.node_address, tls, settings.serving_cert)
-            kubelet = KubeletAPI(
-                api,
-                KubeletAPISettings(
-                    node=settings.node_name,
-                    host=settings.listen_address or settings.node_address,
-                    port=settings.kubelet_port,
-                    stream_idle_timeout_s=settings.stream_idle_timeout_s,
-                ),
-                pods,
-                RemoteStreaming(remote_api, settings.provider, provider.twin_ref),
-                tls,
-            )
             unpeered = asyncio.Event()
+            changed = asyncio.Event()
             fc_uid = fc["metadata"]["uid"]
 
             def on_fc(kind: str, obj: dict[str, Any]) -> None:
                 meta = obj["metadata"]
-                if meta.get("uid") == fc_uid and (kind == "DELETED" or meta.get("deletionTimestamp")):
+                if meta.get("uid") != fc_uid:
+                    return
+                if kind == "DELETED" or meta.get("deletionTimestamp"):
                     unpeered.set()
+                    return
+                with contextlib.suppress(VirtualKubeletError):
+                    if peering_settings(obj, settings) != (capacity, per_product):
+                        changed.set()
 
-            log.info("virtual kubelet starting", consumer=consumer)
+            log.info("virtual kubelet starting", consumer=consumer, capacity=capacity, gpu_pools=per_product)
             async with asyncio.TaskGroup() as tg:
                 tasks = [
-                    tg.create_task(node.run()),
-                    tg.create_task(pods.run()),
+                    tg.create_task(pools.run()),
                     tg.create_task(reflection.run()),
-                    tg.create_task(certs.run()),
-                    tg.create_task(kubelet.run()),
                     tg.create_task(translator.run()),
                     tg.create_task(
                         watch(
@@ -219,11 +249,14 @@ async def run(settings: VirtualKubeletSettings) -> None:
                         )
                     ),
                 ]
-                await unpeered.wait()
-                log.info("provider unpeered; removing the virtual node")
-                for t in tasks:
+                waiters = [tg.create_task(unpeered.wait()), tg.create_task(changed.wait())]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for t in tasks + waiters:
                     t.cancel()
-            with contextlib.suppress(KubeError):
-                await node.remove()
+            if not unpeered.is_set():
+                log.info("peering settings changed; restarting to apply them")
+                raise SettingsChangedError("the peering's settings changed; restarting to apply them")
+            log.info("provider unpeered; removing its virtual nodes")
+            await pools.remove_nodes()
         finally:
             await remote_api.close()

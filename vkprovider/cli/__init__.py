@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import typer
 
-from vkprovider.cli import controller, local, network, offload, virtual_kubelet
+from vkprovider.cli import controller, local, network, offload, pool, virtual_kubelet
 from vkprovider.cli import peer as peering_cmds
+from vkprovider.cli.gpu_agent import gpu_agent
 
 app = typer.Typer(
     name="gpufed",
@@ -26,6 +27,8 @@ app.command(name="unpeer")(peering_cmds.unpeer)
 app.command(name="info")(peering_cmds.info)
 app.command(name="offload-namespace")(offload.offload_namespace)
 app.command(name="unoffload-namespace")(offload.unoffload_namespace)
+app.command(name="gpu-agent")(gpu_agent)
+app.command(name="pool")(pool.pool)
 
 
 @app.command()

@@ -96,3 +96,14 @@ def run_op(coro: Coroutine[Any, Any, T], errors: tuple[type[Exception], ...]) ->
         return asyncio.run(coro)
     except errors as e:
         raise fail(e) from None
+
+
+def parse_ports(text: str) -> tuple[int, int]:
+    """FIRST-LAST -> (first, last), or a BadParameter that shows the expected form."""
+    try:
+        first, last = (int(p) for p in text.split("-", 1))
+        if not 0 < first <= last < 65536:
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(f"ports must be FIRST-LAST, e.g. 10250-10259 (got {text!r})") from None
+    return first, last

@@ -8,16 +8,18 @@ from typing import Annotated
 import typer
 
 from peering.controllers.identity import IdentityError
+from peering.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
 from peering.kube.client import KubeError
 from vkprovider.app.controller import (
     DEFAULT_KUBELET_PORTS,
     ControllerSettings,
+    EstimatorSettings,
     PreflightError,
     VirtualKubeletsSettings,
     WebhookSettings,
     run,
 )
-from vkprovider.cli.common import configure_logging, serve
+from vkprovider.cli.common import configure_logging, parse_ports, serve
 
 
 def controller(
@@ -63,17 +65,42 @@ def controller(
     log_dir: Annotated[
         Path | None, typer.Option("--log-dir", envvar="GPUFED_LOG_DIR", help="log files of the virtual kubelets")
     ] = None,
+    estimator_port: Annotated[
+        int | None,
+        typer.Option(
+            "--estimator-port",
+            envvar="GPUFED_ESTIMATOR_PORT",
+            help="serve the capacity estimator (gRPC, mutual TLS) to consumers on this port",
+        ),
+    ] = None,
+    estimator_host: Annotated[
+        str,
+        typer.Option(
+            "--estimator-host", envvar="GPUFED_ESTIMATOR_HOST", help="address it listens on (0.0.0.0: every interface)"
+        ),
+    ] = "127.0.0.1",
+    estimator_address: Annotated[
+        str | None,
+        typer.Option(
+            "--estimator-address",
+            envvar="GPUFED_ESTIMATOR_ADDRESS",
+            help="host:port consumers reach it on (default: --estimator-host and --estimator-port)",
+        ),
+    ] = None,
 ) -> None:
     """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
     configure_logging(log_level)
-    try:
-        first, last = (int(p) for p in kubelet_ports.split("-", 1))
-        if not 0 < first <= last < 65536:
-            raise ValueError
-    except ValueError:
-        raise typer.BadParameter(
-            f"--kubelet-ports must be FIRST-LAST, e.g. 10250-10259 (got {kubelet_ports!r})"
-        ) from None
+    first, last = parse_ports(kubelet_ports)
+    estimator = EstimatorSettings(port=estimator_port, host=estimator_host, address=estimator_address)
+    if estimator_port is not None:
+        if not 0 < estimator_port < 65536:
+            raise typer.BadParameter(f"--estimator-port must be 1..65535 (got {estimator_port})")
+        try:
+            advertised_host(
+                EstimatorServerSettings(port=estimator_port, host=estimator_host, address=estimator_address)
+            )
+        except EstimatorConfigError as e:
+            raise typer.BadParameter(str(e)) from None
     settings = ControllerSettings(
         kubeconfig=kubeconfig,
         context=context,
@@ -83,6 +110,7 @@ def controller(
         virtual_kubelets=VirtualKubeletsSettings(
             kubeconfig=vk_kubeconfig, kubelet_ports=(first, last), node_address=node_address, log_dir=log_dir
         ),
+        estimator=estimator,
     )
 
     serve(lambda: run(settings), (PreflightError, IdentityError, KubeError))

@@ -15,8 +15,8 @@ from vkprovider.app.virtual_kubelet import (
     VirtualKubeletSettings,
     run,
 )
-from vkprovider.cli.common import configure_logging, serve
-from vkprovider.node.pods import PodSettings
+from vkprovider.cli.common import configure_logging, parse_ports, serve
+from vkprovider.node.pods import DEFAULT_UNPLACED_TIMEOUT_S, PodSettings
 from vkprovider.node.servingcert import ServingCertSettings
 
 
@@ -35,8 +35,41 @@ def virtual_kubelet(
         str, typer.Option("--node-address", envvar="GPUFED_NODE_ADDRESS", help="InternalIP the node publishes")
     ] = "127.0.0.1",
     kubelet_port: Annotated[
-        int, typer.Option("--kubelet-port", envvar="GPUFED_KUBELET_PORT", help="port of its kubelet API")
-    ] = 10250,
+        int | None,
+        typer.Option("--kubelet-port", envvar="GPUFED_KUBELET_PORT", help="port of its kubelet API (one node)"),
+    ] = None,
+    kubelet_ports: Annotated[
+        str | None,
+        typer.Option(
+            "--kubelet-ports",
+            envvar="GPUFED_KUBELET_PORTS",
+            help="FIRST-LAST ports for the kubelet APIs of the provider's pool nodes (one each) [default: 10250-10253]",
+        ),
+    ] = None,
+    capacity: Annotated[
+        str,
+        typer.Option(
+            "--capacity",
+            envvar="GPUFED_CAPACITY",
+            help="live: the provider's capacity estimator (pools, fit checks, fail-back); static: the grant only",
+        ),
+    ] = "live",
+    gpu_pools: Annotated[
+        str,
+        typer.Option(
+            "--gpu-pools",
+            envvar="GPUFED_GPU_POOLS",
+            help="per-product: one node per GPU product when the provider has several; provider: one node",
+        ),
+    ] = "per-product",
+    unplaced_timeout: Annotated[
+        float,
+        typer.Option(
+            "--unplaced-timeout",
+            envvar="GPUFED_UNPLACED_TIMEOUT",
+            help="seconds a pod may stay unplaced at the provider before it is failed back (0: never)",
+        ),
+    ] = DEFAULT_UNPLACED_TIMEOUT_S,
     tls_cert_file: Annotated[
         Path | None,
         typer.Option(
@@ -68,12 +101,21 @@ def virtual_kubelet(
     ] = None,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
-    """Run one virtual node backed by a peered provider (the controller starts one per provider)."""
+    """Run the virtual nodes of a peered provider (the controller starts one process per provider)."""
     configure_logging(log_level)
     if qps <= 0 or burst < 1 or workers < 1:
         raise typer.BadParameter("--qps must be > 0, --burst and --workers >= 1")
     if (tls_cert_file is None) != (tls_key_file is None):
         raise typer.BadParameter("--tls-cert-file and --tls-private-key-file go together")
+    if capacity not in ("live", "static"):
+        raise typer.BadParameter(f"--capacity must be live or static (got {capacity!r})")
+    if gpu_pools not in ("per-product", "provider"):
+        raise typer.BadParameter(f"--gpu-pools must be per-product or provider (got {gpu_pools!r})")
+    if unplaced_timeout < 0:
+        raise typer.BadParameter("--unplaced-timeout must be >= 0 seconds (0: never)")
+    if kubelet_port is not None and kubelet_ports is not None:
+        raise typer.BadParameter("give --kubelet-port or --kubelet-ports, not both")
+    ports = (kubelet_port, kubelet_port) if kubelet_port is not None else parse_ports(kubelet_ports or "10250-10253")
     if serving_cert_lifetime < 600:
         raise typer.BadParameter("--serving-cert-lifetime must be >= 600 seconds (the CSR API's minimum)")
     serving = ServingCertSettings(
@@ -90,11 +132,13 @@ def virtual_kubelet(
         node_name=node_name or f"gpufed-{provider}",
         context=context,
         node_address=node_address,
-        kubelet_port=kubelet_port,
+        kubelet_ports=ports,
+        capacity=capacity,
+        per_product_pools=gpu_pools == "per-product",
         serving_cert=serving,
         qps=qps,
         burst=burst,
-        pods=PodSettings(workers=workers),
+        pods=PodSettings(workers=workers, unplaced_timeout_s=unplaced_timeout or None),
         consumer_api_server=consumer_api_server,
         version=f"v{version('gpufed')}-gpufed",
     )

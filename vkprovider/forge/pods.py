@@ -41,6 +41,7 @@ from peering.ids import (
     VIRTUAL_NODE_TAINT_KEY,
     VIRTUAL_NODE_TYPE_LABELS,
 )
+from peering.models import GPU_PRODUCT_LABEL
 from vkprovider.forge import tokens
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -75,6 +76,8 @@ class Target:
     node: str
     namespace: str
     provider: str = ""
+    #: The virtual node's GPU pool product: the twin may only run on provider nodes of it.
+    gpu_product: str | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -286,6 +289,11 @@ def _remote_spec(local_spec: Mapping[str, Any], identity: tokens.PodIdentity | N
     return spec
 
 
+def _pin_product(spec: dict[str, Any], product: str) -> None:
+    """Keep the twin on the pool's GPU product (the pool's capacity was counted on those nodes)."""
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), GPU_PRODUCT_LABEL: product}
+
+
 def remote_pod(local: Mapping[str, Any], target: Target, identity: tokens.PodIdentity | None = None) -> dict[str, Any]:
     """The twin of `local` to create on the provider (never a `status`).
 
@@ -295,11 +303,14 @@ def remote_pod(local: Mapping[str, Any], target: Target, identity: tokens.PodIde
     """
     meta = local.get("metadata") or {}
     labels = {**_origin_labels(meta, target), ORIGIN_NODE_LABEL: target.node}
+    spec = _remote_spec(local.get("spec") or {}, identity)
+    if target.gpu_product:
+        _pin_product(spec, target.gpu_product)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _twin_metadata(local, target, labels),
-        "spec": _remote_spec(local.get("spec") or {}, identity),
+        "spec": spec,
     }
 
 
@@ -480,6 +491,33 @@ def terminated_status(
         )
     status["conditions"] = conditions
     return {"status": status}
+
+
+#: Condition on a pod failed back to the consumer: Jobs can ignore such failures with a
+#: podFailurePolicy rule `onPodConditions: [{type: DisruptionTarget}]`, `action: Ignore`.
+DISRUPTION_TARGET = "DisruptionTarget"
+FAIL_BACK_CONDITION_REASON = "FailedBackByVirtualNode"
+
+
+def failed_back_status(local: Mapping[str, Any], *, now: str, reason: str, message: str) -> dict[str, Any]:
+    """Status patch failing a pod that cannot run where it was bound (phase Failed, `reason`,
+    containers terminated, a DisruptionTarget condition), so its controller creates a replacement
+    that the scheduler may place elsewhere."""
+    patch = terminated_status(local, None, now=now, message=message)
+    status = patch["status"]
+    status.update(phase="Failed", reason=reason, message=message)
+    status["conditions"] = [
+        *status.get("conditions", []),
+        {
+            "type": DISRUPTION_TARGET,
+            "status": "True",
+            "reason": FAIL_BACK_CONDITION_REASON,
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": now,
+        },
+    ]
+    return patch
 
 
 def _started_at(container_status: Mapping[str, Any] | None) -> str | None:

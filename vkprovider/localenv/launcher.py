@@ -507,6 +507,8 @@ class LocalEnvironment:
                 "--log-level=info",
                 f"--webhook-port={ports.webhook}",
                 "--webhook-host=127.0.0.1",
+                f"--estimator-port={ports.estimator}",
+                "--estimator-host=127.0.0.1",
                 f"--virtual-kubelet-kubeconfig={self.kubeconfig_path(spec.name, VIRTUAL_KUBELET)}",
                 f"--kubelet-ports={ports.kubelet_ports[0]}-{ports.kubelet_ports[1]}",
                 "--node-address=127.0.0.1",

@@ -190,8 +190,8 @@ class ClusterPorts:
     """Loopback ports of one cluster's components, laid out from `base`.
 
     +0 apiserver, +1/+2 etcd client/peer, +3 controller-manager, +4 scheduler, +5 kwok's kubelet
-    API (every fake node), +6 gpufed's webhook, +7 metrics-server, +8/+9 free, +10 to +19 the
-    virtual kubelets' kubelet APIs.
+    API (every fake node), +6 gpufed's webhook, +7 metrics-server, +8 gpufed's capacity estimator,
+    +9 free, +10 to +19 the virtual kubelets' kubelet APIs.
     """
 
     base: int
@@ -231,6 +231,11 @@ class ClusterPorts:
         return self.base + 7
 
     @property
+    def estimator(self) -> int:
+        """gpufed's capacity estimator (gRPC, served by the controller to the cluster's consumers)."""
+        return self.base + 8
+
+    @property
     def kubelet_ports(self) -> tuple[int, int]:
         """First and last port for virtual kubelets' kubelet APIs (one per virtual node)."""
         return (self.base + 10, self.base + PORTS_PER_CLUSTER - 1)
@@ -245,6 +250,7 @@ class ClusterPorts:
             "kwok (kubelet API)": self.kwok,
             "gpufed webhook": self.webhook,
             "metrics-server": self.metrics_server,
+            "gpufed estimator": self.estimator,
         }
 
 

@@ -190,6 +190,10 @@ class NodeController:
                 )
             )
 
+    def poke(self) -> None:
+        """Read the provider's state again now (e.g. a pod was bound: capacity changed)."""
+        self._wake.set()
+
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
         self._seen = None if kind == "DELETED" else obj
         if kind == "DELETED":
@@ -209,7 +213,10 @@ class NodeController:
             except KubeError as e:
                 self._log.warning("node status not written", error=str(e))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.state_poll_s)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+                # arrives as the wake-up completes, and this loop is woken very often.
+                async with asyncio.timeout(self.settings.state_poll_s):
+                    await self._wake.wait()
 
     async def sync(self) -> None:
         """Register the Node if needed, then patch its status when it changed or a heartbeat is due."""

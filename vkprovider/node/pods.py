@@ -15,7 +15,12 @@ Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, b
   restarted virtual kubelet adopts running twins (matched by origin UID), deletes twins whose local
   pod is gone, and recreates missing twins of non-terminal pods — nothing is duplicated;
 - refusals: a `ProviderError` sets `status.reason=ProviderFailed` with the provider's message and a
-  Warning Event on the pod, then retries with capped backoff; nothing fails silently.
+  Warning Event on the pod, then retries with capped backoff; nothing fails silently;
+- fail-back: a pod the provider says can never run here (`ProviderError(fail_back=True)`), or
+  whose twin the provider has not placed within `unplaced_timeout_s`, is failed locally — its
+  twin deleted first (nothing keeps holding the provider's quota), then phase Failed with the
+  reason, a DisruptionTarget condition and a Warning Event — so that its Job/ReplicaSet creates a
+  replacement the scheduler can put elsewhere.
 
 Does not: know the provider (see `provider.PodProvider`), schedule, or touch pods of other nodes.
 """
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +40,22 @@ from peering.kube import events, rest
 from peering.kube.client import KubeError
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
-from vkprovider.forge.pods import TERMINAL_PHASES, is_terminal, status_differs, terminated_status
+from vkprovider.forge.pods import (
+    TERMINAL_PHASES,
+    failed_back_status,
+    is_terminal,
+    status_differs,
+    terminated_status,
+)
 from vkprovider.node.provider import PodProvider, ProviderError, Twin
 
 #: Reason on pods the provider refused (what virtual-kubelet and its users expect).
 PROVIDER_FAILED = "ProviderFailed"
+#: Reason of a pod failed back because the provider did not place its twin in time.
+UNPLACED_TIMEOUT = "ProviderPendingTimeout"
 COMPONENT = "gpufed-virtual-kubelet"
+#: Seconds a twin may stay unplaced (Pending on no node) at the provider before the pod is failed back.
+DEFAULT_UNPLACED_TIMEOUT_S = 120.0
 
 Key = tuple[str, str]
 
@@ -52,6 +68,8 @@ class PodSettings:
     max_retry_s: float = 60.0
     #: Seconds between re-checks of a pod whose twin is being deleted (notifications usually come first).
     deletion_poll_s: float = 2.0
+    #: Seconds a twin may stay unplaced at the provider before the pod is failed back; None: never.
+    unplaced_timeout_s: float | None = DEFAULT_UNPLACED_TIMEOUT_S
 
 
 def _now() -> str:
@@ -72,6 +90,10 @@ class PodController:
         #: UIDs of pods whose terminal phase this controller wrote: final even while the watch still
         #: shows the pod as it was before that write.
         self._finished: set[str] = set()
+        #: UIDs of pods being failed back -> (reason, message): their twin is never created again.
+        self._failing: dict[str, tuple[str, str]] = {}
+        #: Called after every change of a local pod bound to the node (e.g. to re-advertise capacity).
+        self.listeners: list[Callable[[], None]] = []
         self._log = structlog.get_logger().bind(node=node)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
@@ -80,9 +102,12 @@ class PodController:
         if kind == "DELETED":
             self.pods.pop(key, None)
             self._finished.discard(meta.get("uid"))
+            self._failing.pop(meta.get("uid"), None)
         else:
             self.pods[key] = obj
         self.queue.add(key)
+        for listener in self.listeners:
+            listener()
 
     # ---- what the kubelet API serves (kubeletapi.PodSource)
 
@@ -95,6 +120,12 @@ class PodController:
 
     def bound_pods(self) -> list[Mapping[str, Any]]:
         return [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == self.node]
+
+    def finished(self, pod: Mapping[str, Any]) -> bool:
+        """Whether this controller ended the pod (terminal, or being failed back) even if the watch
+        does not show it yet."""
+        uid = pod["metadata"].get("uid")
+        return uid in self._finished or uid in self._failing
 
     def _notify(self, namespace: str, name: str) -> None:
         self.queue.add((namespace, name))
@@ -146,6 +177,8 @@ class PodController:
             return await self._finish_deletion(pod, twin)
         if is_terminal(pod) or uid in self._finished:
             return None
+        if uid in self._failing:
+            return await self._fail_back(pod, twin, *self._failing[uid])
         if twin is None:
             return await self._create(key, pod)
         self._refusals.pop(key, None)
@@ -154,6 +187,39 @@ class PodController:
         patch = self.provider.pod_status(pod, twin)
         if status_differs(patch, pod):
             await self._patch_status(pod, patch)
+        return await self._check_placed(pod, twin)
+
+    async def _check_placed(self, pod: dict[str, Any], twin: Twin) -> float | None:
+        """Fail back a pod whose twin stayed unplaced too long; else when to look again."""
+        timeout = self.settings.unplaced_timeout_s
+        if timeout is None or twin.unplaced_since is None or twin.terminal or twin.deleting:
+            return None
+        waited = time.time() - twin.unplaced_since
+        if waited < timeout:
+            return timeout - waited + 0.1
+        scheduled: Mapping[str, Any] = next(
+            (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), {}
+        )
+        why = f": {scheduled['message']}" if scheduled.get("message") else ""
+        message = (
+            f"the provider behind node {self.node} did not place the pod within {timeout:g}s{why}; "
+            "failed back so that it can be scheduled elsewhere"
+        )
+        self._failing[pod["metadata"]["uid"]] = (UNPLACED_TIMEOUT, message)
+        return await self._fail_back(pod, twin, UNPLACED_TIMEOUT, message)
+
+    async def _fail_back(self, pod: dict[str, Any], twin: Twin | None, reason: str, message: str) -> float | None:
+        """Delete the twin (it must not hold the provider's quota), then fail the pod here."""
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if twin is not None:
+            await self._delete_twin(twin, 0)
+            if self.provider.twin(namespace, name) is not None:
+                return self.settings.deletion_poll_s
+        await self._patch_status(pod, failed_back_status(pod, now=_now(), reason=reason, message=message))
+        await events.emit(self.api, pod, type_="Warning", reason=reason, message=message, component=COMPONENT)
+        self._failing.pop(meta["uid"], None)
+        self._log.info("pod failed back", namespace=namespace, pod=name, reason=reason)
         return None
 
     async def _create(self, key: Key, pod: dict[str, Any]) -> float | None:
@@ -161,6 +227,10 @@ class PodController:
         try:
             await self.provider.create_pod(pod)
         except ProviderError as e:
+            if e.fail_back:
+                self._refusals.pop(key, None)
+                self._failing[pod["metadata"]["uid"]] = (e.reason, str(e))
+                return await self._fail_back(pod, None, e.reason, str(e))
             n = self._refusals.get(key, 0) + 1
             self._refusals[key] = n
             message = str(e)

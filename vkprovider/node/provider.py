@@ -13,6 +13,7 @@ every implementation (fakes included):
 - `create_pod(pod)` creates the twin of a local pod. Idempotent: a twin of the same UID that
   already exists is success. Refusals (quota, policy, a missing ConfigMap) raise `ProviderError`
   with a message for the user; transient failures raise `ProviderError(retry=True)`.
+  A pod that can never run there raises `ProviderError(fail_back=True)`.
 - `update_pod(pod)` brings the mutable fields of an existing twin in line (images, deadline).
 - `delete_pod(ns, name, uid, grace_period_s)` stops the twin of that UID; a missing twin is success.
 - `pod_status(pod, twin)` is the status the LOCAL pod should show, as the body of a strategic-merge
@@ -41,12 +42,20 @@ Notify = Callable[[str, str], None]
 
 
 class ProviderError(Exception):
-    """The provider refused or failed a pod; `reason` is CamelCase, the message is for the user."""
+    """The provider refused or failed a pod; `reason` is CamelCase, the message is for the user.
 
-    def __init__(self, message: str, *, reason: str = "ProviderFailed", retry: bool = True) -> None:
+    `fail_back`: the pod can never run on this node (e.g. no provider node can take its GPUs):
+    the pod controller fails it (phase Failed) so that its owner replaces it and the scheduler
+    can choose another node, instead of retrying.
+    """
+
+    def __init__(
+        self, message: str, *, reason: str = "ProviderFailed", retry: bool = True, fail_back: bool = False
+    ) -> None:
         super().__init__(message)
         self.reason = reason
-        self.retry = retry
+        self.retry = retry and not fail_back
+        self.fail_back = fail_back
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class Twin:
     deleting: bool
     #: The provider's own object (opaque to the controllers; handed back to `pod_status`).
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: Unix time since which the provider has not placed it (Pending, on no node); None once placed.
+    unplaced_since: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,23 @@
-"""`RemoteProvider`: the PodProvider and NodeProvider of a virtual node backed by a peered cluster.
+"""`RemoteProvider`: the PodProvider of the virtual nodes backed by one peered cluster.
 
-Owns, for one (consumer, provider, virtual node):
+Owns, for one (consumer, provider) — shared by every pool node of that provider (`remote.pools`):
 - the provider-side view: TwinNamespaces of this consumer (from its tenant namespace: which local
-  namespace maps to which twin namespace), and per ready twin namespace a watch on the twins this
-  virtual node owns (label `gpufed.io/origin-node=<node>`) and on the namespace's Events;
+  namespace maps to which twin namespace), and per ready twin namespace a watch on this consumer's
+  twins (label `gpufed.io/origin-cluster-id=<consumer>`; each twin names its pool node in
+  `gpufed.io/origin-node`) and on the namespace's Events;
 - creating twins (forge.pods.remote_pod) after the ConfigMaps and Secrets they reference exist in
   the twin namespace (copied from the consumer with the reflection forge, never overwriting an
   object gpufed did not create, refused when annotated `gpufed.io/skip-reflection`) and, with
   `tokens`, after their consumer-issued service-account token Secret exists (remote.tokens),
   deleting them with UID preconditions, mapping API refusals to `ProviderError` with the provider's
   own message (e.g. the quota's "exceeded quota: gpufed-grant, requested: ...");
+- before creating the twin of a GPU pod, asking `placement` (the capacity estimator) whether any
+  provider node can take it: a definite no is `ProviderError(fail_back=True)`;
 - telling listeners (reflection) when a twin namespace becomes Ready or goes;
 - remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
   replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement);
-- the node's state: capacity and GPU labels from this provider's granted ResourceSlices (consumer
-  side, namespace gpufed), Ready when the provider's API answers and something is granted.
+- the grant (this provider's accepted ResourceSlices, consumer side, namespace gpufed) and the
+  provider's health (its API answers), which pool nodes advertise.
 
 Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials:
 the provider client is built once per process (certificate rotation is issue 11's).
@@ -24,30 +27,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 import structlog
 
+from peering.capacity import Placement
+from peering.grants import pod_requests
 from peering.ids import (
+    ORIGIN_CLUSTER_LABEL,
     ORIGIN_NODE_LABEL,
     ORIGIN_UID_LABEL,
-    REMOTE_CLUSTER_LABEL,
     SYSTEM_NAMESPACE,
-    VIRTUAL_NODE_TYPE_LABELS,
     ClusterID,
     tenant_namespace,
 )
 from peering.kube import events, rest
 from peering.kube.client import KubeError
 from peering.kube.watch import watch
-from peering.models import API_VERSION
-from peering.quantity import format_quantity, parse
+from peering.models import API_VERSION, GPU_RESOURCE
+from peering.quantity import parse
 from vkprovider.forge import pods as forge
 from vkprovider.forge import reflection
-from vkprovider.node.provider import NOT_FOUND, NodeState, Notify, ProviderError, Twin
+from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin
 from vkprovider.remote.tokens import PodTokens
 from vkprovider.remote.translate import Identity, IPTranslator
 
@@ -62,10 +68,53 @@ class RemoteSettings:
     consumer: str
     #: The provider's ClusterID.
     provider: str
-    #: The virtual node this provider serves.
+    #: The provider's default virtual node (twins without an origin-node label belong to it).
     node: str
     #: hostIP reported for offloaded pods (the virtual node's address).
     host_ip: str = "127.0.0.1"
+    #: Seconds a health answer of the provider's API is reused.
+    health_ttl_s: float = 2.0
+
+
+#: Reason of a pod failed back because no provider node can take it.
+UNPLACEABLE = "GPUUnplaceable"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What the provider granted this consumer (all accepted ResourceSlices together)."""
+
+    resources: Mapping[str, Decimal] = field(default_factory=dict)
+    #: The GPU product every accepted slice is limited to (None: any, or they differ).
+    gpu_product: str | None = None
+    #: nvidia.com/* labels the provider reported for the grant's nodes.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    accepted: bool = False
+
+
+@dataclass(frozen=True)
+class Health:
+    ready: bool
+    reason: str
+    message: str
+
+
+#: (local pod, pool product) -> the estimator's answer, or None when it cannot say.
+Placer = Callable[[Mapping[str, Any], str | None], Awaitable[Placement | None]]
+
+
+def _unix(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def origin_node(twin: Mapping[str, Any], default: str) -> str:
+    """The pool node a twin belongs to (twins from before pools carry none: the default node)."""
+    return str((twin.get("metadata", {}).get("labels") or {}).get(ORIGIN_NODE_LABEL) or default)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -89,6 +138,8 @@ class RemoteProvider:
         #: Consumer-issued service-account tokens for twins (None: twins run without an identity).
         self.tokens = tokens
         self.ready = asyncio.Event()
+        #: Set once this provider's ResourceSlices have been listed (`grant()` is meaningful).
+        self.slices_synced = asyncio.Event()
         self.tenant_ns = tenant_namespace(ClusterID(settings.consumer))
         #: local namespace -> twin namespace (Ready TwinNamespaces only), and back.
         self.twin_ns: dict[str, str] = {}
@@ -109,7 +160,14 @@ class RemoteProvider:
         self.namespace_listeners: list[Callable[[str, str | None], None]] = []
         #: A namespace's annotations (the reflection policy's allow-list mode), from reflection.
         self.namespace_annotations: Callable[[str], Mapping[str, str]] = lambda _ns: {}
-        self._log = structlog.get_logger().bind(remote_cluster=settings.provider, node=settings.node)
+        #: Pool node -> its GPU product (twins of that node are pinned to it).
+        self.pool_products: dict[str, str | None] = {}
+        #: Asked before a GPU pod's twin is created (None: nobody to ask).
+        self.placement: Placer | None = None
+        #: Called when this provider's ResourceSlices change.
+        self.slice_listeners: list[Callable[[], None]] = []
+        self._health: tuple[float, Health] | None = None
+        self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
 
     # ---- provider view
 
@@ -133,6 +191,7 @@ class RemoteProvider:
                         rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE),
                         self._on_slice,
                         what="resourceslices",
+                        on_synced=self.slices_synced.set,
                     )
                 )
                 self._tg = tg
@@ -152,6 +211,8 @@ class RemoteProvider:
             self._slices.pop(name, None)
         else:
             self._slices[name] = obj
+        for listener in self.slice_listeners:
+            listener()
 
     def _on_twin_namespace(self, kind: str, obj: dict[str, Any]) -> None:
         local = str((obj.get("spec") or {}).get("namespace") or "")
@@ -182,7 +243,7 @@ class RemoteProvider:
         if twin_ns in self._watches or self._tg is None:
             return
         synced = self._synced.setdefault(twin_ns, asyncio.Event())
-        selector = {"labelSelector": f"{ORIGIN_NODE_LABEL}={self.settings.node}"}
+        selector = {"labelSelector": f"{ORIGIN_CLUSTER_LABEL}={self.settings.consumer}"}
 
         async def both() -> None:
             while True:
@@ -266,12 +327,16 @@ class RemoteProvider:
 
     def _twin_of(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Twin:
         meta = pod["metadata"]
+        unplaced = (pod.get("status") or {}).get("phase", "Pending") == "Pending" and not (pod.get("spec") or {}).get(
+            "nodeName"
+        )
         return Twin(
             namespace=key[0],
             name=key[1],
             origin_uid=str((meta.get("labels") or {}).get(ORIGIN_UID_LABEL) or ""),
             terminal=forge.is_terminal(pod),
             deleting=bool(meta.get("deletionTimestamp")),
+            unplaced_since=(_unix(meta.get("creationTimestamp")) or time.time()) if unplaced else None,
             raw=pod,
         )
 
@@ -296,7 +361,7 @@ class RemoteProvider:
 
     # ---- pods
 
-    def _target(self, namespace: str, name: str) -> forge.Target:
+    def _target(self, namespace: str, name: str, node: str) -> forge.Target:
         twin_ns = self.twin_ns.get(namespace)
         if twin_ns is None:
             self._waiting.setdefault(namespace, set()).add(name)
@@ -305,11 +370,13 @@ class RemoteProvider:
                 f"(run `gpufed offload-namespace {namespace}`, or wait for its twin namespace)",
                 reason="NamespaceNotOffloaded",
             )
-        return forge.Target(self.settings.consumer, self.settings.node, twin_ns, self.settings.provider)
+        return forge.Target(self.settings.consumer, node, twin_ns, self.settings.provider, self.pool_products.get(node))
 
     async def create_pod(self, pod: Mapping[str, Any]) -> None:
         namespace, name = _key(pod)
-        target = self._target(namespace, name)
+        node = str((pod.get("spec") or {}).get("nodeName") or self.settings.node)
+        target = self._target(namespace, name, node)
+        await self._check_placement(pod, target)
         for ref in forge.references(pod):
             await self._copy_reference(namespace, ref, target)
         identity = await self.tokens.ensure(pod, target) if self.tokens is not None else None
@@ -324,6 +391,24 @@ class RemoteProvider:
             raise self._refusal(e, f"the provider {self.settings.provider} refused the pod") from e
         # Seen at once: the next reconcile must not create it again before the watch reports it.
         self._twins.setdefault((namespace, name), created)
+
+    async def _check_placement(self, pod: Mapping[str, Any], target: forge.Target) -> None:
+        """Fail back a GPU pod the estimator says no provider node can take (its answer is
+        authoritative only when given: an unreachable estimator lets the pod through)."""
+        if self.placement is None or _key(pod) in self._twins:
+            return
+        gpus = pod_gpus(pod)
+        if gpus <= 0:
+            return
+        answer = await self.placement(pod, target.gpu_product)
+        if answer is not None and not answer.placeable:
+            raise ProviderError(
+                f"provider {self.settings.provider} cannot place this pod ({gpus} GPUs"
+                + (f" of {target.gpu_product}" if target.gpu_product else "")
+                + f"): {answer.reason}",
+                reason=UNPLACEABLE,
+                fail_back=True,
+            )
 
     async def _adopt(self, pod: Mapping[str, Any], target: forge.Target) -> None:
         namespace, name = _key(pod)
@@ -407,12 +492,12 @@ class RemoteProvider:
         local_spec = pod.get("spec") or {}
         remote_spec = twin.raw.get("spec") or {}
         patch: dict[str, Any] = {}
-        for field in ("containers", "initContainers"):
-            want = {c["name"]: c.get("image") for c in local_spec.get(field) or []}
-            have = {c["name"]: c.get("image") for c in remote_spec.get(field) or []}
+        for kind in ("containers", "initContainers"):
+            want = {c["name"]: c.get("image") for c in local_spec.get(kind) or []}
+            have = {c["name"]: c.get("image") for c in remote_spec.get(kind) or []}
             changed = [{"name": n, "image": img} for n, img in want.items() if n in have and have[n] != img]
             if changed:
-                patch.setdefault("spec", {})[field] = changed
+                patch.setdefault("spec", {})[kind] = changed
         if local_spec.get("activeDeadlineSeconds") != remote_spec.get("activeDeadlineSeconds"):
             patch.setdefault("spec", {})["activeDeadlineSeconds"] = local_spec.get("activeDeadlineSeconds")
         if not patch:
@@ -455,49 +540,41 @@ class RemoteProvider:
     def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
         return forge.local_status(twin.raw, pod, host_ip=self.settings.host_ip, to_local_ip=self.translator.to_local_ip)
 
-    # ---- node
+    # ---- grant and health (what pool nodes advertise)
 
-    async def node_state(self) -> NodeState:
+    def grant(self) -> Grant:
         granted: dict[str, Decimal] = {}
         labels: dict[str, str] = {}
+        products: set[str | None] = set()
         accepted = False
-        for s in self._slices.values():
-            st = s.get("status") or {}
+        for sl in self._slices.values():
+            st = sl.get("status") or {}
             res: dict[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Resources"), {})
             if res.get("status") != "True":
                 continue
             accepted = True
+            products.add((sl.get("spec") or {}).get("gpuProduct") or None)
             for r, q in (st.get("granted") or {}).items():
                 with contextlib.suppress(ValueError):
                     granted[r] = granted.get(r, Decimal(0)) + parse(q)
             labels.update(st.get("nodeLabels") or {})
-        resources = {r: format_quantity(v, binary=r == "memory") for r, v in sorted(granted.items())}
-        labels = {**labels, **VIRTUAL_NODE_TYPE_LABELS, REMOTE_CLUSTER_LABEL: self.settings.provider}
+        product = next(iter(products)) if len(products) == 1 else None
+        return Grant(granted, product, labels, accepted)
+
+    async def health(self) -> Health:
+        """Whether the provider's API answers (reused for `health_ttl_s`: every pool node asks)."""
+        now = time.monotonic()
+        if self._health is not None and now - self._health[0] < self.settings.health_ttl_s:
+            return self._health[1]
         try:
             await rest.request(self.remote, "GET", "/version", what="provider health")
-            healthy, why = True, ""
+            health = Health(True, "KubeletReady", f"provider {self.settings.provider} answers")
         except KubeError as e:
-            healthy, why = False, str(e)[:300]
-        if not healthy:
-            ready, reason, message = False, "ProviderUnreachable", f"the provider's API does not answer: {why}"
-        elif not accepted or not any(v > 0 for v in granted.values()):
-            ready, reason, message = (
-                False,
-                "NoGrant",
-                f"no resources granted by {self.settings.provider} (see `kubectl get rslice -n gpufed`)",
-            )
-        else:
-            ready, reason, message = (
-                True,
-                "KubeletReady",
-                f"provider {self.settings.provider} answers; resources granted",
-            )
-        return NodeState(
-            capacity=resources,
-            allocatable=resources,
-            labels=labels,
-            ready=ready,
-            reason=reason,
-            message=message,
-            annotations={"gpufed.io/provider": self.settings.provider},
-        )
+            health = Health(False, "ProviderUnreachable", f"the provider's API does not answer: {str(e)[:300]}")
+        self._health = (time.monotonic(), health)
+        return health
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod requests (as the scheduler counts them)."""
+    return int(pod_requests(pod).get(GPU_RESOURCE, Decimal(0)))

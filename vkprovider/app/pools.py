@@ -1,0 +1,276 @@
+"""`PoolManager`: the pool nodes of one provider inside one virtual-kubelet process.
+
+Owns, for one provider: which pool nodes run (`forge.pools.plan_pools` over the products of the
+live capacity snapshot and the grant; nodes of this provider that already exist are adopted, and
+those no longer wanted keep running as *draining* pools — advertising only what their pods hold —
+until no pod is bound to them, then their Node is deleted); per pool a `PoolView`, a
+`NodeController`, a `PodController`, a `ServingCertManager` and a `KubeletAPI` on its own port from
+the process's range; the consumer's usage per pool (what `PoolView.node_state` advertises against)
+and waking every pool's node controller when pods, twins, the grant or the capacity change, so a
+bound pod lowers the pool's allocatable within milliseconds.
+
+The shared `RemoteProvider` runs here once: it fans twin notifications out to every pool's
+controller (each ignores twins of other pools).
+
+Does not: compute what a pool advertises (forge.pools) or talk to the estimator (remote.capacity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import structlog
+
+from peering.grants import pod_requests
+from peering.ids import POOL_PRODUCT_LABEL, REMOTE_CLUSTER_LABEL
+from peering.kube import rest
+from peering.kube.client import KubeError
+from peering.models import GPU_PRODUCT_LABEL
+from vkprovider.forge.pods import is_terminal
+from vkprovider.forge.pools import Pool, plan_pools
+from vkprovider.node.kubeletapi import DEFAULT_STREAM_IDLE_S, KubeletAPI, KubeletAPISettings
+from vkprovider.node.node import NodeController, NodeSettings
+from vkprovider.node.pods import PodController, PodSettings
+from vkprovider.node.provider import StreamingProvider
+from vkprovider.node.servingcert import ServingCertManager, ServingCertSettings, ServingTLS
+from vkprovider.remote.capacity import FIRST_SNAPSHOT_WAIT_S, CapacityFeed
+from vkprovider.remote.pools import PoolView, Usage
+from vkprovider.remote.provider import RemoteProvider
+
+#: Seconds between checks whether draining pools are empty (changes also trigger one).
+REPLAN_S = 10.0
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    #: Address the pool nodes publish and their kubelet APIs listen on.
+    node_address: str
+    #: First and last kubelet port of this process (one per pool node).
+    kubelet_ports: tuple[int, int]
+    listen_address: str | None = None
+    #: One pool per GPU product when the provider has several (else one node for all of it).
+    per_product: bool = True
+    version: str = "v0.0.0-gpufed"
+    owner_references: tuple[Mapping[str, Any], ...] = ()
+    pods: PodSettings = field(default_factory=PodSettings)
+    serving_cert: ServingCertSettings = field(default_factory=ServingCertSettings)
+    stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_S
+
+
+@dataclass
+class Running:
+    view: PoolView
+    node: NodeController
+    pods: PodController
+    port: int
+    task: asyncio.Task[None]
+
+
+class PoolManager:
+    def __init__(
+        self,
+        api: Any,
+        provider: RemoteProvider,
+        feed: CapacityFeed | None,
+        streaming: StreamingProvider,
+        settings: PoolSettings,
+    ) -> None:
+        self.api = api
+        self.provider = provider
+        self.feed = feed
+        self.streaming = streaming
+        self.settings = settings
+        self.pools: dict[str, Running] = {}
+        self.ready = asyncio.Event()
+        self._replan = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+        self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
+        provider.slice_listeners.append(self._on_grant)
+        if feed is not None:
+            feed.listeners.append(self._on_capacity)
+
+    # ---- usage and wake-ups
+
+    def usage(self, node: str) -> Usage:
+        total: dict[str, Decimal] = {}
+        here: dict[str, Decimal] = {}
+        in_flight: list[Mapping[str, Decimal]] = []
+        for name, running in list(self.pools.items()):
+            for pod in running.pods.bound_pods():
+                if is_terminal(pod) or running.pods.finished(pod):
+                    continue
+                req = pod_requests(pod)
+                for r, v in req.items():
+                    total[r] = total.get(r, Decimal(0)) + v
+                if name != node:
+                    continue
+                for r, v in req.items():
+                    here[r] = here.get(r, Decimal(0)) + v
+                meta = pod["metadata"]
+                twin = running.view.twin(meta["namespace"], meta["name"])
+                if twin is None or twin.unplaced_since is not None:
+                    in_flight.append(req)
+        return Usage(total, here, tuple(in_flight))
+
+    def _poke(self) -> None:
+        for running in self.pools.values():
+            running.node.poke()
+
+    def _on_grant(self) -> None:
+        self._replan.set()
+        self._poke()
+
+    def _on_capacity(self) -> None:
+        self._replan.set()
+        self._poke()
+
+    def _broadcast(self, namespace: str, name: str) -> None:
+        for running in list(self.pools.values()):
+            running.view.notify(namespace, name)
+        self._poke()
+
+    # ---- pools
+
+    def _free_port(self) -> int | None:
+        used = {r.port for r in self.pools.values()}
+        first, last = self.settings.kubelet_ports
+        return next((p for p in range(first, last + 1) if p not in used), None)
+
+    def _start(self, pool: Pool, draining: bool) -> None:
+        assert self._tg is not None
+        port = self._free_port()
+        if port is None:
+            first, last = self.settings.kubelet_ports
+            self._log.error(
+                "no kubelet port left for another pool node; it is not served",
+                node=pool.node,
+                ports=f"{first}-{last}",
+            )
+            return
+        s = self.settings
+        self.provider.pool_products[pool.node] = pool.product
+        view = PoolView(self.provider, self.feed, pool, self.usage)
+        view.draining = draining
+        node = NodeController(
+            self.api,
+            view,
+            NodeSettings(
+                name=pool.node,
+                address=s.node_address,
+                kubelet_port=port,
+                owner_references=s.owner_references,
+                version=s.version,
+            ),
+        )
+        pods = PodController(self.api, view, pool.node, s.pods)
+        pods.listeners.append(self._poke)
+        tls = ServingTLS()
+        certs = ServingCertManager(self.api, pool.node, s.node_address, tls, s.serving_cert)
+        kubelet = KubeletAPI(
+            self.api,
+            KubeletAPISettings(
+                node=pool.node,
+                host=s.listen_address or s.node_address,
+                port=port,
+                stream_idle_timeout_s=s.stream_idle_timeout_s,
+            ),
+            pods,
+            self.streaming,
+            tls,
+        )
+
+        async def serve() -> None:
+            async with asyncio.TaskGroup() as tg:
+                for part in (node.run(), pods.run(), certs.run(), kubelet.run()):
+                    tg.create_task(part)
+
+        task = self._tg.create_task(serve())
+        self.pools[pool.node] = Running(view, node, pods, port, task)
+        self._log.info(
+            "pool node started", node=pool.node, product=pool.product or "(all)", port=port, draining=draining
+        )
+
+    async def _stop(self, name: str, *, delete: bool) -> None:
+        running = self.pools.pop(name)
+        running.task.cancel()
+        await asyncio.wait([running.task])  # its CancelledError is not ours (ours still propagates)
+        self.provider.pool_products.pop(name, None)
+        if delete:
+            with contextlib.suppress(KubeError):
+                await running.node.remove()
+            self._log.info("drained pool node removed", node=name)
+
+    def _wanted(self) -> list[Pool]:
+        grant = self.provider.grant()
+        snapshot = self.feed.snapshot if self.feed is not None else None
+        products = snapshot.gpu_products() if snapshot is not None else []
+        return plan_pools(self.provider.settings.node, products, grant.gpu_product, self.settings.per_product)
+
+    async def _existing(self) -> list[Pool]:
+        """Nodes of this provider from an earlier run (adopted: their pods keep running)."""
+        nodes = await rest.list_items(
+            self.api,
+            "/api/v1/nodes",
+            params={"labelSelector": f"{REMOTE_CLUSTER_LABEL}={self.provider.settings.provider}"},
+        )
+        out = []
+        for n in nodes:
+            labels = n["metadata"].get("labels") or {}
+            product = labels.get(GPU_PRODUCT_LABEL) if POOL_PRODUCT_LABEL in labels else None
+            out.append(Pool(n["metadata"]["name"], product))
+        return out
+
+    async def reconcile(self, existing: list[Pool]) -> None:
+        wanted = {p.node: p for p in self._wanted()}
+        for pool in wanted.values():
+            running = self.pools.get(pool.node)
+            if running is not None and running.view.pool != pool:
+                await self._stop(pool.node, delete=False)  # the product changed: serve it anew
+                running = None
+            if running is None:
+                self._start(pool, draining=False)
+            else:
+                running.view.draining = False
+        for pool in existing:
+            if pool.node not in self.pools:
+                self._start(pool, draining=True)
+        for name, running in list(self.pools.items()):
+            if name in wanted:
+                continue
+            if not running.view.draining:
+                running.view.draining = True
+                running.node.poke()
+                self._log.info("pool node draining", node=name)
+            if running.pods.ready.is_set() and not running.pods.bound_pods():
+                await self._stop(name, delete=True)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tg.create_task(self.provider.run(self._broadcast))
+            if self.feed is not None:
+                tg.create_task(self.feed.run())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FIRST_SNAPSHOT_WAIT_S):
+                        await self.feed.first.wait()
+            await self.provider.slices_synced.wait()
+            existing = await self._existing()
+            while True:
+                self._replan.clear()
+                await self.reconcile(existing)
+                existing = []
+                self.ready.set()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(REPLAN_S):  # not wait_for: see NodeController._status_loop
+                        await self._replan.wait()
+
+    async def remove_nodes(self) -> None:
+        """Unpeer: delete every pool node (their pods go with the peering)."""
+        for running in self.pools.values():
+            with contextlib.suppress(KubeError):
+                await running.node.remove()

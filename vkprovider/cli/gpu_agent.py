@@ -1,0 +1,50 @@
+"""`gpufed gpu-agent`: flags and GPUFED_* variables -> GPUAgentSettings -> `peering.gpuagent.agent.GPUAgent`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from peering.gpuagent.agent import DEFAULT_INTERVAL_S, GPUAgent, GPUAgentError, GPUAgentSettings
+from peering.gpuagent.nvml import NvmlReader
+from peering.kube.client import KubeError, api_client
+from vkprovider.cli.common import configure_logging, serve
+
+#: A Node name: an RFC 1123 subdomain.
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def gpu_agent(
+    node: Annotated[
+        str,
+        typer.Option("--node", envvar="GPUFED_NODE_NAME", help="the Node this agent runs on (its only write target)"),
+    ],
+    kubeconfig: Annotated[
+        Path, typer.Option("--kubeconfig", envvar="GPUFED_KUBECONFIG", help="kubeconfig of the agent's identity")
+    ],
+    context: Annotated[
+        str | None, typer.Option("--context", envvar="GPUFED_CONTEXT", help="context in the kubeconfig")
+    ] = None,
+    interval_s: Annotated[
+        float,
+        typer.Option("--interval-s", envvar="GPUFED_GPU_AGENT_INTERVAL_S", help="seconds between NVML readings"),
+    ] = DEFAULT_INTERVAL_S,
+    once: Annotated[bool, typer.Option("--once", help="read and publish once, then exit")] = False,
+    log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
+) -> None:
+    """Publish this node's GPU model, memory, MIG layout, driver and health as labels and annotations."""
+    configure_logging(log_level)
+    if len(node) > 253 or not _NODE_NAME.match(node):
+        raise typer.BadParameter(f"--node must be a Kubernetes node name (lowercase RFC 1123), got {node!r}")
+    if not interval_s >= 1:
+        raise typer.BadParameter(f"--interval-s must be at least 1 second (got {interval_s:g})")
+    settings = GPUAgentSettings(node=node, interval_s=interval_s, once=once)
+
+    async def run() -> None:
+        async with api_client(kubeconfig, context) as api:
+            await GPUAgent(api, NvmlReader(), settings).run()
+
+    serve(run, (GPUAgentError, KubeError))

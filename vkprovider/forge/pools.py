@@ -1,0 +1,268 @@
+"""GPU pools of one provider and what each pool's virtual node advertises (pure).
+
+Owns:
+- `plan_pools`: which virtual nodes stand for a provider — one per GPU product when the provider
+  has several and per-product pools are on (the default), else one for the whole provider (named
+  `gpufed-<provider>`, labelled with the product when there is exactly one);
+- `advertise`: a pool node's capacity, allocatable, labels and figures from the estimator's live
+  snapshot, the grant, and what the consumer's pods hold;
+- `best_fit` / `largest_after`: the free-GPU histogram after the pods the virtual kubelet has
+  accepted but the provider has not placed yet ("in flight").
+
+The mechanism that keeps the ordinary kube-scheduler from choosing a pool where a pod cannot run is
+**capacity capping**: a pool node's allocatable GPUs are what its pods already hold plus the
+largest shape that one provider node can still take (after in-flight pods, within the grant's
+headroom). The scheduler's NodeResourcesFit then refuses every pod larger than that shape, so an
+8-GPU pod is never bound to a pool whose nodes have at most 4 free, and a fragmented pool (8 free in
+total, 2 per node) takes no 4-GPU pod. The cost: between two status updates a pool accepts at most
+one largest shape beyond what it holds; the virtual kubelet re-advertises as soon as it accepts a
+pod, so bursts proceed in steps of a few milliseconds. No scheduler extender or admission webhook
+is involved, so nothing changes for users or the scheduler's configuration.
+
+Without a snapshot (no estimator at the provider, or not reachable) the pool advertises the grant
+as before (static mode); the figures say so.
+
+Does not: talk to anyone, or decide fail-back (the pod controller does, with the estimator's answer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+
+from peering.capacity import Bucket, ProductCapacity, Snapshot
+from peering.ids import POOL_ANNOTATION, POOL_PRODUCT_LABEL
+from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
+from peering.quantity import format_quantity
+
+Resources = Mapping[str, Decimal]
+
+#: Longest product slug in a pool node's name (node names stay far below 253 characters).
+MAX_SLUG = 40
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One virtual node of a provider: all of it (product None) or one GPU product."""
+
+    node: str
+    product: str | None
+
+
+def slug(product: str) -> str:
+    """A DNS-label-safe, stable rendering of a GPU product name."""
+    s = re.sub(r"[^a-z0-9]+", "-", product.lower()).strip("-") or "gpu"
+    if len(s) > MAX_SLUG:
+        digest = hashlib.sha256(product.encode()).hexdigest()[:8]
+        s = s[: MAX_SLUG - 9].rstrip("-") + "-" + digest
+    return s
+
+
+def plan_pools(base: str, products: Iterable[str], granted_product: str | None, per_product: bool) -> list[Pool]:
+    """The virtual nodes of a provider whose own node is `base` (gpufed-<provider>), given the GPU
+    products its estimator reports.
+
+    A grant for one product (`granted_product`) is one pool of that product. Several products give
+    one pool each when `per_product`, named `<base>-<product slug>`.
+    """
+    if granted_product:
+        return [Pool(base, granted_product)]
+    found = sorted(set(products))
+    if len(found) == 1:
+        return [Pool(base, found[0])]
+    if len(found) > 1 and per_product:
+        return [Pool(f"{base}-{slug(p)}", p) for p in found]
+    return [Pool(base, None)]
+
+
+# ---- in-flight pods on the free-GPU histogram
+
+
+def best_fit(histogram: Sequence[Bucket], gpus: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Free GPUs per node after placing `gpus` (largest first, each on the fullest node that still
+    takes it, as a bin-packing scheduler would), and the pods that fit nowhere."""
+    free = sorted((b.free_gpus for b in histogram for _ in range(b.nodes)), reverse=True)
+    unplaced: list[int] = []
+    for g in sorted((g for g in gpus if g > 0), reverse=True):
+        fits = [i for i, f in enumerate(free) if f >= g]
+        if not fits:
+            unplaced.append(g)
+            continue
+        i = min(fits, key=lambda j: free[j])
+        free[i] -= g
+    return free, unplaced
+
+
+def largest_after(histogram: Sequence[Bucket], gpus: Sequence[int]) -> int:
+    free, _ = best_fit(histogram, gpus)
+    return max(free, default=0)
+
+
+# ---- what a pool node advertises
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """The pool's numbers (annotation `gpufed.io/gpu-pool`, printed by `gpufed pool`)."""
+
+    provider: str
+    node: str
+    product: str
+    #: GPUs of the product at the provider (capacity, healthy or not); None without a snapshot.
+    total: int | None
+    #: GPUs the provider granted this consumer (the whole grant: pools of one provider share it).
+    granted: int
+    #: GPUs the consumer's pods on this pool hold (including pods being started).
+    in_use: int
+    #: GPUs free at the provider for this product now; None without a snapshot.
+    free: int | None
+    #: The most GPUs one more pod can get on this pool now (what allocatable allows beyond in_use).
+    largest_placeable: int
+    #: "Live" (estimator snapshot) or "Static: <why>" (grant only).
+    capacity_source: str
+    #: Pods on this pool accepted but not yet placed by the provider.
+    in_flight: int = 0
+
+    def annotation(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+
+def parse_figures(text: str) -> PoolFigures | None:
+    """The figures of a virtual node's annotation (None when absent or unreadable)."""
+    try:
+        raw = json.loads(text)
+        return PoolFigures(**raw)
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Advertised:
+    capacity: dict[str, str]
+    allocatable: dict[str, str]
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    figures: PoolFigures
+
+
+def _gpu(r: Resources) -> int:
+    return int(r.get(GPU_RESOURCE, Decimal(0)))
+
+
+def _fmt(values: Mapping[str, Decimal]) -> dict[str, str]:
+    return {r: format_quantity(v, binary=r == "memory") for r, v in sorted(values.items())}
+
+
+def _merge(products: Sequence[ProductCapacity]) -> ProductCapacity | None:
+    """The provider as one pool: GPU products and CPU-only nodes summed."""
+    if not products:
+        return None
+    buckets: dict[int, int] = {}
+    for p in products:
+        for b in p.histogram:
+            buckets[b.free_gpus] = buckets.get(b.free_gpus, 0) + b.nodes
+    gpu_products = [p for p in products if p.product]
+    shared: dict[str, str] | None = None
+    for p in gpu_products:
+        shared = dict(p.labels) if shared is None else {k: v for k, v in shared.items() if p.labels.get(k) == v}
+    return ProductCapacity(
+        product="",
+        nodes=sum(p.nodes for p in products),
+        unhealthy_nodes=sum(p.unhealthy_nodes for p in products),
+        total=sum(p.total for p in products),
+        allocatable=sum(p.allocatable for p in products),
+        in_use=sum(p.in_use for p in products),
+        free=sum(p.free for p in products),
+        largest_shape=max((p.largest_shape for p in products), default=0),
+        histogram=tuple(Bucket(f, n) for f, n in sorted(buckets.items(), reverse=True)),
+        free_cpu_millis=sum(p.free_cpu_millis for p in products),
+        free_memory_bytes=sum(p.free_memory_bytes for p in products),
+        free_pods=sum(p.free_pods for p in products),
+        labels=shared or {},
+        gpu_memory_mib=None,
+        source="nvml" if products and all(p.source == "nvml" for p in products) else "labels",
+    )
+
+
+def _free_of(cap: ProductCapacity) -> dict[str, Decimal]:
+    return {
+        "cpu": Decimal(cap.free_cpu_millis) / 1000,
+        "memory": Decimal(cap.free_memory_bytes),
+        "pods": Decimal(cap.free_pods),
+        GPU_RESOURCE: Decimal(cap.free),
+    }
+
+
+def advertise(
+    provider: str,
+    pool: Pool,
+    snapshot: Snapshot | None,
+    *,
+    granted: Resources,
+    used_all: Resources,
+    used_here: Resources,
+    in_flight: Sequence[Resources] = (),
+    static_reason: str = "no capacity estimator answer",
+) -> Advertised:
+    """Capacity, allocatable, labels and figures of `pool`'s virtual node.
+
+    granted: the provider's grant (all accepted slices); used_all: requests of the consumer's
+    non-terminal pods on every pool of this provider; used_here: on this pool; in_flight: requests
+    of this pool's pods that the provider has not placed yet (already part of used_here).
+    """
+    headroom = {r: max(Decimal(0), granted.get(r, Decimal(0)) - used_all.get(r, Decimal(0))) for r in SLICE_RESOURCES}
+    cap: ProductCapacity | None = None
+    if snapshot is not None:
+        cap = snapshot.product(pool.product) if pool.product else _merge(snapshot.products)
+    labels: dict[str, str] = {}
+    if pool.product:
+        labels[GPU_PRODUCT_LABEL] = pool.product
+        labels[POOL_PRODUCT_LABEL] = slug(pool.product)
+    if snapshot is None:
+        extra = dict(headroom)
+        source = f"Static: {static_reason}"
+        total: int | None = None
+        free: int | None = None
+    else:
+        source = "Live"
+        if cap is None:  # the product is gone (or none at all): nothing more goes here
+            extra = {r: Decimal(0) for r in SLICE_RESOURCES}
+            total, free = 0, 0
+        else:
+            labels.update({k: v for k, v in cap.labels.items() if k.startswith("nvidia.com/")})
+            if cap.gpu_memory_mib and pool.product:
+                labels[GPU_MEMORY_LABEL] = str(cap.gpu_memory_mib)
+            waiting = {r: sum((p.get(r, Decimal(0)) for p in in_flight), Decimal(0)) for r in SLICE_RESOURCES}
+            free_now = _free_of(cap)
+            extra = {r: max(Decimal(0), min(headroom[r], free_now[r] - waiting[r])) for r in SLICE_RESOURCES}
+            largest = largest_after(cap.histogram, [_gpu(p) for p in in_flight])
+            extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(largest))
+            total, free = cap.total, cap.free
+    allocatable = {r: used_here.get(r, Decimal(0)) + extra[r] for r in SLICE_RESOURCES}
+    if not pool.product and granted.get(GPU_RESOURCE, Decimal(0)) <= 0 and _gpu(used_here) == 0:
+        allocatable.pop(GPU_RESOURCE)  # a CPU-only grant advertises no GPU resource at all
+    capacity = {r: max(allocatable[r], granted.get(r, Decimal(0))) for r in allocatable}
+    figures = PoolFigures(
+        provider=provider,
+        node=pool.node,
+        product=pool.product or "",
+        total=total,
+        granted=_gpu(granted),
+        in_use=_gpu(used_here),
+        free=free,
+        largest_placeable=int(extra.get(GPU_RESOURCE, Decimal(0))),
+        capacity_source=source,
+        in_flight=len(in_flight),
+    )
+    return Advertised(
+        capacity=_fmt(capacity),
+        allocatable=_fmt(allocatable),
+        labels=labels,
+        annotations={POOL_ANNOTATION: figures.annotation()},
+        figures=figures,
+    )

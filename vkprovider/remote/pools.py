@@ -1,0 +1,144 @@
+"""`PoolView`: one GPU pool's virtual node over the provider's shared `RemoteProvider`.
+
+Owns, for one pool node: the PodProvider its pod controller talks to (the provider's twins
+restricted to those whose `gpufed.io/origin-node` is this node; everything else delegated) and the
+NodeProvider its node controller asks (`node_state`: the provider's health, and capacity,
+allocatable, labels and figures from `forge.pools.advertise` over the live capacity snapshot, the
+grant, and what the consumer's pods hold — `usage`, supplied by whoever sees every pool's pods).
+
+A draining pool (one that is no longer wanted, e.g. its product left the provider, but still has
+pods) advertises only what its pods hold: nothing new is scheduled there.
+
+Does not: start or stop pools (vkprovider.app.pools), or talk to any API itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from peering.ids import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
+from vkprovider.forge.pools import Pool, advertise
+from vkprovider.node.provider import NodeState, Notify, Twin
+from vkprovider.remote.capacity import CapacityFeed
+from vkprovider.remote.provider import RemoteProvider, origin_node
+
+Resources = Mapping[str, Decimal]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Requests of the consumer's non-terminal pods on a provider's pools."""
+
+    #: On every pool of the provider.
+    all: Resources = field(default_factory=dict)
+    #: On this pool.
+    here: Resources = field(default_factory=dict)
+    #: This pool's pods the provider has not placed yet (one entry per pod; part of `here`).
+    in_flight: tuple[Resources, ...] = ()
+
+
+class PoolView:
+    def __init__(
+        self,
+        provider: RemoteProvider,
+        feed: CapacityFeed | None,
+        pool: Pool,
+        usage: Callable[[str], Usage],
+    ) -> None:
+        self.provider = provider
+        self.feed = feed
+        self.pool = pool
+        self.usage = usage
+        self.draining = False
+        self.ready = provider.ready
+        self._notify: Notify | None = None
+
+    def _mine(self, twin: Twin | None) -> Twin | None:
+        if twin is None or origin_node(twin.raw, self.provider.settings.node) != self.pool.node:
+            return None
+        return twin
+
+    # ---- PodProvider
+
+    def notify(self, namespace: str, name: str) -> None:
+        if self._notify is not None:
+            self._notify(namespace, name)
+
+    async def run(self, notify: Notify) -> None:
+        """The shared provider runs elsewhere; this only subscribes the pool's controller to it."""
+        self._notify = notify
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._notify = None
+
+    def twins(self) -> list[Twin]:
+        return [t for t in self.provider.twins() if self._mine(t) is not None]
+
+    def twin(self, namespace: str, name: str) -> Twin | None:
+        return self._mine(self.provider.twin(namespace, name))
+
+    async def create_pod(self, pod: Mapping[str, Any]) -> None:
+        await self.provider.create_pod(pod)
+
+    async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None:
+        await self.provider.update_pod(pod, twin)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_s: int) -> None:
+        await self.provider.delete_pod(namespace, name, uid, grace_period_s)
+
+    def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
+        return self.provider.pod_status(pod, twin)
+
+    # ---- NodeProvider
+
+    async def node_state(self) -> NodeState:
+        health = await self.provider.health()
+        grant = self.provider.grant()
+        use = self.usage(self.pool.node)
+        snapshot = self.feed.snapshot if self.feed is not None else None
+        why = self.feed.why if self.feed is not None else "capacity estimation is off"
+        granted: Resources = grant.resources
+        if self.draining:
+            granted = {r: min(v, use.all.get(r, Decimal(0))) for r, v in granted.items()}
+            why = "pool is draining"
+        ad = advertise(
+            self.provider.settings.provider,
+            self.pool,
+            None if self.draining else snapshot,
+            granted=granted,
+            used_all=use.all,
+            used_here=use.here,
+            in_flight=use.in_flight,
+            static_reason=why,
+        )
+        provider = self.provider.settings.provider
+        labels = {
+            **(dict(grant.labels) if self.pool.product in (None, grant.gpu_product) else {}),
+            **ad.labels,
+            **VIRTUAL_NODE_TYPE_LABELS,
+            REMOTE_CLUSTER_LABEL: provider,
+        }
+        if not health.ready:
+            ready, reason, message = False, health.reason, health.message
+        elif not grant.accepted or not any(v > 0 for v in grant.resources.values()):
+            ready, reason, message = (
+                False,
+                "NoGrant",
+                f"no resources granted by {provider} (see `kubectl get rslice -n gpufed`)",
+            )
+        else:
+            ready, reason, message = True, "KubeletReady", f"{health.message}; resources granted"
+        return NodeState(
+            capacity=ad.capacity,
+            allocatable=ad.allocatable,
+            labels=labels,
+            ready=ready,
+            reason=reason,
+            message=message,
+            annotations={"gpufed.io/provider": provider, **ad.annotations},
+        )
