@@ -1,9 +1,10 @@
 """`python -m bench`: the command line of `make bench` — which parts, which sizes, keep or stop.
 
 Owns: argument parsing, running the chosen parts in order (one module per part: `offload`, `reflection`,
-`fabric`), stamping each result with the machine it ran on, and handing results to `bench.report`, which
-writes bench/results/<part>.json and regenerates docs/benchmarks.md. Exits non-zero only when a
-part could not run (a missed target is a result, not an error).
+`fabric`, and `gpupool` for the `gpu-pool` part), stamping each result with the machine it ran on, and
+handing results to `bench.report`, which writes bench/results/<part>.json and regenerates
+docs/benchmarks.md. Exits non-zero only when a part could not run (a missed target is a result, not
+an error).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fabric, offload, reflection, report
+from bench import fabric, gpupool, offload, reflection, report
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -29,7 +30,24 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-PARTS = ("offload", "reflection", "fabric")
+def _durations(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpu-durations wants MIN,MAX seconds, got {text!r}") from None
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"--gpu-durations wants 0 < MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not modes or any(m not in gpupool.MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"--gpu-modes wants some of {', '.join(gpupool.MODES)}, got {text!r}")
+    return modes
+
+
+PARTS = ("offload", "reflection", "fabric", "gpu-pool")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -48,6 +66,23 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
                 state_dir=args.state_dir,
                 bin_dir=bin_dir,
                 base_port=args.base_port,
+                concurrency=args.concurrency,
+                keep=args.keep,
+            ),
+            progress,
+        )
+    if part == "gpu-pool":
+        return gpupool.run(
+            gpupool.GpuPoolOptions(
+                state_dir=args.gpu_state_dir,
+                bin_dir=bin_dir,
+                base_port=args.gpu_base_port,
+                jobs=args.gpu_jobs,
+                seed=args.gpu_seed,
+                durations_s=args.gpu_durations,
+                limit_factor=args.gpu_limit_factor,
+                stall_s=args.gpu_stall,
+                modes=args.gpu_modes,
                 concurrency=args.concurrency,
                 keep=args.keep,
             ),
@@ -86,6 +121,37 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=fabric.DEFAULT_ROUND_TRIPS,
         help="fabric: request/response round trips per run (2000)",
+    )
+    p.add_argument("--gpu-jobs", type=int, default=gpupool.DEFAULT_JOBS, help="gpu-pool: Jobs in the trace (200)")
+    p.add_argument("--gpu-seed", type=int, default=gpupool.DEFAULT_SEED, help="gpu-pool: seed of the trace (8)")
+    p.add_argument(
+        "--gpu-durations",
+        type=_durations,
+        default=gpupool.DEFAULT_DURATIONS_S,
+        help="gpu-pool: MIN,MAX seconds a Job runs, uniform (4,16)",
+    )
+    p.add_argument(
+        "--gpu-limit-factor",
+        type=float,
+        default=gpupool.DEFAULT_LIMIT_FACTOR,
+        help=f"gpu-pool: a mode's time limit is this x the ideal makespan + {gpupool.LIMIT_EXTRA_S:.0f} s (3)",
+    )
+    p.add_argument(
+        "--gpu-stall",
+        type=float,
+        default=gpupool.DEFAULT_STALL_S,
+        help=f"gpu-pool: end a run after this many seconds with no pod Running and no change (60; live at least "
+        f"{gpupool.LIVE_STALL_S:.0f})",
+    )
+    p.add_argument(
+        "--gpu-modes", type=_modes, default=gpupool.MODES, help="gpu-pool: capacity modes, in order (live,static)"
+    )
+    p.add_argument("--gpu-state-dir", type=Path, default=gpupool.DEFAULT_STATE_DIR, help="gpu-pool environment state")
+    p.add_argument(
+        "--gpu-base-port",
+        type=int,
+        default=gpupool.DEFAULT_BASE_PORT,
+        help=f"gpu-pool: first loopback port of its 3 clusters ({gpupool.DEFAULT_BASE_PORT})",
     )
     p.add_argument("--keep", action="store_true", help="leave the bench clusters running afterwards")
     p.add_argument("--state-dir", type=Path, default=offload.DEFAULT_STATE_DIR, help="bench environment state")

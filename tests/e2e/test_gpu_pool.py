@@ -54,6 +54,14 @@ def allocatable(clusters: Clusters, node: str) -> int:
     return int(n["status"]["allocatable"].get(GPU, "0"))
 
 
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def exists(clusters: Clusters, node: str) -> bool:
     return clusters.kubectl("consumer", "get", "node", node, check=False).returncode == 0
 
@@ -246,7 +254,13 @@ def test_pod_no_provider_node_can_take_is_failed_back(
         pod: dict[str, Any] = clusters.kubectl_json("consumer", "get", "pod", "too-big", "-n", namespace)
         return pod if pod["status"].get("phase") == "Failed" else None
 
-    pod = eventually("the pod to be failed back", failed)
+    def waiting() -> bool:
+        pod: dict[str, Any] = clusters.kubectl_json("consumer", "get", "pod", "too-big", "-n", namespace)
+        return "waiting for 8 GPUs" in (pod["status"].get("message") or "") or pod["status"].get("phase") == "Failed"
+
+    eventually("the pod to wait for GPUs (locally, no twin)", waiting)
+    assert twins(clusters, "gpu-b", ids, namespace) == []
+    pod = eventually("the pod to be failed back after the grace period", failed, timeout=90)
     assert pod["status"]["reason"] == "GPUUnplaceable"
     assert "8 GPUs" in pod["status"]["message"] and "largest" in pod["status"]["message"], pod["status"]["message"]
     assert any(c["type"] == "DisruptionTarget" and c["status"] == "True" for c in pod["status"]["conditions"])
@@ -328,7 +342,8 @@ def test_provider_going_away_makes_its_nodes_not_ready_and_pods_go_elsewhere(
     statuses = {s.name: s for s in asyncio.run(clusters.env.status())}
     apiserver = next(c for c in statuses["gpu-b"].components if c.name == "kube-apiserver")
     assert apiserver.pid is not None
-    os.kill(apiserver.pid, signal.SIGTERM)
+    os.kill(apiserver.pid, signal.SIGKILL)  # gone at once (a graceful stop drains for a while)
+    eventually("gpu-b's apiserver to be gone", functools.partial(gone, apiserver.pid))
     try:
         for key in ("a100", "l4"):
             eventually(f"{n[key]} NotReady", functools.partial(not_ready, clusters, n[key]), timeout=60)

@@ -109,6 +109,25 @@ def test_nodes_match() -> None:
     assert not gpupool.nodes_match({**ok, "old": {"gpus": 12, "ready": True}}, want)
 
 
+def test_node_shapes_of_the_default_topology() -> None:
+    assert sorted(gpupool.node_shapes(default_topology())) == [1, 1, 1, 1, 4, 4, 8, 8, 8, 8]
+
+
+def test_simulated_references() -> None:
+    one = [TraceJob("a", 8, 10.0), TraceJob("b", 8, 5.0)]
+    assert gpupool.simulate(one, [8]) == 15.0
+    # Best fit: both 2-GPU jobs share one 4-GPU node, the 4-GPU job takes the other.
+    packed = [TraceJob("a", 2, 10.0), TraceJob("b", 2, 10.0), TraceJob("c", 4, 10.0)]
+    assert gpupool.simulate(packed, [4, 4]) == 10.0
+    assert gpupool.simulate([TraceJob("a", 8, 1.0)], [4, 4]) == float("inf")
+    trace = gpupool.make_trace(200, 8)
+    topo = default_topology()
+    ref = gpupool.references(trace, topo)
+    ideal = gpupool.trace_summary(trace, 44)["ideal_makespan_s"]
+    assert ideal <= ref["largest_first_makespan_s"] <= ref["fifo_makespan_s"]
+    assert ref["fifo_utilisation"] == round(sum(j.gpu_seconds for j in trace) / (44 * ref["fifo_makespan_s"]), 3)
+
+
 def _record(jobs: list[JobResult], **kw: Any) -> ModeRecord:
     args: dict[str, Any] = {"total_gpus": 4, "ideal_s": 10.0, "limit_s": 90.0, "elapsed_s": 16.5, "ended": "complete"}
     args.update(kw)
@@ -224,6 +243,28 @@ def test_observer_records_jobs_failures_and_remote_waits() -> None:
     assert (s["jobs_finished"], s["jobs_failed"], s["jobs_unfinished"], s["stuck_remote"]) == (1, 1, 1, 1)
 
 
+def _node(name: str, gpus: int, total: int) -> dict[str, Any]:
+    figures = f'{{"total": {total}, "node": "{name}"}}'
+    return {
+        "metadata": {"name": name, "annotations": {"gpufed.io/gpu-pool": figures}},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def test_observer_notes_virtual_nodes_advertising_more_than_their_pool() -> None:
+    trace = [TraceJob("live-000", 1, 5.0)]
+    obs = gpupool.Observer(trace)
+    for gpus in (4, 4, 8, 9, 9, 3):
+        obs.on_node("MODIFIED", _node("pool-a100", gpus, 8))
+    obs.on_node("MODIFIED", {"metadata": {"name": "static"}, "status": {"allocatable": {"nvidia.com/gpu": "12"}}})
+    rec = obs.record(
+        "live", trace, 0.0, ideal_s=1.0, limit_s=63.0, elapsed_s=9.0, ended="stalled", submit_s=0.1, create_errors=[]
+    )
+    assert rec.nodes["pool-a100"] == {"updates": 4, "max_allocatable": 9, "total": 8, "above_total": 1}
+    assert rec.nodes["static"]["total"] is None and rec.nodes["static"]["above_total"] == 0
+    assert gpupool.summarise(rec)["allocatable_above_total"] == 1
+
+
 def test_observer_done_when_every_job_succeeded_or_failed() -> None:
     trace = [TraceJob("live-000", 1, 5.0), TraceJob("live-001", 1, 5.0)]
     obs = gpupool.Observer(trace)
@@ -266,7 +307,14 @@ def _result() -> dict[str, Any]:
         "part": "gpu-pool",
         "machine": {"date": "2025-01-01 00:00 UTC", "cores": 16, "cpu": "cpu"},
         "environment": {"consumer": "consumer (c)", "providers": {"gpu-a": "gpu-a (a)"}, "total_gpus": 44},
-        "trace": {"jobs": 1, "seed": 8, "by_gpus": {"2": 1}, "gpu_seconds": 20.0, "ideal_makespan_s": 0.5},
+        "trace": {
+            "jobs": 1,
+            "seed": 8,
+            "by_gpus": {"2": 1},
+            "gpu_seconds": 20.0,
+            "ideal_makespan_s": 0.5,
+            "reference": {"fifo_makespan_s": 10.0, "fifo_utilisation": 0.05, "largest_first_makespan_s": 10.0},
+        },
         "targets": {"utilisation_ratio_min": 0.9, "stuck_max": 0},
         "modes": {"live": live, "static": static},
         "verdicts": gpupool.verdicts(live),
@@ -277,10 +325,12 @@ def test_report_renders_a_gpu_pool_section_and_a_table() -> None:
     data = _result()
     doc = report.render({"gpu-pool": data})
     assert "## gpu-pool" in doc
-    assert "| makespan | 11 s | > 70 s (1 Jobs never finished) |" in doc
+    assert "| makespan | 11.0 s | > 70.0 s (1 Job never finished) |" in doc
     assert "virtual-kubelet-aaaa1111.log" in doc
     assert "stalled" in doc and "remote-pending" in doc
     assert "Verdict (live run)" in doc
+    assert "in submission order" in doc
+    assert "most GPUs each virtual node advertised" in doc
     table = report.TABLES["gpu-pool"](data)
     assert "live" in table and "static" in table and "stalled" in table
 

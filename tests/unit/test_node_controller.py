@@ -3,6 +3,7 @@ keep others' conditions, the node lease, recreation after deletion, others' labe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
@@ -216,3 +217,26 @@ async def test_an_existing_node_is_adopted_not_created(cluster: tuple[FakeApiSer
     assert len(conditions(server)) == 6
     current = lease(server)
     assert current is not None and current["metadata"]["ownerReferences"][0]["uid"] == uid
+
+
+async def test_a_poke_as_the_controller_is_cancelled_does_not_keep_it_running(
+    cluster: tuple[FakeApiServer, Any],
+) -> None:
+    # Pool nodes are poked on every pod event; a wake-up that lands with the cancellation must not
+    # swallow it (Python 3.11's asyncio.wait_for does), or unpeer and SIGTERM never end the process.
+    _server, api = cluster
+    provider = FakeProvider()
+    controller = NodeController(api, provider, dataclasses.replace(SETTINGS, state_poll_s=5.0))
+    stuck = 0
+    for _ in range(2):
+        task = asyncio.create_task(controller.run())
+        await until(controller.ready.is_set)
+        await asyncio.sleep(0.05)  # waiting for a wake-up now
+        controller.poke()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=1.0)
+        if not done:
+            stuck += 1
+            task.cancel()
+            await asyncio.wait([task], timeout=1.0)
+    assert stuck == 0

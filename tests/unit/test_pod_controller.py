@@ -328,3 +328,19 @@ async def test_twin_placed_before_the_timeout_is_kept() -> None:
             status = env.status("train")
     assert status["phase"] == "Running"
     assert provider.deletes == []
+
+
+async def test_node_is_told_before_a_pod_stops_holding_its_resources() -> None:
+    provider = FakeProvider()
+    async with started(provider) as env:
+        order: list[str] = []
+
+        async def releasing(pod: Any) -> None:
+            phase = env.status(pod["metadata"]["name"]).get("phase")
+            order.append(f"release while {phase}")
+
+        env.controller.releasing = releasing
+        await running_twin(env, "job")
+        provider.set_phase(NS, "job", "Succeeded")
+        await until(lambda: env.status("job").get("phase") == "Succeeded", what="succeeded")
+    assert order == ["release while Running"]  # awaited before the terminal status was written

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -89,6 +90,8 @@ class PoolManager:
         self.ready = asyncio.Event()
         self._replan = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
+        #: UIDs of pods about to stop holding resources (no longer counted as held).
+        self._releasing: set[str] = set()
         self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
         provider.slice_listeners.append(self._on_grant)
         if feed is not None:
@@ -100,9 +103,15 @@ class PoolManager:
         total: dict[str, Decimal] = {}
         here: dict[str, Decimal] = {}
         in_flight: list[Mapping[str, Decimal]] = []
+        seen: set[str] = set()
         for name, running in list(self.pools.items()):
             for pod in running.pods.bound_pods():
+                uid = pod["metadata"].get("uid")
+                seen.add(uid)
                 if is_terminal(pod) or running.pods.finished(pod):
+                    self._releasing.discard(uid)
+                    continue
+                if uid in self._releasing:
                     continue
                 req = pod_requests(pod)
                 for r, v in req.items():
@@ -115,7 +124,20 @@ class PoolManager:
                 twin = running.view.twin(meta["namespace"], meta["name"])
                 if twin is None or twin.unplaced_since is not None:
                     in_flight.append(req)
+        self._releasing &= seen
         return Usage(total, here, tuple(in_flight))
+
+    async def _release(self, node: str, pod: Mapping[str, Any]) -> None:
+        """Before a pod's resources are freed in the scheduler's eyes (terminal, deleted), advertise
+        the node without them: the scheduler never sees the pod gone while the node still offers
+        what the pod held on top of what the provider can place (capacity capping stays a bound)."""
+        self._releasing.add(pod["metadata"]["uid"])
+        running = self.pools.get(node)
+        if running is not None:
+            try:
+                await running.node.sync()
+            except KubeError as e:
+                self._log.warning("node not re-advertised before a pod ended", node=node, error=str(e))
 
     def _poke(self) -> None:
         for running in self.pools.values():
@@ -169,6 +191,7 @@ class PoolManager:
         )
         pods = PodController(self.api, view, pool.node, s.pods)
         pods.listeners.append(self._poke)
+        pods.releasing = functools.partial(self._release, pool.node)
         tls = ServingTLS()
         certs = ServingCertManager(self.api, pool.node, s.node_address, tls, s.serving_cert)
         kubelet = KubeletAPI(

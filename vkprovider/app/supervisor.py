@@ -86,6 +86,8 @@ class Supervisor:
         child = self.children.get(name)
         if want and child is None:
             self._spawn(name)
+        elif want and child is not None:
+            child.wanted = True  # e.g. peered again while the last process is still exiting
         elif not want and child is not None and kind == "DELETED":
             # The virtual kubelet removes its node and exits by itself; stop waiting for it otherwise.
             child.wanted = False
@@ -149,8 +151,9 @@ class Supervisor:
                 code = await child.proc.wait()
                 if code == 0 or not child.wanted:
                     log.info("virtual kubelet exited", code=code)
-                    if code == 0:
-                        break
+                    # Peered again meanwhile (a new ForeignCluster of the same name)? Serve that one.
+                    fc = await rest.get(self.api, rest.path(API_VERSION, "foreignclusters", child.provider))
+                    child.wanted = fc is not None and self._peered(fc)
                     continue
                 ran = loop.time() - started
                 backoff = RESTART_BACKOFF_S if ran >= HEALTHY_RUN_S else min(backoff * 2, RESTART_BACKOFF_MAX_S)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,9 @@ class PodController:
         self._failing: dict[str, tuple[str, str]] = {}
         #: Called after every change of a local pod bound to the node (e.g. to re-advertise capacity).
         self.listeners: list[Callable[[], None]] = []
+        #: Awaited before a pod stops holding the node's resources (terminal status, deletion), so
+        #: the node can lower what it advertises before the scheduler sees the resources free.
+        self.releasing: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None
         self._log = structlog.get_logger().bind(node=node)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
@@ -186,8 +189,14 @@ class PodController:
             await self.provider.update_pod(pod, twin)
         patch = self.provider.pod_status(pod, twin)
         if status_differs(patch, pod):
+            if (patch.get("status") or {}).get("phase") in TERMINAL_PHASES:
+                await self._release(pod)
             await self._patch_status(pod, patch)
         return await self._check_placed(pod, twin)
+
+    async def _release(self, pod: Mapping[str, Any]) -> None:
+        if self.releasing is not None:
+            await self.releasing(pod)
 
     async def _check_placed(self, pod: dict[str, Any], twin: Twin) -> float | None:
         """Fail back a pod whose twin stayed unplaced too long; else when to look again."""
@@ -216,6 +225,7 @@ class PodController:
             await self._delete_twin(twin, 0)
             if self.provider.twin(namespace, name) is not None:
                 return self.settings.deletion_poll_s
+        await self._release(pod)
         await self._patch_status(pod, failed_back_status(pod, now=_now(), reason=reason, message=message))
         await events.emit(self.api, pod, type_="Warning", reason=reason, message=message, component=COMPONENT)
         self._failing.pop(meta["uid"], None)
@@ -256,6 +266,7 @@ class PodController:
                 await self.provider.delete_pod(namespace, name, twin.origin_uid, grace)
                 self._log.info("stopping twin", namespace=namespace, pod=name, grace_s=grace)
             return self.settings.deletion_poll_s
+        await self._release(pod)
         if not is_terminal(pod) and meta["uid"] not in self._finished:
             final = terminated_status(
                 pod,

@@ -74,10 +74,15 @@ class RemoteSettings:
     host_ip: str = "127.0.0.1"
     #: Seconds a health answer of the provider's API is reused.
     health_ttl_s: float = 2.0
+    #: Seconds a GPU pod the estimator cannot place now waits (retried, no twin) before it is
+    #: failed back: pods finishing at the provider free GPUs within moments.
+    unplaceable_grace_s: float = 30.0
 
 
 #: Reason of a pod failed back because no provider node can take it.
 UNPLACEABLE = "GPUUnplaceable"
+#: Reason while a GPU pod waits (locally, no twin) for the provider to have room.
+WAITING_FOR_GPUS = "WaitingForGPUs"
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,8 @@ class RemoteProvider:
         #: Called when this provider's ResourceSlices change.
         self.slice_listeners: list[Callable[[], None]] = []
         self._health: tuple[float, Health] | None = None
+        #: Local pod UID -> when the estimator first said it cannot be placed.
+        self._unplaceable: dict[str, float] = {}
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
 
     # ---- provider view
@@ -400,15 +407,25 @@ class RemoteProvider:
         gpus = pod_gpus(pod)
         if gpus <= 0:
             return
+        uid = str(pod["metadata"].get("uid") or "")
         answer = await self.placement(pod, target.gpu_product)
-        if answer is not None and not answer.placeable:
+        if answer is None or answer.placeable:
+            self._unplaceable.pop(uid, None)
+            return
+        what = f"{gpus} GPUs" + (f" of {target.gpu_product}" if target.gpu_product else "")
+        waited = time.monotonic() - self._unplaceable.setdefault(uid, time.monotonic())
+        if waited < self.settings.unplaceable_grace_s:
             raise ProviderError(
-                f"provider {self.settings.provider} cannot place this pod ({gpus} GPUs"
-                + (f" of {target.gpu_product}" if target.gpu_product else "")
-                + f"): {answer.reason}",
-                reason=UNPLACEABLE,
-                fail_back=True,
+                f"waiting for {what} to free up at provider {self.settings.provider} "
+                f"(failed back after {self.settings.unplaceable_grace_s:g}s): {answer.reason}",
+                reason=WAITING_FOR_GPUS,
             )
+        self._unplaceable.pop(uid, None)
+        raise ProviderError(
+            f"provider {self.settings.provider} cannot place this pod ({what}): {answer.reason}",
+            reason=UNPLACEABLE,
+            fail_back=True,
+        )
 
     async def _adopt(self, pod: Mapping[str, Any], target: forge.Target) -> None:
         namespace, name = _key(pod)
