@@ -27,6 +27,7 @@ from peering.ids import ClusterID
 from peering.kube.client import client_from_dict
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
+from vkprovider.localenv import launcher
 
 pytestmark = pytest.mark.e2e
 
@@ -55,11 +56,7 @@ def allocatable(clusters: Clusters, node: str) -> int:
 
 
 def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+    return launcher._proc_start_time(pid) is None  # reaps it (the launcher's child) once it exited
 
 
 def exists(clusters: Clusters, node: str) -> bool:
@@ -342,9 +339,9 @@ def test_provider_going_away_makes_its_nodes_not_ready_and_pods_go_elsewhere(
     statuses = {s.name: s for s in asyncio.run(clusters.env.status())}
     apiserver = next(c for c in statuses["gpu-b"].components if c.name == "kube-apiserver")
     assert apiserver.pid is not None
-    os.kill(apiserver.pid, signal.SIGKILL)  # gone at once (a graceful stop drains for a while)
-    eventually("gpu-b's apiserver to be gone", functools.partial(gone, apiserver.pid))
     try:
+        os.kill(apiserver.pid, signal.SIGKILL)  # gone at once (a graceful stop drains for a while)
+        eventually("gpu-b's apiserver to be gone", functools.partial(gone, apiserver.pid))
         for key in ("a100", "l4"):
             eventually(f"{n[key]} NotReady", functools.partial(not_ready, clusters, n[key]), timeout=60)
         clusters.create("consumer", job("one", namespace, 1))
