@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -45,6 +46,9 @@ from vkprovider.remote.provider import RemoteProvider
 
 #: Seconds between checks whether draining pools are empty (changes also trigger one).
 REPLAN_S = 10.0
+#: A pod placed at the provider counts as in flight until a capacity snapshot arrives this long
+#: after we saw it placed: the estimator sees the placement about when we do, then debounces 0.2 s.
+SNAPSHOT_LAG_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class PoolManager:
         self._tg: asyncio.TaskGroup | None = None
         #: UIDs of pods about to stop holding resources (no longer counted as held).
         self._releasing: set[str] = set()
+        #: UID -> monotonic time we first saw its twin placed at the provider.
+        self._placed_at: dict[str, float] = {}
         self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
         provider.slice_listeners.append(self._on_grant)
         if feed is not None:
@@ -124,7 +130,15 @@ class PoolManager:
                 twin = running.view.twin(meta["namespace"], meta["name"])
                 if twin is None or twin.unplaced_since is not None:
                     in_flight.append(req)
+                    continue
+                # Placed, but the snapshot may not show it yet: until one arrives well after the
+                # placement, its GPUs would count twice (held here, and free in the histogram).
+                placed = self._placed_at.setdefault(uid, time.monotonic())
+                if self.feed is not None and self.feed.received_at < placed + SNAPSHOT_LAG_S:
+                    in_flight.append(req)
         self._releasing &= seen
+        for gone in self._placed_at.keys() - seen:
+            del self._placed_at[gone]
         return Usage(total, here, tuple(in_flight))
 
     async def _release(self, node: str, pod: Mapping[str, Any]) -> None:
@@ -230,7 +244,7 @@ class PoolManager:
 
     def _wanted(self) -> list[Pool]:
         grant = self.provider.grant()
-        snapshot = self.feed.snapshot if self.feed is not None else None
+        snapshot = self.feed.last_snapshot if self.feed is not None else None
         products = snapshot.gpu_products() if snapshot is not None else []
         return plan_pools(self.provider.settings.node, products, grant.gpu_product, self.settings.per_product)
 

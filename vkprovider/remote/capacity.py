@@ -48,6 +48,8 @@ class CapacityFeed:
         self.kubeconfig = kubeconfig
         self.settings = settings or FeedSettings()
         self._snapshot: Snapshot | None = None
+        #: Monotonic time the latest snapshot arrived.
+        self.received_at = 0.0
         self._down_since: float | None = time.monotonic()
         #: Why there is no live snapshot (for the pool figures).
         self.why = "the capacity estimator has not answered yet"
@@ -63,6 +65,12 @@ class CapacityFeed:
             return None
         if self._down_since is not None and time.monotonic() - self._down_since > self.settings.stale_after_s:
             return None
+        return self._snapshot
+
+    @property
+    def last_snapshot(self) -> Snapshot | None:
+        """The latest snapshot however old (e.g. which GPU products the provider had): pools keep
+        their shape while the estimator is away; only their capacity falls back to the grant."""
         return self._snapshot
 
     def _changed(self) -> None:
@@ -83,6 +91,7 @@ class CapacityFeed:
                         try:
                             async for snap in client.watch():
                                 self._snapshot, self._down_since = snap, None
+                                self.received_at = time.monotonic()
                                 delay = self.settings.retry_s
                                 if told is not None:
                                     self._log.info("capacity estimator answers again")
