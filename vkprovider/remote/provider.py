@@ -413,7 +413,10 @@ class RemoteProvider:
             self._unplaceable.pop(uid, None)
             return
         what = f"{gpus} GPUs" + (f" of {target.gpu_product}" if target.gpu_product else "")
-        waited = time.monotonic() - self._unplaceable.setdefault(uid, time.monotonic())
+        now = time.monotonic()
+        for stale in [u for u, t in self._unplaceable.items() if now - t > 10 * self.settings.unplaceable_grace_s]:
+            del self._unplaceable[stale]  # pods deleted while they waited
+        waited = now - self._unplaceable.setdefault(uid, now)
         if waited < self.settings.unplaceable_grace_s:
             raise ProviderError(
                 f"waiting for {what} to free up at provider {self.settings.provider} "
