@@ -64,17 +64,20 @@ from bench.offload import (
     cluster_id,
     delete_all,
     ensure_namespace,
+    environment,
     gpufed_cli,
     log_findings,
+    peer,
     percentile,
+    twin_namespace,
     until,
 )
-from peering.ids import CAPACITY_ANNOTATION, POOL_ANNOTATION, TENANT_PREFIX
+from peering.ids import CAPACITY_ANNOTATION, POOL_ANNOTATION
 from peering.kube import rest
 from peering.kube.client import KubeError, api_client
 from peering.kube.watch import watch
 from vkprovider.localenv.kwokcfg import RUN_DURATION_ANNOTATION
-from vkprovider.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
+from vkprovider.localenv.launcher import CONTROLLER, LocalEnvironment
 from vkprovider.localenv.topology import Topology, default_topology
 
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench-gpupool"
@@ -667,44 +670,12 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def environment(state_dir: Path, bin_dir: Path, base_port: int) -> LocalEnvironment:
-    """The default topology (44 GPUs in two providers) in its own state directory, gpufed installed."""
-    return LocalEnvironment(
-        LocalSettings(
-            state_dir, bin_dir, build_script=REPO / "deploy" / "local" / "build.sh", manifests_dir=REPO / "deploy"
-        ),
-        default_topology(base_port=base_port),
-    )
-
-
-async def _peer(kc: Path, provider: str, gpus: int, pods: int) -> None:
-    code, out = await gpufed_cli(
-        "peer", "--kubeconfig", str(kc), "--context", CONSUMER,
-        "--remote-kubeconfig", str(kc), "--remote-context", provider,
-        "--gpus", str(gpus), "--cpu", "32", "--memory", "128Gi", "--pods", str(pods),
-    )  # fmt: skip
-    if code != 0:
-        raise RuntimeError(f"gpufed peer {provider} failed ({code}):\n{out}")
-
-
 async def _offload(kc: Path, providers: Mapping[str, Any], consumer_id: str) -> dict[str, str]:
     """`gpufed offload-namespace bench-gpu` (every provider); provider -> its Ready twin namespace."""
     code, out = await gpufed_cli("offload-namespace", NAMESPACE, "--kubeconfig", str(kc), "--context", CONSUMER)
     if code != 0:
         raise RuntimeError(f"gpufed offload-namespace failed ({code}):\n{out}")
-    tenant = f"{TENANT_PREFIX}{consumer_id}"
-    twins: dict[str, str] = {}
-    for name, api in providers.items():
-
-        async def twin(api: Any = api) -> str | None:
-            for t in await rest.list_items(api, rest.path("gpufed.io/v1alpha1", "twinnamespaces", namespace=tenant)):
-                st = t.get("status") or {}
-                if t["spec"].get("namespace") == NAMESPACE and st.get("phase") == "Ready" and st.get("twin"):
-                    return str(st["twin"])
-            return None
-
-        twins[name] = await until(f"the twin namespace of {NAMESPACE} on {name}", twin, 120)
-    return twins
+    return {name: await twin_namespace(api, consumer_id, NAMESPACE, name) for name, api in providers.items()}
 
 
 async def _foreign_cluster_path(consumer: Any, provider_id: str) -> str:
@@ -907,7 +878,7 @@ async def _run(env: LocalEnvironment, opts: GpuPoolOptions, progress: Progress) 
             ids[name] = await cluster_id(api)
         for name, gpus in PROVIDERS.items():
             progress(f"peering {CONSUMER} ({ids[CONSUMER]}) with {name} ({ids[name]}): {gpus} GPUs")
-            await _peer(kc, name, gpus, pods=opts.jobs + 50)
+            await peer(kc, provider=name, gpus=gpus, cpu="32", memory="128Gi", pods=opts.jobs + 50)
         await ensure_namespace(consumer, NAMESPACE)
         twins = await _offload(kc, providers, ids[CONSUMER])
         progress(f"{NAMESPACE} offloaded; twin namespaces {twins}")
@@ -980,7 +951,7 @@ def run(opts: GpuPoolOptions, progress: Progress) -> dict[str, Any]:
     unknown = [m for m in opts.modes if m not in MODES]
     if unknown or not opts.modes:
         raise ValueError(f"gpu-pool modes must be among {MODES}, got {opts.modes}")
-    env = environment(opts.state_dir, opts.bin_dir, opts.base_port)
+    env = environment(opts.state_dir, opts.bin_dir, opts.base_port, default_topology(base_port=opts.base_port))
     try:
         return asyncio.run(_run(env, opts, progress))
     finally:

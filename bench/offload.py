@@ -377,15 +377,32 @@ async def delete_all(api: Any, namespace: str, remote_api: Any = None, twin_ns: 
 # ------------------------------------------------------------------------------------ the part
 
 
-async def peer(kc: Path, *, pods: int) -> None:
-    """Peer consumer -> gpu-a with the CLI (it returns once the virtual node is Ready)."""
+async def peer(
+    kc: Path, *, pods: int, provider: str = PROVIDER, gpus: int = 8, cpu: str = "400", memory: str = "2Ti"
+) -> None:
+    """Peer consumer -> `provider` with the CLI (it returns once the virtual node is Ready)."""
     code, out = await gpufed_cli(
         "peer", "--kubeconfig", str(kc), "--context", CONSUMER,
-        "--remote-kubeconfig", str(kc), "--remote-context", PROVIDER,
-        "--gpus", "8", "--cpu", "400", "--memory", "2Ti", "--pods", str(pods),
+        "--remote-kubeconfig", str(kc), "--remote-context", provider,
+        "--gpus", str(gpus), "--cpu", cpu, "--memory", memory, "--pods", str(pods),
     )  # fmt: skip
     if code != 0:
-        raise RuntimeError(f"gpufed peer failed ({code}):\n{out}")
+        raise RuntimeError(f"gpufed peer {provider} failed ({code}):\n{out}")
+
+
+async def twin_namespace(provider: Any, consumer_id: str, namespace: str, what: str) -> str:
+    """Name of the Ready twin namespace of `namespace` on a provider (waits up to 120 s)."""
+    tenant = f"{TENANT_PREFIX}{consumer_id}"
+
+    async def twin() -> str | None:
+        for t in await rest.list_items(provider, rest.path("gpufed.io/v1alpha1", "twinnamespaces", namespace=tenant)):
+            st = t.get("status") or {}
+            if t["spec"].get("namespace") == namespace and st.get("phase") == "Ready" and st.get("twin"):
+                return str(st["twin"])
+        return None
+
+    name: str = await until(f"the twin namespace of {namespace} on {what}", twin, 120)
+    return name
 
 
 async def offload_namespace(
@@ -417,17 +434,7 @@ async def offload_namespace(
                     "spec": {"namespace": VK_NS},
                 },
             )
-    tenant = f"{TENANT_PREFIX}{ids[CONSUMER]}"
-
-    async def twin() -> str | None:
-        for t in await rest.list_items(provider, rest.path("gpufed.io/v1alpha1", "twinnamespaces", namespace=tenant)):
-            st = t.get("status") or {}
-            if t["spec"].get("namespace") == VK_NS and st.get("phase") == "Ready" and st.get("twin"):
-                return str(st["twin"])
-        return None
-
-    name: str = await until(f"the twin namespace of {VK_NS} on {PROVIDER}", twin, 120)
-    return how, name
+    return how, await twin_namespace(provider, ids[CONSUMER], VK_NS, PROVIDER)
 
 
 def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict[str, Any]:
@@ -538,13 +545,13 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
     }
 
 
-def environment(state_dir: Path, bin_dir: Path, base_port: int) -> LocalEnvironment:
-    """The bench environment (every part uses the same one) with gpufed installed."""
+def environment(state_dir: Path, bin_dir: Path, base_port: int, topology: Topology | None = None) -> LocalEnvironment:
+    """A bench environment with gpufed installed: the bench topology (every part but gpu-pool) or `topology`."""
     return LocalEnvironment(
         LocalSettings(
             state_dir, bin_dir, build_script=REPO / "deploy" / "local" / "build.sh", manifests_dir=REPO / "deploy"
         ),
-        bench_topology(base_port),
+        topology or bench_topology(base_port),
     )
 
 

@@ -33,9 +33,7 @@ figures are the whole cluster's, the same for every consumer.
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
-import ipaddress
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -46,9 +44,7 @@ import grpc
 import grpc.aio
 import structlog
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 
 from peering.capacity import Inventory, Snapshot
 from peering.estimator import estimator_pb2 as pb
@@ -63,16 +59,17 @@ from peering.ids import (
     ClusterID,
     parse_cluster_id,
 )
-from peering.kube import rest
+from peering.kube import rest, servingtls
+from peering.kube.servingtls import TLSMaterial
 from peering.kube.watch import watch
 from peering.models import API_VERSION
 
 DEFAULT_DEBOUNCE_S = 0.2
 DEFAULT_HEARTBEAT_S = 10.0
 #: Lifetime of a newly issued serving certificate.
-DEFAULT_CERT_DAYS = 365
+DEFAULT_CERT_DAYS = servingtls.DEFAULT_CERT_DAYS
 #: Re-issue the serving certificate when less than this is left.
-DEFAULT_RENEW_BEFORE = dt.timedelta(days=30)
+DEFAULT_RENEW_BEFORE = servingtls.DEFAULT_RENEW_BEFORE
 #: Seconds between renewal checks (which also re-apply the ConfigMap).
 DEFAULT_RENEW_CHECK_S = 3600.0
 #: Seconds in-flight calls get to finish when the server stops.
@@ -129,14 +126,6 @@ def join_endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def advertised_host(settings: EstimatorServerSettings) -> str:
     """The host consumers connect to (what the serving certificate must name)."""
     if settings.address is not None:
@@ -147,72 +136,6 @@ def advertised_host(settings: EstimatorServerSettings) -> str:
             "give the address consumers reach it on (--estimator-address host:port)"
         )
     return settings.host
-
-
-# ---- the serving certificate
-
-
-@dataclass(frozen=True)
-class ServingCert:
-    cert_pem: bytes
-    key_pem: bytes
-
-    @property
-    def not_after(self) -> dt.datetime:
-        return x509.load_pem_x509_certificate(self.cert_pem).not_valid_after_utc
-
-
-def issue_serving_cert(host: str, days: int = DEFAULT_CERT_DAYS, now: dt.datetime | None = None) -> ServingCert:
-    """A self-signed certificate for `host` (IP or DNS SAN) that is its own CA: consumers trust
-    exactly this certificate (ConfigMap `ca.crt`)."""
-    now = now or dt.datetime.now(dt.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufed-estimator")])
-    san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host)) if _is_ip(host) else x509.DNSName(host)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, False, False, False), critical=True
-        )  # digitalSignature, keyCertSign
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    return ServingCert(
-        cert.public_bytes(pem),
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-    )
-
-
-def serving_cert_usable(
-    material: ServingCert, host: str, renew_before: dt.timedelta, now: dt.datetime | None = None
-) -> bool:
-    """Whether stored material loads, belongs together, names `host` and is not due for renewal."""
-    now = now or dt.datetime.now(dt.UTC)
-    try:
-        cert = x509.load_pem_x509_certificate(material.cert_pem)
-        key = serialization.load_pem_private_key(material.key_pem, password=None)
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, TypeError, x509.ExtensionNotFound):
-        return False
-    pub = serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(serialization.Encoding.DER, pub) != cert.public_key().public_bytes(
-        serialization.Encoding.DER, pub
-    ):
-        return False
-    if _is_ip(host):
-        covered = ipaddress.ip_address(host) in names.get_values_for_type(x509.IPAddress)
-    else:
-        covered = host in names.get_values_for_type(x509.DNSName)
-    return covered and cert.not_valid_after_utc - now > renew_before
 
 
 # ---- who may ask
@@ -293,7 +216,7 @@ class EstimatorServer:
         self.tenants: dict[str, str] = {}
         self.snapshot: Snapshot | None = None
         self.client_ca: bytes | None = None
-        self.cert: ServingCert | None = None
+        self.cert: TLSMaterial | None = None
         self._seen_changes = -1
         self._dirty = asyncio.Event()
         self._published = asyncio.Event()
@@ -369,39 +292,17 @@ class EstimatorServer:
             config, self._next_config = self._next_config, None
         return config
 
-    async def _serving_cert(self, host: str) -> tuple[ServingCert, bool]:
-        """The stored certificate when usable, else a new one, stored; (cert, whether new)."""
-        path_ = rest.path("v1", "secrets", ESTIMATOR_TLS_SECRET, namespace=SYSTEM_NAMESPACE)
-        secret = await rest.get(self.api, path_)
-        data = (secret or {}).get("data") or {}
-        if {"tls.crt", "tls.key"} <= data.keys():
-            try:
-                stored = ServingCert(base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]))
-            except ValueError:
-                stored = ServingCert(b"", b"")
-            if serving_cert_usable(stored, host, self.settings.renew_before):
-                return stored, False
-        cert = await asyncio.to_thread(issue_serving_cert, host, self.settings.cert_days)
-        await rest.apply(
+    async def _serving_cert(self, host: str) -> tuple[TLSMaterial, bool]:
+        """The stored certificate when usable, else a new one, stored; (material, whether new)."""
+        return await servingtls.ensure(
             self.api,
-            path_,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {
-                    "name": ESTIMATOR_TLS_SECRET,
-                    "namespace": SYSTEM_NAMESPACE,
-                    "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-                },
-                "data": {
-                    "tls.crt": base64.b64encode(cert.cert_pem).decode(),
-                    "tls.key": base64.b64encode(cert.key_pem).decode(),
-                },
-            },
+            SYSTEM_NAMESPACE,
+            ESTIMATOR_TLS_SECRET,
+            host,
+            days=self.settings.cert_days,
+            renew_before=self.settings.renew_before,
+            ca_name="gpufed-estimator-ca",
         )
-        self._log.info("estimator certificate issued", host=host, not_after=str(cert.not_after))
-        return cert, True
 
     async def _publish_configmap(self) -> None:
         assert self.endpoint is not None and self.cert is not None
@@ -416,7 +317,7 @@ class EstimatorServer:
                     "namespace": SYSTEM_NAMESPACE,
                     "labels": {MANAGED_BY_LABEL: MANAGED_BY},
                 },
-                "data": {"endpoint": self.endpoint, "ca.crt": self.cert.cert_pem.decode()},
+                "data": {"endpoint": self.endpoint, "ca.crt": self.cert.ca_pem.decode()},
             },
         )
 
@@ -599,11 +500,8 @@ __all__ = [
     "EstimatorServer",
     "EstimatorServerSettings",
     "RefusalError",
-    "ServingCert",
     "authorize",
     "consumer_of",
-    "issue_serving_cert",
     "join_endpoint",
-    "serving_cert_usable",
     "split_endpoint",
 ]

@@ -35,17 +35,15 @@ from peering.estimator.server import (
     EstimatorServer,
     EstimatorServerSettings,
     RefusalError,
-    ServingCert,
     advertised_host,
     authorize,
     consumer_of,
-    issue_serving_cert,
-    serving_cert_usable,
     split_endpoint,
 )
 from peering.handshake import CONSUMER_GROUP, consumer_user
 from peering.ids import ESTIMATOR_CONFIGMAP, ESTIMATOR_TLS_SECRET, SYSTEM_NAMESPACE, ClusterID
 from peering.kube import manifests
+from peering.kube.servingtls import TLSMaterial, issue, usable
 from peering.models import API_VERSION
 from tests.unit.fakes import FakeApiServer, running, serve, until
 
@@ -181,7 +179,7 @@ class Running:
     @property
     def ca(self) -> bytes:
         assert self.est.cert is not None
-        return self.est.cert.cert_pem
+        return self.est.cert.ca_pem
 
     def client(self, creds: tuple[bytes, bytes] = GOOD, timeout_s: float = 2.0) -> EstimatorClient:
         return EstimatorClient(self.endpoint, self.ca, creds[0], creds[1], timeout_s=timeout_s)
@@ -362,7 +360,7 @@ async def test_configmap_and_secret_are_published_and_reused_after_a_restart() -
         assert r.endpoint.startswith("127.0.0.1:")
         secret = fake.get("secrets", SYSTEM_NAMESPACE, ESTIMATOR_TLS_SECRET)
         assert secret is not None and secret["type"] == "kubernetes.io/tls"
-        assert base64.b64decode(secret["data"]["tls.crt"]) == r.ca
+        assert base64.b64decode(secret["data"]["ca.crt"]) == r.ca
         first_cert = r.ca
         assert b"PRIVATE KEY" not in str(cm).encode()
     async with started(fake) as again:
@@ -372,7 +370,9 @@ async def test_configmap_and_secret_are_published_and_reused_after_a_restart() -
     # Advertised under another name: the certificate must name it, so a new one is issued.
     async with started(fake, address="localhost:1") as named:
         assert named.ca != first_cert and named.endpoint == "localhost:1"
-        cert = x509.load_pem_x509_certificate(named.ca)
+        assert named.est.cert is not None
+        cert = x509.load_pem_x509_certificate(named.est.cert.cert_pem)  # the serving certificate
+        assert cert.issuer == x509.load_pem_x509_certificate(named.ca).subject
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert sans.get_values_for_type(x509.DNSName) == ["localhost"]
         cm = fake.get("configmaps", SYSTEM_NAMESPACE, ESTIMATOR_CONFIGMAP)
@@ -412,17 +412,19 @@ async def test_a_busy_port_is_a_clear_error() -> None:
 
 def test_serving_certificate_checks() -> None:
     now = dt.datetime.now(dt.UTC)
-    cert = issue_serving_cert("10.0.0.5", days=365, now=now)
-    assert serving_cert_usable(cert, "10.0.0.5", dt.timedelta(days=30), now)
-    assert not serving_cert_usable(cert, "10.0.0.6", dt.timedelta(days=30), now), "another host"
-    assert not serving_cert_usable(cert, "10.0.0.5", dt.timedelta(days=30), now + dt.timedelta(days=340)), "due"
-    other = issue_serving_cert("10.0.0.5")
-    assert not serving_cert_usable(ServingCert(cert.cert_pem, other.key_pem), "10.0.0.5", dt.timedelta(0), now)
-    assert not serving_cert_usable(ServingCert(b"junk", b"junk"), "10.0.0.5", dt.timedelta(0), now)
-    dns = issue_serving_cert("estimator.gpu-a.example")
-    assert serving_cert_usable(dns, "estimator.gpu-a.example", dt.timedelta(days=1))
+    cert = issue("10.0.0.5", days=365, now=now)
+    assert usable(cert, "10.0.0.5", dt.timedelta(days=30), now)
+    assert not usable(cert, "10.0.0.6", dt.timedelta(days=30), now), "another host"
+    assert not usable(cert, "10.0.0.5", dt.timedelta(days=30), now + dt.timedelta(days=340)), "due"
+    other = issue("10.0.0.5")
+    assert not usable(TLSMaterial(cert.ca_pem, cert.cert_pem, other.key_pem), "10.0.0.5", dt.timedelta(0), now)
+    assert not usable(TLSMaterial(b"junk", b"junk", b"junk"), "10.0.0.5", dt.timedelta(0), now)
+    dns = issue("estimator.gpu-a.example")
+    assert usable(dns, "estimator.gpu-a.example", dt.timedelta(days=1))
+    ca = x509.load_pem_x509_certificate(cert.ca_pem)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca, "what consumers trust is a CA"
     parsed = x509.load_pem_x509_certificate(cert.cert_pem)
-    assert parsed.extensions.get_extension_for_class(x509.BasicConstraints).value.ca, "its own CA"
+    assert parsed.issuer == ca.subject
     ip = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ip.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.5")]
 
@@ -481,8 +483,8 @@ async def test_client_errors_name_the_endpoint_and_never_leak_grpc() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cert = issue_serving_cert("127.0.0.1")
-    async with EstimatorClient(f"127.0.0.1:{port}", cert.cert_pem, *GOOD, timeout_s=1) as c:
+    cert = issue("127.0.0.1")
+    async with EstimatorClient(f"127.0.0.1:{port}", cert.ca_pem, *GOOD, timeout_s=1) as c:
         with pytest.raises(EstimatorError) as err:
             await c.max_replicas(PodShape(gpus=1))
         assert err.value.code == "UNAVAILABLE"

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from structlog.testing import capture_logs
 
+from peering.kube import servingtls
 from vkprovider.forge.offloading import NOT_ON_VIRTUAL, TOLERATION
 from vkprovider.webhook import server
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
@@ -45,18 +46,18 @@ def review(namespace: str = "team", uid: str = "u-1", obj: dict[str, Any] | None
 
 def test_certificates_for_ip_and_dns_hosts_and_their_renewal() -> None:
     now = dt.datetime.now(dt.UTC)
-    m = server.issue("127.0.0.1", days=365, now=now)
+    m = servingtls.issue("127.0.0.1", days=365, now=now)
     cert = x509.load_pem_x509_certificate(m.cert_pem)
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert cert.issuer == x509.load_pem_x509_certificate(m.ca_pem).subject
     renew = dt.timedelta(days=30)
-    assert server.usable(m, "127.0.0.1", renew, now)
-    assert not server.usable(m, "10.0.0.1", renew, now), "another address needs another certificate"
-    assert not server.usable(m, "127.0.0.1", renew, now + dt.timedelta(days=340)), "renewed 30 days before expiry"
-    d = server.issue("gpufed-webhook.gpufed.svc", days=10)
-    assert server.usable(d, "gpufed-webhook.gpufed.svc", dt.timedelta(days=1))
-    assert not server.usable(server.TLSMaterial(b"x", b"y", b"z"), "127.0.0.1", renew)
+    assert servingtls.usable(m, "127.0.0.1", renew, now)
+    assert not servingtls.usable(m, "10.0.0.1", renew, now), "another address needs another certificate"
+    assert not servingtls.usable(m, "127.0.0.1", renew, now + dt.timedelta(days=340)), "renewed 30 days before expiry"
+    d = servingtls.issue("gpufed-webhook.gpufed.svc", days=10)
+    assert servingtls.usable(d, "gpufed-webhook.gpufed.svc", dt.timedelta(days=1))
+    assert not servingtls.usable(servingtls.TLSMaterial(b"x", b"y", b"z"), "127.0.0.1", renew)
 
 
 def test_webhook_configuration() -> None:

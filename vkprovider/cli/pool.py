@@ -41,7 +41,7 @@ def pool(kubeconfig: Kubeconfig, context: Context = None, output: Output = "tabl
             _n(p["largestPlaceable"]),
             p["capacity"],
         )
-    console.print(t) if data["pools"] else console.print("no virtual nodes: peer a provider first (`gpufed peer`)")
+    console.print(t if data["pools"] else "no virtual nodes: peer a provider first (`gpufed peer`)")
     pending = data["pending"]
     console.print(
         f"pending GPU demand: {pending['gpus']} GPUs in {pending['pods']} pods"

@@ -48,10 +48,6 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from peering.ids import (
     MANAGED_BY,
@@ -60,8 +56,9 @@ from peering.ids import (
     OFFLOADING_LABEL,
     SYSTEM_NAMESPACE,
 )
-from peering.kube import rest
+from peering.kube import rest, servingtls
 from peering.kube.client import KubeError
+from peering.kube.servingtls import TLSMaterial
 from peering.kube.watch import watch
 from peering.models import API_VERSION
 from vkprovider.forge.offloading import STRATEGIES, mutate
@@ -71,9 +68,9 @@ WEBHOOK_NAME = "pods.offloading.gpufed.io"
 TLS_SECRET = "gpufed-webhook-tls"  # noqa: S105 -- a Secret's name, not a password
 MUTATE_PATH = "/mutate-pods"
 #: Lifetime of the CA and serving certificate.
-DEFAULT_CERT_DAYS = 365
+DEFAULT_CERT_DAYS = servingtls.DEFAULT_CERT_DAYS
 #: Re-issue the certificate when it has less than this left.
-DEFAULT_RENEW_BEFORE = dt.timedelta(days=30)
+DEFAULT_RENEW_BEFORE = servingtls.DEFAULT_RENEW_BEFORE
 #: Seconds between checks whether the certificate must be re-issued while running.
 DEFAULT_RENEW_CHECK_S = 3600.0
 #: Seconds the API server waits for an answer (the configuration's timeoutSeconds).
@@ -97,83 +94,12 @@ class WebhookServerSettings:
     renew_check_s: float = DEFAULT_RENEW_CHECK_S
 
 
-@dataclass(frozen=True)
-class TLSMaterial:
-    ca_pem: bytes
-    cert_pem: bytes
-    key_pem: bytes
-
-    @property
-    def not_after(self) -> dt.datetime:
-        return x509.load_pem_x509_certificate(self.cert_pem).not_valid_after_utc
-
-
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
         return False
     return True
-
-
-def issue(host: str, days: int = DEFAULT_CERT_DAYS, now: dt.datetime | None = None) -> TLSMaterial:
-    """A fresh self-signed CA and a serving certificate for `host` (IP SAN for an address, else DNS SAN)."""
-    now = now or dt.datetime.now(dt.UTC)
-    start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpufed-webhook-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )  # keyCertSign, cRLSign
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host)) if _is_ip(host) else x509.DNSName(host)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    return TLSMaterial(
-        ca.public_bytes(pem),
-        cert.public_bytes(pem),
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-    )
-
-
-def usable(material: TLSMaterial, host: str, renew_before: dt.timedelta, now: dt.datetime | None = None) -> bool:
-    """Whether stored material serves `host` and is not due for renewal."""
-    now = now or dt.datetime.now(dt.UTC)
-    try:
-        cert = x509.load_pem_x509_certificate(material.cert_pem)
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        x509.load_pem_x509_certificate(material.ca_pem)
-        serialization.load_pem_private_key(material.key_pem, password=None)
-    except (ValueError, x509.ExtensionNotFound):
-        return False
-    if _is_ip(host):
-        covered = ipaddress.ip_address(host) in names.get_values_for_type(x509.IPAddress)
-    else:
-        covered = host in names.get_values_for_type(x509.DNSName)
-    return covered and cert.not_valid_after_utc - now > renew_before
 
 
 def webhook_configuration(host: str, port: int, ca_pem: bytes) -> dict[str, Any]:
@@ -313,35 +239,15 @@ class Webhook:
 
     async def _tls(self) -> tuple[TLSMaterial, bool]:
         """The stored material when usable, else newly issued and stored; (material, whether new)."""
-        path_ = rest.path("v1", "secrets", TLS_SECRET, namespace=SYSTEM_NAMESPACE)
-        secret = await rest.get(self.api, path_)
-        data = (secret or {}).get("data") or {}
-        if {"ca.crt", "tls.crt", "tls.key"} <= data.keys():
-            stored = TLSMaterial(*(base64.b64decode(data[k]) for k in ("ca.crt", "tls.crt", "tls.key")))
-            if usable(stored, self.settings.host, self.settings.renew_before):
-                return stored, False
-        material = await asyncio.to_thread(issue, self.settings.host, self.settings.cert_days)
-        await rest.apply(
+        return await servingtls.ensure(
             self.api,
-            path_,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {
-                    "name": TLS_SECRET,
-                    "namespace": SYSTEM_NAMESPACE,
-                    "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-                },
-                "data": {
-                    "ca.crt": base64.b64encode(material.ca_pem).decode(),
-                    "tls.crt": base64.b64encode(material.cert_pem).decode(),
-                    "tls.key": base64.b64encode(material.key_pem).decode(),
-                },
-            },
+            SYSTEM_NAMESPACE,
+            TLS_SECRET,
+            self.settings.host,
+            days=self.settings.cert_days,
+            renew_before=self.settings.renew_before,
+            ca_name="gpufed-webhook-ca",
         )
-        self._log.info("webhook certificate issued", host=self.settings.host, not_after=str(material.not_after))
-        return material, True
 
     async def _load(self, material: TLSMaterial) -> None:
         """Load `material` into the server's TLS context (new connections use it at once)."""
