@@ -277,9 +277,9 @@ class PodTokens:
                     pod=f"{state.binding.pod_namespace}/{state.binding.pod_name}",
                     reason=str(gone),
                 )
+                self._schedule.pop(key, None)  # before the delete: a failed one is listed again next resync
                 with contextlib.suppress(KubeError):  # a conflict: replaced meanwhile; else next pass
                     await rest.delete(self.remote, url, uid=state.uid, what=f"delete token Secret {key[0]}/{key[1]}")
-                self._schedule.pop(key, None)
                 return
             self._remember_applied(key, applied)
             self._log.info("tokens refreshed", namespace=key[0], secret=key[1], pod=state.binding.pod_name)
