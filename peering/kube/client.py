@@ -1,6 +1,7 @@
 """Building kubernetes-asyncio clients from kubeconfig files, with the library's errors mapped.
 
-Owns: `api_client` (an ApiClient for one kubeconfig context) and `KubeError`, the one exception
+Owns: `api_client` (an ApiClient for one kubeconfig context, or the pod's service account in a
+cluster) and `KubeError`, the one exception
 type callers outside `peering.kube` see. Does not retry or rate-limit (later layers do).
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import incluster_config as incluster
 
 
 class KubeError(Exception):
@@ -47,11 +49,24 @@ def map_error(e: ApiException, what: str) -> KubeError:
 
 
 @asynccontextmanager
-async def api_client(kubeconfig: Path, context: str | None = None) -> AsyncIterator[Any]:
-    """An ApiClient for `context` of `kubeconfig`; closed on exit. Bad files raise KubeError."""
+async def api_client(kubeconfig: Path | None, context: str | None = None) -> AsyncIterator[Any]:
+    """An ApiClient for `context` of `kubeconfig` — or, with None, the pod's own service account
+    (in cluster; its projected token is re-read as the kubelet rotates it); closed on exit. Bad
+    files, or None outside a pod, raise KubeError."""
     try:
-        api = await config.new_client_from_config(config_file=str(kubeconfig), context=context)
+        if kubeconfig is None:
+            configuration = client.Configuration()
+            incluster.InClusterConfigLoader(
+                token_filename=incluster.SERVICE_TOKEN_FILENAME,
+                cert_filename=incluster.SERVICE_CERT_FILENAME,
+                try_refresh_token=True,
+            ).load_and_set(configuration)
+            api = client.ApiClient(configuration)
+        else:
+            api = await config.new_client_from_config(config_file=str(kubeconfig), context=context)
     except (OSError, config.ConfigException) as e:
+        if kubeconfig is None:
+            raise KubeError(f"no kubeconfig given and not running in a pod (in-cluster configuration: {e})") from e
         raise KubeError(f"cannot load kubeconfig {kubeconfig} (context {context or 'current'}): {e}") from e
     try:
         yield api

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from peering.kube import rest
+from peering.kube.client import KubeError
 
 #: Lifetime of issued certificates (days) and how long before expiry they are replaced.
 DEFAULT_CERT_DAYS = 365
@@ -131,29 +132,44 @@ async def ensure(
     renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE,
     ca_name: str = "gpufed-ca",
 ) -> tuple[TLSMaterial, bool]:
-    """The Secret's material when usable, else newly issued and stored there; (material, whether new)."""
+    """The Secret's material when usable, else newly issued and stored there; (material, whether new).
+
+    Safe for replicas racing: the Secret is created (409: another replica did, use its material) or
+    replaced with the read resourceVersion (409: re-read), so every replica ends up serving what the
+    Secret holds."""
     path_ = rest.path("v1", "secrets", secret, namespace=namespace)
-    data = ((await rest.get(api, path_)) or {}).get("data") or {}
-    if set(_KEYS) <= data.keys():
-        try:
-            stored = TLSMaterial(*(base64.b64decode(data[k]) for k in _KEYS))
-        except (binascii.Error, ValueError):
-            stored = TLSMaterial(b"", b"", b"")
-        if usable(stored, host, renew_before):
-            return stored, False
-    material = await asyncio.to_thread(issue, host, days, ca_name=ca_name)
-    encoded = (material.ca_pem, material.cert_pem, material.key_pem)
-    await rest.apply(
-        api,
-        path_,
-        {
+    for _attempt in range(5):
+        existing = await rest.get(api, path_)
+        data = (existing or {}).get("data") or {}
+        if set(_KEYS) <= data.keys():
+            try:
+                stored = TLSMaterial(*(base64.b64decode(data[k]) for k in _KEYS))
+            except (binascii.Error, ValueError):
+                stored = TLSMaterial(b"", b"", b"")
+            if usable(stored, host, renew_before):
+                return stored, False
+        material = await asyncio.to_thread(issue, host, days, ca_name=ca_name)
+        encoded = (material.ca_pem, material.cert_pem, material.key_pem)
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
             "metadata": {"name": secret, "namespace": namespace, "labels": dict(_MANAGED_BY)},
             "data": {k: base64.b64encode(v).decode() for k, v in zip(_KEYS, encoded, strict=True)},
-        },
-    )
+        }
+        try:
+            if existing is None:
+                await rest.create(api, rest.path("v1", "secrets", namespace=namespace), body)
+            else:
+                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                await rest.request(api, "PUT", path_, body=body, what=f"renew serving certificate {namespace}/{secret}")
+        except KubeError as e:
+            if e.status == 409:  # another replica wrote it first: use what it stored
+                continue
+            raise
+        break
+    else:
+        raise KubeError(f"serving certificate {namespace}/{secret}: kept conflicting with other writers")
     structlog.get_logger().info(
         "serving certificate issued", secret=f"{namespace}/{secret}", host=host, not_after=str(material.not_after)
     )

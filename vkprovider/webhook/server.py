@@ -92,6 +92,17 @@ class WebhookServerSettings:
     renew_before: dt.timedelta = DEFAULT_RENEW_BEFORE
     #: Seconds between renewal checks while running.
     renew_check_s: float = DEFAULT_RENEW_CHECK_S
+    #: In a cluster: the Service (namespace, name, port) in front of the replicas; the API server
+    #: reaches it by a service reference, the certificate names `<name>.<namespace>.svc`, and the
+    #: server listens on every interface. None: `host` in a URL (the local environment).
+    service: tuple[str, str, int] | None = None
+
+    @property
+    def dns_name(self) -> str:
+        """The name in the certificate (and in the URL when no service is used)."""
+        if self.service is not None:
+            return f"{self.service[1]}.{self.service[0]}.svc"
+        return self.host
 
 
 def _is_ip(host: str) -> bool:
@@ -102,9 +113,22 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def webhook_configuration(host: str, port: int, ca_pem: bytes) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration that sends pod creations in offloaded namespaces to us."""
+def webhook_configuration(
+    host: str, port: int, ca_pem: bytes, *, service: tuple[str, str, int] | None = None
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration that sends pod creations in offloaded namespaces to us
+    (through `service` (namespace, name, port) when given, else `https://host:port`)."""
     url_host = f"[{host}]" if _is_ip(host) and ":" in host else host
+    client_config: dict[str, Any] = {"caBundle": base64.b64encode(ca_pem).decode()}
+    if service is not None:
+        client_config["service"] = {
+            "namespace": service[0],
+            "name": service[1],
+            "port": service[2],
+            "path": MUTATE_PATH,
+        }
+    else:
+        client_config["url"] = f"https://{url_host}:{port}{MUTATE_PATH}"
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -112,10 +136,7 @@ def webhook_configuration(host: str, port: int, ca_pem: bytes) -> dict[str, Any]
         "webhooks": [
             {
                 "name": WEBHOOK_NAME,
-                "clientConfig": {
-                    "url": f"https://{url_host}:{port}{MUTATE_PATH}",
-                    "caBundle": base64.b64encode(ca_pem).decode(),
-                },
+                "clientConfig": client_config,
                 "rules": [
                     {
                         "operations": ["CREATE"],
@@ -243,7 +264,7 @@ class Webhook:
             self.api,
             SYSTEM_NAMESPACE,
             TLS_SECRET,
-            self.settings.host,
+            self.settings.dns_name,
             days=self.settings.cert_days,
             renew_before=self.settings.renew_before,
             ca_name="gpufed-webhook-ca",
@@ -267,20 +288,26 @@ class Webhook:
         await rest.apply(
             self.api,
             rest.path("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", WEBHOOK_CONFIGURATION),
-            webhook_configuration(self.settings.host, self.settings.port, material.ca_pem),
+            webhook_configuration(
+                self.settings.host, self.settings.port, material.ca_pem, service=self.settings.service
+            ),
         )
 
     async def _serving(self, material: TLSMaterial) -> None:
-        """Wait until the server answers on the address the API server uses, trusting only our CA."""
+        """Wait until the server answers (on the address the API server uses, or — behind a Service —
+        on this replica, for the Service's name), trusting only our CA."""
         ctx = ssl.create_default_context(cadata=material.ca_pem.decode())
-        url_host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
-        url = f"https://{url_host}:{self.settings.port}/healthz"
+        if self.settings.service is not None:
+            url, server_hostname = f"https://127.0.0.1:{self.settings.port}/healthz", self.settings.dns_name
+        else:
+            url_host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
+            url, server_hostname = f"https://{url_host}:{self.settings.port}/healthz", None
         last: object = "no answer"
         for _attempt in range(50):
             try:
                 async with (
                     aiohttp.ClientSession() as s,
-                    s.get(url, ssl=ctx, timeout=aiohttp.ClientTimeout(total=2)) as r,
+                    s.get(url, ssl=ctx, server_hostname=server_hostname, timeout=aiohttp.ClientTimeout(total=2)) as r,
                 ):
                     if r.status == 200:
                         return
@@ -311,7 +338,8 @@ class Webhook:
         await self._load(material)
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
-        bind = self.settings.host if _is_ip(self.settings.host) else "0.0.0.0"  # noqa: S104 -- a DNS name: every interface
+        # A DNS name or a Service in front: every interface.
+        bind = self.settings.host if _is_ip(self.settings.host) and self.settings.service is None else "0.0.0.0"  # noqa: S104
         try:
             await web.TCPSite(runner, bind, self.settings.port, ssl_context=self._ssl).start()
             async with asyncio.TaskGroup() as tg:
