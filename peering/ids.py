@@ -103,6 +103,12 @@ VIRTUAL_NODE_TYPE_LABELS = {
     "kubernetes.io/role": "agent",
     "gpufed.io/type": "virtual-node",
 }
+#: Well-known labels that keep node tooling off virtual nodes: cloud load balancers do not send
+#: traffic to them, and the node lifecycle controller's zone-disruption logic ignores them.
+VIRTUAL_NODE_EXCLUSION_LABELS = {
+    "node.kubernetes.io/exclude-from-external-load-balancers": "true",
+    "node.kubernetes.io/exclude-disruption": "true",
+}
 TYPE_LABEL = "gpufed.io/type"
 VIRTUAL_NODE_TYPE = "virtual-node"
 #: On a virtual node: the provider behind it.

@@ -8,6 +8,11 @@ NamespaceOffloading's cluster selector, and `crd_manifests()`, which turns the m
 schemas and `kubectl get` columns. `python -m peering.models deploy/crds` writes them; a unit test
 fails when the files drift from the models.
 
+Version skew: reading ignores fields it does not know (`extra="ignore"`), so a component one
+version behind reads objects a newer peer or controller wrote (new optional fields) instead of
+failing; the API server's structural schemas are what reject unknown fields on writes. New fields
+are always optional with a default, and a field is never removed or retyped within `v1alpha1`.
+
 Pure: no I/O except `main` writing the files it is asked to.
 """
 
@@ -43,7 +48,7 @@ RESERVED_NAMESPACE_PREFIXES = ("kube-", TENANT_PREFIX)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
 class Condition(_Model):

@@ -9,6 +9,11 @@ the tunnel and publishes the Connection status (Connected / Degraded / Down with
 after an underlay cut needs no action: WireGuard's keepalive re-handshakes and the status follows
 the probe. When the Gateway is deleted it removes everything it created and returns.
 
+Metrics (label `remote_cluster` = the peer): `gpufed_tunnel_up` (1 while the Connection is
+Connected or Degraded, 0 when Down), `gpufed_tunnel_rtt_seconds` (last successful probe) and
+`gpufed_tunnel_last_handshake_timestamp_seconds` (Unix time of the latest WireGuard handshake),
+updated after every probe; dropped on teardown.
+
 Does not: allocate ranges or keys (netfabric.ops does, through the peering), render rules
 (netfabric.render), or touch tables, links and rules it did not create. It never logs keys.
 """
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import Gauge
 from pydantic import ValidationError
 
 from netfabric import plan as plans
@@ -59,6 +65,20 @@ DOWN_AFTER = 3
 #: WireGuard rejects a session this old without a handshake (REJECT_AFTER_TIME).
 HANDSHAKE_STALE_S = 180.0
 _RTT = re.compile(r"time[=<]([0-9.]+) ?ms")
+
+TUNNEL_UP = Gauge(
+    "gpufed_tunnel_up",
+    "Whether the tunnel to a peer carries traffic (Connected or Degraded: 1; Down: 0).",
+    ["remote_cluster"],
+)
+TUNNEL_RTT = Gauge(
+    "gpufed_tunnel_rtt_seconds", "Round-trip time of the last successful probe across the tunnel.", ["remote_cluster"]
+)
+TUNNEL_HANDSHAKE = Gauge(
+    "gpufed_tunnel_last_handshake_timestamp_seconds",
+    "Unix time of the latest WireGuard handshake with the peer (0: none yet).",
+    ["remote_cluster"],
+)
 
 
 @dataclass(frozen=True)
@@ -253,6 +273,9 @@ class GatewayAgent:
             await nft.delete_table(self.ns, table)
         with contextlib.suppress(DataplaneError):
             await self.ns.netlink(lambda ipr: clear_routes(ipr, mark, mark), "removing policy routing")
+        for gauge in (TUNNEL_UP, TUNNEL_RTT, TUNNEL_HANDSHAKE):
+            with contextlib.suppress(KeyError):  # never exported (prometheus-client < 0.21 raises then)
+                gauge.remove(self.s.name)
         self.log.info("gateway removed", interface=gp_iface)
 
     # ---- status
@@ -290,8 +313,17 @@ class GatewayAgent:
         except DataplaneError:
             self.health = Health(self.health.failures + 1, None, stats)
 
+    def _export(self, phase: str) -> None:
+        peer = self.s.name
+        TUNNEL_UP.labels(peer).set(0 if phase == "Down" else 1)
+        if self.health.rtt_ms is not None:
+            TUNNEL_RTT.labels(peer).set(self.health.rtt_ms / 1000)
+        hs = self.health.stats.latest_handshake if self.health.stats else None
+        TUNNEL_HANDSHAKE.labels(peer).set(hs or 0)
+
     async def publish(self, force: bool = False) -> None:
         phase, reason, message = judge(self.health, self.error, self.clock())
+        self._export(phase)
         now = self.clock()
         changed = self._written != (phase, reason)
         if not (changed or force or now - self._written_at >= self.s.status_refresh_s):

@@ -13,6 +13,12 @@ Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), le
 
 The identity key never leaves this process; the CSR key never leaves this cluster.
 
+Metrics (shared with the provider role, which sets them with role="provider"):
+`gpufed_peering_phase{remote_cluster,role,phase}` (1 for the ForeignCluster's phase) and
+`gpufed_resource_granted` / `gpufed_resource_used{remote_cluster,role,resource}` (the sum over the
+slices for that provider of what it granted and what is used of it, as its mirrors say; base
+units), all dropped when the ForeignCluster goes.
+
 Does not: talk to the provider before it holds credentials there (the CLI carries the handshake),
 or delete anything on unpeer (that is `gpufed unpeer`; Secrets are owned by the ForeignCluster).
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +36,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from prometheus_client import Gauge
 from pydantic import ValidationError
 
 from peering import handshake
@@ -48,14 +56,51 @@ from peering.ids import (
 )
 from peering.kube import rest
 from peering.kube.client import KubeError
+from peering.kube.metrics import GaugeMap, StateGauge
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
 from peering.models import API_VERSION, ForeignClusterSpec, ResourceSliceSpec
+from peering.quantity import QuantityError, parse
 
 #: Seconds between polls of the provider for a slice's decision while it is not settled.
 DEFAULT_PENDING_POLL_S = 1.0
 #: Seconds between re-reads of settled slices (grants change with the provider's capacity).
 DEFAULT_RESYNC_S = 10.0
+#: Phases of a ForeignCluster with role Provider, as this role sets them.
+PHASES = ("Pending", "Authenticating", "Peered")
+
+PEERING_PHASE = Gauge(
+    "gpufed_peering_phase",
+    "Phase of a peering as this cluster's role in it sees it: 1 for the current phase, 0 for the others.",
+    ["remote_cluster", "role", "phase"],
+)
+RESOURCE_GRANTED = GaugeMap(
+    Gauge(
+        "gpufed_resource_granted",
+        "Resources the provider granted in a peering (sum over its ResourceSlices), in base units.",
+        ["remote_cluster", "role", "resource"],
+    )
+)
+RESOURCE_USED = GaugeMap(
+    Gauge(
+        "gpufed_resource_used",
+        "Resources of a peering's grant in use (what the consumer's offloaded pods request), in base units.",
+        ["remote_cluster", "role", "resource"],
+    )
+)
+_PHASE = StateGauge(PEERING_PHASE, PHASES)
+ROLE = "consumer"
+
+
+def quantities(resources: Mapping[str, Any]) -> dict[str, float]:
+    """resource -> amount in base units, of a map of quantities (unreadable ones left out)."""
+    out: dict[str, float] = {}
+    for r, q in resources.items():
+        try:
+            out[r] = float(parse(q))
+        except (QuantityError, TypeError):
+            continue
+    return out
 
 
 @dataclass(frozen=True)
@@ -128,6 +173,9 @@ class ConsumerRole:
         fc = await rest.get(self.api, rest.path(API_VERSION, "foreignclusters", name))
         if fc is None or fc["metadata"].get("deletionTimestamp"):
             await self.remotes.drop(name)
+            _PHASE.remove(name, ROLE)
+            RESOURCE_GRANTED.remove(name, ROLE)
+            RESOURCE_USED.remove(name, ROLE)
             return None
         try:
             spec = ForeignClusterSpec.model_validate(fc.get("spec") or {})
@@ -149,6 +197,7 @@ class ConsumerRole:
         else:
             status["phase"] = "Authenticating" if spec.challenge or status.get("answer") else "Pending"
             await self._slices_waiting(provider)
+        _PHASE.set(status["phase"], provider, ROLE)
         if st_.without_times(status) != st_.without_times(old):
             await st_.write(self.api, "ForeignCluster", "foreignclusters", name, status)
         return wait
@@ -337,6 +386,8 @@ class ConsumerRole:
         status["conditions"] = st_.mark(conds, "ProviderReachable", True, "Reachable", "the provider's API answers")
         remote = {r["metadata"]["name"]: r for r in remote_items}
         settled = True
+        granted: dict[str, float] = {}
+        used: dict[str, float] = {}
         for s in local:
             name = s["metadata"]["name"]
             try:
@@ -357,6 +408,9 @@ class ConsumerRole:
                     },
                 )
             rst = mirror.get("status") or {}
+            for total, amounts in ((granted, rst.get("granted") or {}), (used, rst.get("used") or {})):
+                for r, v in quantities(amounts).items():
+                    total[r] = total.get(r, 0.0) + v
             res = next((c for c in rst.get("conditions") or [] if c.get("type") == "Resources"), None)
             if res is None or res.get("observedGeneration") != mirror["metadata"].get("generation"):
                 settled = False
@@ -375,6 +429,8 @@ class ConsumerRole:
             st = {k: v for k, v in st.items() if v not in ({}, [])}  # the API server stores no empty maps
             if st != (s.get("status") or {}):
                 await self._slice_status(s, st)
+        RESOURCE_GRANTED.set(granted, provider, ROLE)
+        RESOURCE_USED.set(used, provider, ROLE)
         local_names = {s["metadata"]["name"] for s in local}
         for name, mirror in remote.items():
             if name not in local_names:

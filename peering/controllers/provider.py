@@ -20,6 +20,10 @@ Every outcome a human must see is a condition on the Tenant / ResourceSlice / Tw
 for refusals, a Warning Event. Never touches objects it does not own: namespaces it adopts must
 carry this consumer's label.
 
+Metrics (defined with the consumer role's, here with role="provider" and the consumer as
+remote_cluster): `gpufed_peering_phase` (1 for the Tenant's phase) and `gpufed_resource_granted` /
+`gpufed_resource_used` (the tenant's total grant and what its pods request), dropped with the Tenant.
+
 Does not: delete tenants (that is `gpufed unpeer`), or know the consumer's cluster beyond its id and key.
 """
 
@@ -40,6 +44,7 @@ from pydantic import ValidationError
 
 from peering import grants, handshake
 from peering.controllers import status as st_
+from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
 from peering.controllers.identity import Identity
 from peering.grants import NodeInfo, PodLoad
 from peering.ids import (
@@ -61,6 +66,7 @@ from peering.ids import (
 )
 from peering.kube import events, rest
 from peering.kube.client import KubeError
+from peering.kube.metrics import StateGauge
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
 from peering.models import API_VERSION, GPU_RESOURCE, ResourceSliceSpec, TenantSpec, TwinNamespaceSpec
@@ -83,6 +89,10 @@ QUOTA_NAMES = {
     "pods": "pods",
 }
 CSR_SIGNER = "kubernetes.io/kube-apiserver-client"
+#: Phases of a Tenant, as this role sets them.
+PHASES = ("Pending", "Challenged", "Authenticated", "Refused")
+ROLE = "provider"
+_PHASE = StateGauge(PEERING_PHASE, PHASES)
 
 
 @dataclass(frozen=True)
@@ -245,6 +255,9 @@ class ProviderRole:
     async def reconcile(self, name: str) -> float | None:
         tenant = await rest.get(self.api, rest.path(API_VERSION, "tenants", name))
         if tenant is None or tenant["metadata"].get("deletionTimestamp"):
+            _PHASE.remove(name, ROLE)
+            RESOURCE_GRANTED.remove(name, ROLE)
+            RESOURCE_USED.remove(name, ROLE)
             return None
         log = self._log.bind(remote_cluster=name, kind="Tenant", name=name)
         old_status: dict[str, Any] = dict(tenant.get("status") or {})
@@ -261,6 +274,7 @@ class ProviderRole:
                 status["conditions"], "Authentication", False, "InvalidTenant", str(e)[:500]
             )
             await self._write_status(tenant, old_status, status)
+            _PHASE.set("Refused", name, ROLE)
             return None
 
         requeue = self.settings.resync_s
@@ -272,6 +286,7 @@ class ProviderRole:
             twins = await self._twins(tenant, consumer, log)
             await self._grants(tenant, spec, consumer, twins, status)
         await self._write_status(tenant, old_status, status)
+        _PHASE.set(str(status.get("phase") or "Pending"), name, ROLE)
         return requeue
 
     async def _write_status(self, tenant: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -681,6 +696,8 @@ class ProviderRole:
             await self._quota(ns, consumer, hard)
         status["granted"] = _fmt(total_granted)
         status["used"] = _fmt(_sum(usage.values()))
+        RESOURCE_GRANTED.set({r: float(v) for r, v in total_granted.items()}, consumer, ROLE)
+        RESOURCE_USED.set({r: float(v) for r, v in _sum(usage.values()).items()}, consumer, ROLE)
         status["twinNamespaces"] = twins
         status["namespace"] = tns
 

@@ -22,6 +22,11 @@ Owns:
   serving certificate), server-side applied at start, on renewal and every `renew_check_s`; every
   consumer may read it (deploy/rbac/consumer.yaml).
 
+Metrics: `gpufed_estimator_requests_total{method,outcome}` (outcome "ok", or the refusal's code in
+lower case: "unauthenticated", "permission_denied"; a Watch counts "ok" once when it opens, and a
+refusal when it is refused, at its start or later) and `gpufed_estimator_watch_streams` (open Watch
+streams). No consumer label: the figures are the same for every consumer.
+
 Invariants: answers are aggregates only — never node names, pod names or objects; the private key
 never leaves the Secret and this process and is never logged; `ready` is set once the caches are
 synced, the server listens and the ConfigMap is published.
@@ -45,6 +50,7 @@ import grpc.aio
 import structlog
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from prometheus_client import Counter, Gauge
 
 from peering.capacity import Inventory, Snapshot
 from peering.estimator import estimator_pb2 as pb
@@ -79,6 +85,12 @@ CLIENT_CA_KEY = "client-ca-file"
 AUTHENTICATED = "Authenticated"
 #: `gpufed:consumer:` — the CN prefix of every consumer identity.
 CONSUMER_PREFIX = consumer_user(ClusterID(""))
+REQUESTS = Counter(
+    "gpufed_estimator_requests_total",
+    "Calls to the capacity estimator by method and outcome (ok, unauthenticated, permission_denied).",
+    ["method", "outcome"],
+)
+WATCH_STREAMS = Gauge("gpufed_estimator_watch_streams", "Capacity Watch streams open at the estimator.")
 _UNSPECIFIED_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 -- recognised to be refused as an advertised host
 
 
@@ -362,24 +374,28 @@ class EstimatorServer:
             return authorize(context.auth_context(), self.tenants)
         except RefusalError as r:
             self._log.warning("estimator call refused", call=what, peer=context.peer(), reason=r.message)
+            REQUESTS.labels(what, r.code.name.lower()).inc()
             await context.abort(r.code, r.message)
 
     async def _get_capacity(
         self, request: pb.CapacityRequest, context: grpc.aio.ServicerContext[pb.CapacityRequest, pb.Snapshot]
     ) -> pb.Snapshot:
         await self._authorize(context, "GetCapacity")
+        REQUESTS.labels("GetCapacity", "ok").inc()
         return wire.snapshot_to_pb(self._current())
 
     async def _can_place(
         self, request: pb.PodShape, context: grpc.aio.ServicerContext[pb.PodShape, pb.Placement]
     ) -> pb.Placement:
         await self._authorize(context, "CanPlace")
+        REQUESTS.labels("CanPlace", "ok").inc()
         return wire.placement_to_pb(self.inventory.can_place(wire.shape_from_pb(request)))
 
     async def _max_replicas(
         self, request: pb.PodShape, context: grpc.aio.ServicerContext[pb.PodShape, pb.Replicas]
     ) -> pb.Replicas:
         await self._authorize(context, "MaxReplicas")
+        REQUESTS.labels("MaxReplicas", "ok").inc()
         return wire.replicas_to_pb(*self.inventory.max_replicas(wire.shape_from_pb(request)))
 
     async def _watch(
@@ -387,22 +403,27 @@ class EstimatorServer:
     ) -> AsyncIterator[pb.Snapshot]:
         consumer = await self._authorize(context, "Watch")
         self._log.info("capacity watch opened", remote_cluster=consumer)
-        sent = self._current()
-        yield wire.snapshot_to_pb(sent)
-        while True:
-            published = self._published
-            current = self._current()
-            if current.revision == sent.revision:
-                try:
-                    async with asyncio.timeout(self.settings.heartbeat_s):
-                        await published.wait()
-                except TimeoutError:
-                    await self._authorize(context, "Watch")
-                    yield wire.snapshot_to_pb(replace(sent, observed_at=self.clock()), heartbeat=True)
-                continue
-            await self._authorize(context, "Watch")
-            sent = current
+        REQUESTS.labels("Watch", "ok").inc()
+        WATCH_STREAMS.inc()
+        try:
+            sent = self._current()
             yield wire.snapshot_to_pb(sent)
+            while True:
+                published = self._published
+                current = self._current()
+                if current.revision == sent.revision:
+                    try:
+                        async with asyncio.timeout(self.settings.heartbeat_s):
+                            await published.wait()
+                    except TimeoutError:
+                        await self._authorize(context, "Watch")
+                        yield wire.snapshot_to_pb(replace(sent, observed_at=self.clock()), heartbeat=True)
+                    continue
+                await self._authorize(context, "Watch")
+                sent = current
+                yield wire.snapshot_to_pb(sent)
+        finally:
+            WATCH_STREAMS.dec()
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(

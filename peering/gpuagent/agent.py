@@ -14,6 +14,10 @@ Invariants:
   interval; anything else (not found, forbidden) ends `run` with `GPUAgentError` / `KubeError`.
   `once` reports every failure.
 
+Metrics: `gpufed_gpu_agent_publishes_total{outcome}` per pass ("changed": a patch was written,
+"unchanged": nothing to write, "failed": the pass raised) and `gpufed_gpu_agent_gpus` (GPUs in the
+latest reading; 0 when NVML is unavailable).
+
 Does not: decide labels or health (`labels`), talk to NVML itself (`nvml`), or create Nodes.
 """
 
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from prometheus_client import Counter, Gauge
 
 from peering.gpuagent import labels as gl
 from peering.gpuagent.nvml import GPUReader, NodeGPUReport
@@ -35,6 +40,13 @@ log = structlog.get_logger()
 
 #: Seconds between readings.
 DEFAULT_INTERVAL_S = 30.0
+
+PUBLISHES = Counter(
+    "gpufed_gpu_agent_publishes_total",
+    "Passes of the GPU node agent by outcome (changed, unchanged, failed).",
+    ["outcome"],
+)
+GPUS = Gauge("gpufed_gpu_agent_gpus", "GPUs the GPU node agent found on its node in the latest reading.")
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,17 @@ class GPUAgent:
 
     async def sync(self) -> dict[str, Any]:
         """One pass: read the GPUs, patch the Node where it differs; the patch sent ({} if none)."""
+        try:
+            patch = await self._sync()
+        except Exception:
+            PUBLISHES.labels("failed").inc()
+            raise
+        PUBLISHES.labels("changed" if patch else "unchanged").inc()
+        return patch
+
+    async def _sync(self) -> dict[str, Any]:
         report = await asyncio.to_thread(self.reader.read)
+        GPUS.set(len(report.devices))
         previous, self.report = self.report, report
         if report.nvml_error and (previous is None or previous.nvml_error != report.nvml_error):
             self.log.warning("nvml unavailable, node capacity and labels speak for it", error=report.nvml_error)

@@ -13,6 +13,12 @@ Invariants:
 - cancelling `run` cancels the handlers in flight and propagates; their keys go back to waiting
   (due at once, failure count unchanged), so a later `run` picks them up.
 
+Metrics (label `queue` = the queue's name): `gpufed_workqueue_depth` (keys waiting, as `len`),
+`gpufed_workqueue_latency_seconds` (from a key's due time — its `add`, or the end of its requeue
+delay — until a worker takes it; a key added while in flight also waits for that call),
+`gpufed_workqueue_work_seconds` (one handler call) and `gpufed_workqueue_retries_total` (failed
+calls requeued with backoff).
+
 Does not: rate-limit across keys, persist anything, or know what a key means. Handler results other
 than a number of seconds or None are a caller bug. Only asyncio primitives are used; idle workers
 sleep until the earliest due time or the next `add` (no polling).
@@ -29,12 +35,27 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 import structlog
+from prometheus_client import Counter, Gauge, Histogram
 
 K = TypeVar("K", bound=Hashable)
 Handler = Callable[[K], Awaitable[float | None]]
 
 _JITTER = 0.1
 _MAX_EXPONENT = 62  # 2**62 * any sane base_delay is far past any max_delay; avoids float overflow
+#: Buckets (s) of the queue's histograms: a millisecond to a minute.
+_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+DEPTH = Gauge("gpufed_workqueue_depth", "Keys waiting in a work queue (not counting keys being handled).", ["queue"])
+LATENCY = Histogram(
+    "gpufed_workqueue_latency_seconds",
+    "Seconds a key waited from its due time (its add, or the end of its requeue delay) until a worker took it.",
+    ["queue"],
+    buckets=_BUCKETS,
+)
+WORK = Histogram(
+    "gpufed_workqueue_work_seconds", "Seconds one handler call of a work queue took.", ["queue"], buckets=_BUCKETS
+)
+RETRIES = Counter("gpufed_workqueue_retries_total", "Failed handler calls requeued with backoff.", ["queue"])
 
 
 class WorkQueue(Generic[K]):
@@ -57,6 +78,10 @@ class WorkQueue(Generic[K]):
         self._deferred: dict[K, float] = {}
         self._failures: dict[K, int] = {}
         self._wakeup = asyncio.Event()
+        self._depth = DEPTH.labels(name)
+        self._latency = LATENCY.labels(name)
+        self._work = WORK.labels(name)
+        self._retries = RETRIES.labels(name)
 
     def add(self, key: K, delay: float = 0.0) -> None:
         """Queue `key` to be handled in `delay` seconds (or sooner, if it is already due sooner)."""
@@ -100,6 +125,7 @@ class WorkQueue(Generic[K]):
         seq = next(self._seq)
         self._due[key] = (due, seq)
         heapq.heappush(self._heap, (due, seq, key))
+        self._depth.set(len(self._due))
         self._wakeup.set()
 
     def _take_due(self) -> tuple[K | None, float | None]:
@@ -115,6 +141,8 @@ class WorkQueue(Generic[K]):
             heapq.heappop(self._heap)
             del self._due[key]
             self._in_flight.add(key)
+            self._depth.set(len(self._due))
+            self._latency.observe(-wait)
             return key, None
         return None, None
 
@@ -150,7 +178,8 @@ class WorkQueue(Generic[K]):
         while True:
             key = await self._next()
             try:
-                result = await handler(key)
+                with self._work.time():
+                    result = await handler(key)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -168,6 +197,7 @@ class WorkQueue(Generic[K]):
     def _failed(self, key: K, error: str) -> None:
         attempt = self._failures.get(key, 0) + 1
         self._failures[key] = attempt
+        self._retries.inc()
         delay = self._backoff(attempt)
         structlog.get_logger().error(
             "reconcile failed", queue=self.name, key=str(key), error=error, attempt=attempt, retry_in=round(delay, 3)

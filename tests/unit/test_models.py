@@ -76,3 +76,14 @@ def test_crd_files_are_valid_yaml_with_the_header() -> None:
     for p in CRD_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# Generated from peering/models.py")
         assert yaml.safe_load(p.read_text())["kind"] == "CustomResourceDefinition"
+
+
+def test_objects_written_by_a_newer_version_are_read() -> None:
+    """Version skew: a field added by the next version (in spec or status) is ignored, not an error."""
+    newer = {
+        "spec": {"clusterId": "gpu-a-1234abcd", "roles": ["Provider"], "fieldFromTheFuture": {"x": 1}},
+        "status": {"phase": "Peered", "anotherNewField": True},
+    }
+    fc = models.ForeignCluster.model_validate(newer)
+    assert fc.spec.cluster_id == "gpu-a-1234abcd"
+    assert "fieldFromTheFuture" not in fc.model_dump(by_alias=True)["spec"]

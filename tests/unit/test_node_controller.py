@@ -66,12 +66,14 @@ async def test_registers_the_node(cluster: tuple[FakeApiServer, Any]) -> None:
     assert labels["gpufed.io/remote-cluster-id"] == "prov-a"  # the settings'
     assert labels["kubernetes.io/hostname"] == NODE
     assert labels["kubernetes.io/os"] == "linux"
+    assert labels["node.kubernetes.io/exclude-from-external-load-balancers"] == "true", "kept off load balancers"
+    assert labels["node.kubernetes.io/exclude-disruption"] == "true"
     assert n["spec"]["taints"] == [{"key": "gpufed.io/virtual-node", "value": "true", "effect": "NoExecute"}]
     status = n["status"]
     resources = {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4"}
     assert status["capacity"] == resources
     assert status["allocatable"] == resources
-    assert status["addresses"] == [{"type": "InternalIP", "address": "10.9.8.7"}, {"type": "Hostname", "address": NODE}]
+    assert status["addresses"] == [{"type": "InternalIP", "address": "10.9.8.7"}], "no Hostname: it resolves nowhere"
     assert status["daemonEndpoints"] == {"kubeletEndpoint": {"Port": 10555}}
     conds = conditions(server)
     assert sorted(conds) == ["DiskPressure", "MemoryPressure", "NetworkUnavailable", "PIDPressure", "Ready"]

@@ -8,7 +8,14 @@ nodes' kubelet-serving certificates (`vkprovider.node.csrapprove`) and the virtu
 supervisor, and the capacity estimator (`peering.estimator.server`, when a port is set; ready only
 once it serves and has published its ConfigMap). Roles communicate only through the API server.
 
-Does not: install CRDs or RBAC (the installer does: `gpufed local up`, later the Helm chart).
+High availability (`leader_election`): every replica serves the webhook, the estimator and its
+metrics (stateless servers behind Services; they share their certificates through Secrets); only
+the replica holding the Lease `gpufed/gpufed-controller` runs the reconcilers. A replica that loses
+the Lease exits (LostLeadershipError) and is restarted as a candidate; a clean stop hands the Lease over.
+In a cluster, the per-peering virtual kubelets and gateways run as Deployments made from the
+chart's templates (`vkprovider.app.workloads`) instead of child processes.
+
+Does not: install CRDs or RBAC (the installer does: `gpufed local up`, or the Helm chart).
 """
 
 from __future__ import annotations
@@ -25,11 +32,14 @@ from peering.controllers.identity import Identity, ensure_identity
 from peering.controllers.offloading import OffloadingController, OffloadingSettings
 from peering.controllers.provider import ProviderRole, ProviderSettings
 from peering.estimator.server import EstimatorServer, EstimatorServerSettings
-from peering.ids import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE
+from peering.ids import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, SYSTEM_NAMESPACE
 from peering.kube import rest
 from peering.kube.client import KubeError, api_client
+from peering.kube.leader import LeaderElector, LeaderSettings, LostLeadershipError
+from peering.kube.metrics import MetricsServer
 from peering.models import GROUP, KINDS
 from vkprovider.app.supervisor import Supervisor, SupervisorSettings
+from vkprovider.app.workloads import Workloads, WorkloadSettings
 from vkprovider.node.csrapprove import ServingCSRApprover
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
@@ -53,6 +63,8 @@ class WebhookSettings:
     port: int | None = None
     #: Address the API server reaches the webhook on (the MutatingWebhookConfiguration's URL host).
     host: str = "127.0.0.1"
+    #: In a cluster: the Service (namespace, name, port) in front of the replicas, used instead of a URL.
+    service: tuple[str, str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,10 +96,25 @@ class VirtualKubeletsSettings:
     users: tuple[str, ...] = VIRTUAL_KUBELET_USERS
 
 
+#: The Lease replicas of the controller compete for.
+LEADER_LEASE = "gpufed-controller"
+
+
+@dataclass(frozen=True)
+class LeaderElectionSettings:
+    #: Whether replicas elect a leader (in a cluster with replicas > 1); off: this process leads.
+    enabled: bool = False
+    #: This replica's identity in the Lease (the pod name in a cluster).
+    identity: str = ""
+    #: Namespace and name of the Lease.
+    namespace: str = SYSTEM_NAMESPACE
+    name: str = LEADER_LEASE
+
+
 @dataclass(frozen=True)
 class ControllerSettings:
-    #: kubeconfig file of the controller's identity.
-    kubeconfig: Path
+    #: kubeconfig file of the controller's identity; None: the pod's service account (in a cluster).
+    kubeconfig: Path | None
     #: Context in it (None: current context).
     context: str | None = None
     #: Readable prefix of a newly created ClusterID (e.g. the cluster's name).
@@ -100,6 +127,11 @@ class ControllerSettings:
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     virtual_kubelets: VirtualKubeletsSettings = field(default_factory=VirtualKubeletsSettings)
     estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
+    leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+    workloads: WorkloadSettings = field(default_factory=WorkloadSettings)
+    #: Port of the Prometheus /metrics (and /healthz) HTTP server; None: none.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"  # noqa: S104 -- scraped by Prometheus from other pods
 
 
 async def preflight(api: Any) -> None:
@@ -120,23 +152,27 @@ async def preflight(api: Any) -> None:
 
 
 async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) -> None:
+    try:
+        await _run(settings, ready)
+    except* LostLeadershipError as group:
+        raise group.exceptions[0] from None
+    except* PreflightError as group:
+        raise group.exceptions[0] from None
+
+
+async def _run(settings: ControllerSettings, ready: asyncio.Event | None) -> None:
     log = structlog.get_logger()
     async with api_client(settings.kubeconfig, settings.context) as api:
         try:
             await preflight(api)
-            identity: Identity = await ensure_identity(
-                api, name_hint=settings.name_hint, cluster_id=settings.cluster_id
-            )
+            workloads = Workloads(api, settings.workloads)  # a bad template stops the start here
         except KubeError as e:
             raise PreflightError(f"cannot start: {e}") from e
-        log.info("controller starting", cluster=identity.cluster_id, key=identity.fingerprint)
-        provider = ProviderRole(api, identity, settings.provider)
-        consumer = ConsumerRole(api, identity, settings.consumer)
-        offloading = OffloadingController(api, identity.cluster_id, settings.offloading)
+        except ValueError as e:
+            raise PreflightError(str(e)) from e
+        wh = settings.webhook
         webhook = (
-            Webhook(api, WebhookServerSettings(settings.webhook.port, settings.webhook.host))
-            if settings.webhook.port is not None
-            else None
+            Webhook(api, WebhookServerSettings(wh.port, wh.host, service=wh.service)) if wh.port is not None else None
         )
         est = settings.estimator
         estimator = (
@@ -144,27 +180,55 @@ async def run(settings: ControllerSettings, ready: asyncio.Event | None = None) 
             if est.port is not None
             else None
         )
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(provider.run())
-            tg.create_task(consumer.run())
-            tg.create_task(offloading.run())
-            tg.create_task(ServingCSRApprover(api, settings.virtual_kubelets.users).run())
-            if webhook is not None:
-                tg.create_task(webhook.run())
-            if estimator is not None:
-                tg.create_task(estimator.run())
-            vks = settings.virtual_kubelets
-            if vks.kubeconfig is not None:
-                supervisor = Supervisor(
-                    api, SupervisorSettings(vks.kubeconfig, vks.kubelet_ports, vks.node_address, vks.log_dir)
-                )
-                tg.create_task(supervisor.run())
-            await provider.ready.wait()
-            await offloading.ready.wait()
-            if webhook is not None:
-                await webhook.ready.wait()  # pods of offloaded namespaces are refused until it serves
-            if estimator is not None:
-                await estimator.ready.wait()  # consumers find it through its ConfigMap from now on
-            log.info("controller ready", cluster=identity.cluster_id)
-            if ready is not None:
-                ready.set()
+        le = settings.leader_election
+        elector = (
+            LeaderElector(api, LeaderSettings(namespace=le.namespace, name=le.name, identity=le.identity))
+            if le.enabled
+            else None
+        )
+        try:
+            async with asyncio.TaskGroup() as tg:
+                # Every replica: the stateless servers.
+                if settings.metrics_port is not None:
+                    tg.create_task(MetricsServer(settings.metrics_port, settings.metrics_host).run())
+                if webhook is not None:
+                    tg.create_task(webhook.run())
+                if estimator is not None:
+                    tg.create_task(estimator.run())
+                # The leader only: everything that writes peering state.
+                if elector is not None:
+                    await elector.acquire()
+                    tg.create_task(elector.hold())
+                try:
+                    identity: Identity = await ensure_identity(
+                        api, name_hint=settings.name_hint, cluster_id=settings.cluster_id
+                    )
+                except KubeError as e:
+                    raise PreflightError(f"cannot start: {e}") from e
+                log.info("controller starting", cluster=identity.cluster_id, key=identity.fingerprint)
+                provider = ProviderRole(api, identity, settings.provider)
+                consumer = ConsumerRole(api, identity, settings.consumer)
+                offloading = OffloadingController(api, identity.cluster_id, settings.offloading)
+                tg.create_task(provider.run())
+                tg.create_task(consumer.run())
+                tg.create_task(offloading.run())
+                tg.create_task(ServingCSRApprover(api, settings.virtual_kubelets.users).run())
+                tg.create_task(workloads.run())
+                vks = settings.virtual_kubelets
+                if vks.kubeconfig is not None:
+                    supervisor = Supervisor(
+                        api, SupervisorSettings(vks.kubeconfig, vks.kubelet_ports, vks.node_address, vks.log_dir)
+                    )
+                    tg.create_task(supervisor.run())
+                await provider.ready.wait()
+                await offloading.ready.wait()
+                if webhook is not None:
+                    await webhook.ready.wait()  # pods of offloaded namespaces are refused until it serves
+                if estimator is not None:
+                    await estimator.ready.wait()  # consumers find it through its ConfigMap from now on
+                log.info("controller ready", cluster=identity.cluster_id)
+                if ready is not None:
+                    ready.set()
+        finally:
+            if elector is not None:
+                await asyncio.shield(elector.release())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,15 @@ class SupervisorSettings:
     node_address: str
     log_dir: Path | None = None
     context: str | None = None
+
+
+#: The controller's own settings that must not reach its children through the environment (a
+#: virtual kubelet would try to serve metrics on the controller's port).
+NOT_INHERITED = ("GPUFED_METRICS_PORT", "GPUFED_METRICS_HOST")
+
+
+def child_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
 
 
 def node_name(provider: str) -> str:
@@ -141,7 +151,11 @@ class Supervisor:
                     out = (self.settings.log_dir / f"virtual-kubelet-{child.provider}.log").open("ab")
                 try:
                     child.proc = await asyncio.create_subprocess_exec(
-                        *self.command(child), stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL
+                        *self.command(child),
+                        stdout=out,
+                        stderr=out,
+                        stdin=asyncio.subprocess.DEVNULL,
+                        env=child_environment(),
                     )
                 finally:
                     if out is not None:

@@ -5,7 +5,9 @@ the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting 
 clear log line), the provider client (same budget), and under one TaskGroup: one `RemoteProvider`,
 one `Reflection` (started and stopped per twin namespace by the provider's TwinNamespace watch),
 the `CapacityFeed` of the provider's capacity estimator (unless capacity is static), and the
-`PoolManager` running one node + pod controller + kubelet API per GPU pool node. The Nodes are
+`PoolManager` running one node + pod controller + kubelet API per GPU pool node; with a metrics
+port, the Prometheus metrics of all of them (`peering.kube.metrics`, from the start, so /healthz
+answers while credentials are awaited). The Nodes are
 owned by the provider's ForeignCluster: when that is deleted (unpeer) this process removes them and
 exits; an ordinary stop (SIGTERM, crash, kill -9) leaves the Nodes and their pods in place for the
 next start to adopt.
@@ -39,6 +41,8 @@ from peering.ids import (
 from peering.kube import rest
 from peering.kube.budget import set_budget
 from peering.kube.client import api_client, client_from_dict
+from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from peering.kube.metrics import serving
 from peering.kube.watch import watch
 from peering.models import API_VERSION
 from vkprovider.app.pools import PoolManager, PoolSettings
@@ -83,8 +87,8 @@ def peering_settings(fc: dict[str, Any], settings: VirtualKubeletSettings) -> tu
 
 @dataclass(frozen=True)
 class VirtualKubeletSettings:
-    #: kubeconfig of the virtual kubelet's identity on the consumer.
-    kubeconfig: Path
+    #: kubeconfig of the virtual kubelet's identity on the consumer; None: the pod's service account.
+    kubeconfig: Path | None
     #: ClusterID of the provider behind this virtual node.
     provider: str
     #: Name of the provider's node (default gpufed-<provider>); per-product pools append the product.
@@ -116,6 +120,10 @@ class VirtualKubeletSettings:
     #: Seconds between full resyncs of reflected objects.
     reflection_resync_s: float = DEFAULT_RESYNC_S
     version: str = "v0.0.0-gpufed"
+    #: Port of the Prometheus metrics server (GET /metrics, /healthz); None: no metrics server.
+    metrics_port: int | None = None
+    #: Address the metrics server listens on.
+    metrics_host: str = DEFAULT_METRICS_HOST
 
 
 async def _cluster_id(api: Any) -> str:
@@ -152,6 +160,11 @@ def api_endpoint(server: str, translator: IPTranslator) -> tuple[str, int]:
 
 
 async def run(settings: VirtualKubeletSettings) -> None:
+    async with serving(settings.metrics_port, settings.metrics_host):
+        await _run(settings)
+
+
+async def _run(settings: VirtualKubeletSettings) -> None:
     log = structlog.get_logger().bind(node=settings.node_name, remote_cluster=settings.provider)
     async with api_client(settings.kubeconfig, settings.context) as api:
         set_budget(api, settings.qps, settings.burst)
@@ -182,7 +195,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 translator,
                 tokens,
             )
-            feed = CapacityFeed(remote_api, cfg) if capacity == "live" else None
+            feed = CapacityFeed(remote_api, cfg, remote_cluster=settings.provider) if capacity == "live" else None
             if feed is not None:
                 provider.placement = feed.can_place
             pools = PoolManager(

@@ -111,27 +111,30 @@ class Workloads:
             plural = "deployments" if obj["kind"] == "Deployment" else "services"
             url = rest.path(obj["apiVersion"], plural, obj["metadata"]["name"], namespace=ns)
             await rest.apply(self.api, url, obj, what=f"apply {obj['kind']} {ns}/{obj['metadata']['name']}")
-        components = ",".join(sorted(self.templates))
-        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY},{forge.COMPONENT_LABEL} in ({components}),{REMOTE_CLUSTER_LABEL}"
-        for api_version, plural in _KINDS:
-            existing = await rest.list_items(
-                self.api, rest.path(api_version, plural, namespace=ns), params={"labelSelector": selector}
-            )
-            for obj in existing:
-                meta = obj["metadata"]
-                kind = "Deployment" if plural == "deployments" else "Service"
-                if (kind, meta["name"]) in keys:
-                    continue
-                self._log.info(
-                    "peering gone; removing its workload",
-                    kind=kind,
-                    name=meta["name"],
-                    remote_cluster=(meta.get("labels") or {}).get(REMOTE_CLUSTER_LABEL),
+        for component in sorted(self.templates):
+            selector = f"{MANAGED_BY_LABEL}={MANAGED_BY},{forge.COMPONENT_LABEL}={component}"
+            for api_version, plural in _KINDS:
+                existing = await rest.list_items(
+                    self.api, rest.path(api_version, plural, namespace=ns), params={"labelSelector": selector}
                 )
-                with contextlib.suppress(KubeError):  # gone meanwhile, or replaced: the next sync sees it
-                    await rest.delete(
-                        self.api, rest.path(api_version, plural, meta["name"], namespace=ns), uid=meta["uid"]
-                    )
+                for obj in existing:
+                    await self._remove_unwanted(api_version, plural, obj, keys)
+
+    async def _remove_unwanted(
+        self, api_version: str, plural: str, obj: dict[str, Any], keys: set[tuple[str, str]]
+    ) -> None:
+        meta = obj["metadata"]
+        kind = "Deployment" if plural == "deployments" else "Service"
+        peer = (meta.get("labels") or {}).get(REMOTE_CLUSTER_LABEL)
+        if (kind, meta["name"]) in keys or not peer:
+            return
+        self._log.info("peering gone; removing its workload", kind=kind, name=meta["name"], remote_cluster=peer)
+        with contextlib.suppress(KubeError):  # gone meanwhile, or replaced: the next sync sees it
+            await rest.delete(
+                self.api,
+                rest.path(api_version, plural, meta["name"], namespace=self.settings.namespace),
+                uid=meta["uid"],
+            )
 
     def _on_event(self, _kind: str, _obj: dict[str, Any]) -> None:
         self._dirty.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -10,22 +11,30 @@ import typer
 from peering.controllers.identity import IdentityError
 from peering.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
 from peering.kube.client import KubeError
+from peering.kube.leader import LostLeadershipError
 from vkprovider.app.controller import (
     DEFAULT_KUBELET_PORTS,
     ControllerSettings,
     EstimatorSettings,
+    LeaderElectionSettings,
     PreflightError,
     VirtualKubeletsSettings,
     WebhookSettings,
     run,
 )
+from vkprovider.app.workloads import WorkloadSettings
 from vkprovider.cli.common import configure_logging, parse_ports, serve
 
 
 def controller(
     kubeconfig: Annotated[
-        Path, typer.Option("--kubeconfig", envvar="GPUFED_KUBECONFIG", help="kubeconfig of the controller's identity")
-    ],
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            envvar="GPUFED_KUBECONFIG",
+            help="kubeconfig of the controller's identity [default: the pod's service account]",
+        ),
+    ] = None,
     context: Annotated[
         str | None, typer.Option("--context", envvar="GPUFED_CONTEXT", help="context in the kubeconfig")
     ] = None,
@@ -45,6 +54,14 @@ def controller(
         str,
         typer.Option("--webhook-host", envvar="GPUFED_WEBHOOK_HOST", help="address the API server reaches it on"),
     ] = "127.0.0.1",
+    webhook_service: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook-service",
+            envvar="GPUFED_WEBHOOK_SERVICE",
+            help="NAMESPACE/NAME:PORT of the Service in front of the replicas (in a cluster; replaces --webhook-host)",
+        ),
+    ] = None,
     vk_kubeconfig: Annotated[
         Path | None,
         typer.Option(
@@ -79,6 +96,41 @@ def controller(
             "--estimator-host", envvar="GPUFED_ESTIMATOR_HOST", help="address it listens on (0.0.0.0: every interface)"
         ),
     ] = "127.0.0.1",
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            "--leader-elect/--no-leader-elect",
+            envvar="GPUFED_LEADER_ELECT",
+            help="elect a leader among replicas through the Lease gpufed/gpufed-controller",
+        ),
+    ] = False,
+    leader_election_id: Annotated[
+        str | None,
+        typer.Option("--leader-election-id", envvar="POD_NAME", help="this replica's identity [default: hostname]"),
+    ] = None,
+    virtual_kubelet_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--virtual-kubelet-template",
+            envvar="GPUFED_VIRTUAL_KUBELET_TEMPLATE",
+            help="run a Deployment per peered provider from this template (in a cluster)",
+        ),
+    ] = None,
+    gateway_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--gateway-template",
+            envvar="GPUFED_GATEWAY_TEMPLATE",
+            help="run a Deployment per Gateway from this template (in a cluster)",
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", envvar="GPUFED_METRICS_PORT", help="serve Prometheus /metrics on this port"),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", envvar="GPUFED_METRICS_HOST", help="address /metrics listens on")
+    ] = "0.0.0.0",  # noqa: S104 -- scraped from other pods
     estimator_address: Annotated[
         str | None,
         typer.Option(
@@ -101,16 +153,44 @@ def controller(
             )
         except EstimatorConfigError as e:
             raise typer.BadParameter(str(e)) from None
+    service = parse_service(webhook_service) if webhook_service else None
+    if webhook_service and webhook_port is None:
+        raise typer.BadParameter("--webhook-service needs --webhook-port (the port this process serves on)")
+    if metrics_port is not None and not 0 < metrics_port < 65536:
+        raise typer.BadParameter(f"--metrics-port must be 1..65535 (got {metrics_port})")
     settings = ControllerSettings(
         kubeconfig=kubeconfig,
         context=context,
         name_hint=cluster_name,
         cluster_id=cluster_id,
-        webhook=WebhookSettings(port=webhook_port, host=webhook_host),
+        webhook=WebhookSettings(port=webhook_port, host=webhook_host, service=service),
         virtual_kubelets=VirtualKubeletsSettings(
             kubeconfig=vk_kubeconfig, kubelet_ports=(first, last), node_address=node_address, log_dir=log_dir
         ),
         estimator=estimator,
+        leader_election=LeaderElectionSettings(
+            enabled=leader_elect, identity=leader_election_id or socket.gethostname()
+        ),
+        workloads=WorkloadSettings(
+            virtual_kubelet_template=virtual_kubelet_template, gateway_template=gateway_template
+        ),
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
 
-    serve(lambda: run(settings), (PreflightError, IdentityError, KubeError))
+    serve(lambda: run(settings), (PreflightError, IdentityError, KubeError, LostLeadershipError))
+
+
+def parse_service(text: str) -> tuple[str, str, int]:
+    """NAMESPACE/NAME:PORT -> (namespace, name, port), or a BadParameter that shows the form."""
+    try:
+        ref, port_text = text.rsplit(":", 1)
+        namespace, name = ref.split("/", 1)
+        port = int(port_text)
+        if not (namespace and name and 0 < port < 65536):
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(
+            f"--webhook-service must be NAMESPACE/NAME:PORT, e.g. gpufed/gpufed-webhook:443 (got {text!r})"
+        ) from None
+    return namespace, name, port

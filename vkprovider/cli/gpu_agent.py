@@ -11,6 +11,8 @@ import typer
 from peering.gpuagent.agent import DEFAULT_INTERVAL_S, GPUAgent, GPUAgentError, GPUAgentSettings
 from peering.gpuagent.nvml import NvmlReader
 from peering.kube.client import KubeError, api_client
+from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from peering.kube.metrics import MetricsServerError, serving
 from vkprovider.cli.common import configure_logging, serve
 
 #: A Node name: an RFC 1123 subdomain.
@@ -23,8 +25,13 @@ def gpu_agent(
         typer.Option("--node", envvar="GPUFED_NODE_NAME", help="the Node this agent runs on (its only write target)"),
     ],
     kubeconfig: Annotated[
-        Path, typer.Option("--kubeconfig", envvar="GPUFED_KUBECONFIG", help="kubeconfig of the agent's identity")
-    ],
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            envvar="GPUFED_KUBECONFIG",
+            help="kubeconfig of the agent's identity [default: the pod's service account]",
+        ),
+    ] = None,
     context: Annotated[
         str | None, typer.Option("--context", envvar="GPUFED_CONTEXT", help="context in the kubeconfig")
     ] = None,
@@ -33,6 +40,24 @@ def gpu_agent(
         typer.Option("--interval-s", envvar="GPUFED_GPU_AGENT_INTERVAL_S", help="seconds between NVML readings"),
     ] = DEFAULT_INTERVAL_S,
     once: Annotated[bool, typer.Option("--once", help="read and publish once, then exit")] = False,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="GPUFED_METRICS_PORT",
+            min=1,
+            max=65535,
+            help="serve Prometheus metrics on this port (GET /metrics, /healthz) [default: no metrics server]",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            envvar="GPUFED_METRICS_HOST",
+            help="address the metrics server listens on (with --metrics-port)",
+        ),
+    ] = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Publish this node's GPU model, memory, MIG layout, driver and health as labels and annotations."""
@@ -44,7 +69,7 @@ def gpu_agent(
     settings = GPUAgentSettings(node=node, interval_s=interval_s, once=once)
 
     async def run() -> None:
-        async with api_client(kubeconfig, context) as api:
+        async with serving(metrics_port, metrics_host), api_client(kubeconfig, context) as api:
             await GPUAgent(api, NvmlReader(), settings).run()
 
-    serve(run, (GPUAgentError, KubeError))
+    serve(run, (GPUAgentError, KubeError, MetricsServerError))

@@ -14,6 +14,8 @@ from netfabric import ops
 from netfabric.controllers.gateway import GatewayAgent, GatewaySettings
 from netfabric.drivers.netns import DataplaneError
 from peering.kube.client import KubeError, api_client
+from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from peering.kube.metrics import MetricsServerError, serving
 from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError
 from vkprovider.cli.common import (
     Context,
@@ -200,8 +202,13 @@ def gateway(
         str, typer.Option("--name", envvar="GPUFED_GATEWAY_NAME", help="the peer's cluster id (the Gateway's name)")
     ],
     kubeconfig: Annotated[
-        Path, typer.Option("--kubeconfig", envvar="GPUFED_KUBECONFIG", help="kubeconfig of the gateway's identity")
-    ],
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            envvar="GPUFED_KUBECONFIG",
+            help="kubeconfig of the gateway's identity [default: the pod's service account]",
+        ),
+    ] = None,
     context: Annotated[str | None, typer.Option("--context", envvar="GPUFED_CONTEXT")] = None,
     netns: Annotated[
         str | None,
@@ -214,6 +221,24 @@ def gateway(
         typer.Option("--wireguard-go", envvar="GPUFED_WIREGUARD_GO", help="wireguard-go binary (no kernel WireGuard)"),
     ] = Path("wireguard-go"),
     probe_interval: Annotated[float, typer.Option("--probe-interval", help="seconds between tunnel probes")] = 2.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="GPUFED_METRICS_PORT",
+            min=1,
+            max=65535,
+            help="serve Prometheus metrics on this port (GET /metrics, /healthz) [default: no metrics server]",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            envvar="GPUFED_METRICS_HOST",
+            help="address the metrics server listens on (with --metrics-port)",
+        ),
+    ] = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run one peering's gateway: WireGuard, prefix NAT, routes, and the Connection status."""
@@ -221,7 +246,7 @@ def gateway(
     settings = GatewaySettings(name=name, netns=netns, wireguard_go=wireguard_go, probe_interval_s=probe_interval)
 
     async def run() -> None:
-        async with api_client(kubeconfig, context) as api:
+        async with serving(metrics_port, metrics_host), api_client(kubeconfig, context) as api:
             await GatewayAgent(api, settings).run()
 
-    serve(run, (KubeError, DataplaneError))
+    serve(run, (KubeError, DataplaneError, MetricsServerError))

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from peering.kube.client import KubeError
+from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from peering.kube.metrics import MetricsServerError
 from vkprovider.app.virtual_kubelet import (
     DEFAULT_BURST,
     DEFAULT_QPS,
@@ -21,12 +23,17 @@ from vkprovider.node.servingcert import ServingCertSettings
 
 
 def virtual_kubelet(
-    kubeconfig: Annotated[
-        Path, typer.Option("--kubeconfig", envvar="GPUFED_KUBECONFIG", help="kubeconfig of the virtual kubelet")
-    ],
     provider: Annotated[
         str, typer.Option("--provider-cluster-id", envvar="GPUFED_PROVIDER", help="ClusterID of the provider")
     ],
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            envvar="GPUFED_KUBECONFIG",
+            help="kubeconfig of the virtual kubelet [default: the pod's service account]",
+        ),
+    ] = None,
     node_name: Annotated[
         str | None, typer.Option("--node-name", envvar="GPUFED_NODE_NAME", help="[default: gpufed-<provider>]")
     ] = None,
@@ -99,6 +106,24 @@ def virtual_kubelet(
             help="host:port offloaded pods use to reach this cluster's API [default: the kubeconfig's server]",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="GPUFED_METRICS_PORT",
+            min=1,
+            max=65535,
+            help="serve Prometheus metrics on this port (GET /metrics, /healthz) [default: no metrics server]",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            envvar="GPUFED_METRICS_HOST",
+            help="address the metrics server listens on (with --metrics-port)",
+        ),
+    ] = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the virtual nodes of a peered provider (the controller starts one process per provider)."""
@@ -141,6 +166,8 @@ def virtual_kubelet(
         pods=PodSettings(workers=workers, unplaced_timeout_s=unplaced_timeout or None),
         consumer_api_server=consumer_api_server,
         version=f"v{version('gpufed')}-gpufed",
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
 
-    serve(lambda: run(settings), (VirtualKubeletError, KubeError))
+    serve(lambda: run(settings), (VirtualKubeletError, KubeError, MetricsServerError))

@@ -12,6 +12,10 @@ Owns, for one Node name:
   `lease_duration_s`, which is what the node-lifecycle controller watches for liveness;
 - `remove()`: deleting the Node (on unpeer) — never on an ordinary stop, so restarts keep pods bound.
 
+Metrics (label `node`): `gpufed_node_ready` (1/0, as last written to the Node),
+`gpufed_node_allocatable{resource}` (what the Node advertises, in base units: cores, bytes, GPUs)
+and `gpufed_node_lease_renewals_total{outcome}` (ok / failed).
+
 Does not: know where resources come from (`NodeProvider.node_state`), or touch pods.
 """
 
@@ -25,11 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from prometheus_client import Counter, Gauge
 
-from peering.ids import VIRTUAL_NODE_TAINT
+from peering.ids import VIRTUAL_NODE_EXCLUSION_LABELS, VIRTUAL_NODE_TAINT
 from peering.kube import rest
 from peering.kube.client import KubeError
+from peering.kube.metrics import GaugeMap
 from peering.kube.watch import watch
+from peering.quantity import QuantityError, parse
 from vkprovider.node.provider import NodeProvider, NodeState
 
 LEASE_DURATION_S = 40
@@ -42,6 +49,20 @@ PRESSURE_CONDITIONS = (
     ("DiskPressure", "KubeletHasNoDiskPressure", "the provider has no disk pressure"),
     ("PIDPressure", "KubeletHasSufficientPID", "the provider has sufficient PIDs"),
     ("NetworkUnavailable", "RouteCreated", "the pod network of the provider is reachable"),
+)
+
+NODE_READY = Gauge("gpufed_node_ready", "Whether a virtual node is Ready (1) or not (0), as last written.", ["node"])
+NODE_ALLOCATABLE = GaugeMap(
+    Gauge(
+        "gpufed_node_allocatable",
+        "Allocatable resources a virtual node advertises, in base units (cores, bytes, GPUs, pods).",
+        ["node", "resource"],
+    )
+)
+LEASE_RENEWALS = Counter(
+    "gpufed_node_lease_renewals_total",
+    "Renewals of a virtual node's Lease, by outcome (ok, failed).",
+    ["node", "outcome"],
 )
 
 
@@ -127,6 +148,7 @@ class NodeController:
         return {
             **dict(state.labels),
             **dict(self.settings.labels),
+            **VIRTUAL_NODE_EXCLUSION_LABELS,
             "kubernetes.io/hostname": self.settings.name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
@@ -138,10 +160,9 @@ class NodeController:
             "capacity": dict(state.capacity),
             "allocatable": dict(state.allocatable),
             "conditions": conditions(state, previous, _now()),
-            "addresses": [
-                {"type": "InternalIP", "address": s.address},
-                {"type": "Hostname", "address": s.name},
-            ],
+            # Only the kubelet API's own address: no Hostname (the node's name resolves nowhere, and
+            # an API server preferring Hostname would dial it; upgrade tools would try to reach it).
+            "addresses": [{"type": "InternalIP", "address": s.address}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": s.kubelet_port}},
             "nodeInfo": {
                 "architecture": "amd64",
@@ -246,8 +267,18 @@ class NodeController:
         )
         if key != self._sent:
             self._log.info("node status", ready=state.ready, reason=state.reason, allocatable=dict(state.allocatable))
+            self._export(state)
         self._sent, self._sent_at = key, loop.time()
         self.ready.set()
+
+    def _export(self, state: NodeState) -> None:
+        name = self.settings.name
+        NODE_READY.labels(name).set(1 if state.ready else 0)
+        allocatable: dict[str, float] = {}
+        for resource, quantity in state.allocatable.items():
+            with contextlib.suppress(QuantityError):
+                allocatable[resource] = float(parse(quantity))
+        NODE_ALLOCATABLE.set(allocatable, name)
 
     async def _register(self, state: NodeState) -> dict[str, Any]:
         try:
@@ -291,9 +322,11 @@ class NodeController:
             try:
                 await self.renew_lease()
                 delay = self.settings.lease_renew_s
+                LEASE_RENEWALS.labels(self.settings.name, "ok").inc()
             except KubeError as e:
                 self._log.warning("lease not renewed", error=str(e))
                 delay = min(self.settings.lease_renew_s, 2.0)
+                LEASE_RENEWALS.labels(self.settings.name, "failed").inc()
             await asyncio.sleep(delay)
 
     async def renew_lease(self) -> None:
@@ -330,3 +363,6 @@ class NodeController:
         """Delete the Node (its Lease goes with it by garbage collection)."""
         await rest.delete(self.api, self._path, what=f"delete node {self.settings.name}")
         self._log.info("node removed")
+        with contextlib.suppress(KeyError):  # never exported (prometheus-client < 0.21 raises then)
+            NODE_READY.remove(self.settings.name)
+        NODE_ALLOCATABLE.remove(self.settings.name)

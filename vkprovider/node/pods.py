@@ -22,6 +22,12 @@ Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, b
   reason, a DisruptionTarget condition and a Warning Event — so that its Job/ReplicaSet creates a
   replacement the scheduler can put elsewhere.
 
+Metrics (label `node`): `gpufed_offloaded_pods{phase}` (local pods bound to the node by their
+local phase; kept per watch event, O(1) each), `gpufed_offload_latency_seconds{stage}` (from the
+first sight of a pod that is not yet running to its twin being created, stage "created", and to
+its local status first saying Running, stage "running"; a pod already past a stage when first seen,
+e.g. adopted after a restart, is not observed for it) and `gpufed_pods_failed_back_total{reason}`.
+
 Does not: know the provider (see `provider.PodProvider`), schedule, or touch pods of other nodes.
 """
 
@@ -35,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from prometheus_client import Counter, Gauge, Histogram
 
 from peering.kube import events, rest
 from peering.kube.client import KubeError
@@ -58,6 +65,22 @@ COMPONENT = "gpufed-virtual-kubelet"
 DEFAULT_UNPLACED_TIMEOUT_S = 120.0
 
 Key = tuple[str, str]
+
+OFFLOAD_LATENCY = Histogram(
+    "gpufed_offload_latency_seconds",
+    "Seconds from the pod controller first seeing a pod to its twin being created at the provider"
+    ' (stage="created") and to the pod reported Running (stage="running").',
+    ["node", "stage"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)
+OFFLOADED_PODS = Gauge(
+    "gpufed_offloaded_pods", "Local pods bound to a virtual node, by their local phase.", ["node", "phase"]
+)
+FAILED_BACK = Counter(
+    "gpufed_pods_failed_back_total",
+    "Pods failed locally because the provider cannot or did not place them (so they can be scheduled elsewhere).",
+    ["node", "reason"],
+)
 
 
 @dataclass(frozen=True)
@@ -98,16 +121,56 @@ class PodController:
         #: the node can lower what it advertises before the scheduler sees the resources free.
         self.releasing: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None
         self._log = structlog.get_logger().bind(node=node)
+        #: Local phase of every known pod (what `gpufed_offloaded_pods` counts).
+        self._phases: dict[Key, str] = {}
+        #: UID -> (monotonic time first seen, twin creation observed) of pods not yet seen running.
+        self._offloading: dict[str, tuple[float, bool]] = {}
+
+    def _count(self, key: Key, phase: str | None) -> None:
+        """Move `key` from its previous phase's count to `phase`'s (None: it is gone)."""
+        before = self._phases.pop(key, None)
+        if before == phase:
+            if phase is not None:
+                self._phases[key] = phase
+            return
+        if before is not None:
+            OFFLOADED_PODS.labels(self.node, before).dec()
+        if phase is not None:
+            self._phases[key] = phase
+            OFFLOADED_PODS.labels(self.node, phase).inc()
+
+    def _observe(self, uid: str, stage: str) -> None:
+        """Offload latency of `uid` up to `stage`, once per pod and stage."""
+        seen = self._offloading.get(uid)
+        if seen is None:
+            return
+        first, created = seen
+        if stage == "created" and created:
+            return
+        OFFLOAD_LATENCY.labels(self.node, stage).observe(time.monotonic() - first)
+        if stage == "running":
+            del self._offloading[uid]
+        else:
+            self._offloading[uid] = (first, True)
 
     def _on_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
+        uid = meta.get("uid")
         if kind == "DELETED":
             self.pods.pop(key, None)
-            self._finished.discard(meta.get("uid"))
-            self._failing.pop(meta.get("uid"), None)
+            self._finished.discard(uid)
+            self._failing.pop(uid, None)
+            self._offloading.pop(uid, None)
+            self._count(key, None)
         else:
             self.pods[key] = obj
+            phase = str((obj.get("status") or {}).get("phase") or "Pending")
+            self._count(key, phase)
+            if phase == "Pending" and uid and uid not in self._offloading and not meta.get("deletionTimestamp"):
+                self._offloading[uid] = (time.monotonic(), False)
+            elif phase != "Pending":
+                self._offloading.pop(uid, None)
         self.queue.add(key)
         for listener in self.listeners:
             listener()
@@ -134,6 +197,14 @@ class PodController:
         self.queue.add((namespace, name))
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            # This node's pods are no longer counted here (e.g. a drained pool node stops).
+            for key in list(self._phases):
+                self._count(key, None)
+
+    async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.provider.run(self._notify))
             tg.create_task(
@@ -189,9 +260,12 @@ class PodController:
             await self.provider.update_pod(pod, twin)
         patch = self.provider.pod_status(pod, twin)
         if status_differs(patch, pod):
-            if (patch.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            phase = (patch.get("status") or {}).get("phase")
+            if phase in TERMINAL_PHASES:
                 await self._release(pod)
             await self._patch_status(pod, patch)
+            if phase == "Running":
+                self._observe(uid, "running")
         return await self._check_placed(pod, twin)
 
     async def _release(self, pod: Mapping[str, Any]) -> None:
@@ -229,6 +303,7 @@ class PodController:
         await self._patch_status(pod, failed_back_status(pod, now=_now(), reason=reason, message=message))
         await events.emit(self.api, pod, type_="Warning", reason=reason, message=message, component=COMPONENT)
         self._failing.pop(meta["uid"], None)
+        FAILED_BACK.labels(self.node, reason).inc()
         self._log.info("pod failed back", namespace=namespace, pod=name, reason=reason)
         return None
 
@@ -252,6 +327,7 @@ class PodController:
             if not e.retry:
                 return None
             return float(min(self.settings.max_retry_s, 2 ** min(n, 10) * 0.5))
+        self._observe(pod["metadata"]["uid"], "created")
         if self._refusals.pop(key, None) is not None:
             await self._patch_status(pod, {"status": {"reason": None, "message": None}})
         self._log.debug("twin created", namespace=namespace, pod=name)

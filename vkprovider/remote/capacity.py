@@ -9,6 +9,10 @@ for the pod controller's fail-back check.
 A provider without an estimator (no ConfigMap `gpufed/gpufed-estimator`) is not an error: the feed
 says so once and keeps looking every `retry_max_s`.
 
+Metrics (label `remote_cluster` = the provider): `gpufed_capacity_stream_up` (1 while the Watch
+stream delivers, 0 while it is down) and `gpufed_capacity_snapshot_timestamp_seconds` (Unix time
+the latest snapshot or heartbeat arrived: `time() - x` is its age).
+
 Does not: decide what a pool advertises (forge.pools) or fail pods (vkprovider.node).
 """
 
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from prometheus_client import Gauge
 
 from peering.capacity import Placement, Snapshot, shape_of
 from peering.estimator.client import EstimatorClient, EstimatorError, from_provider
@@ -34,6 +39,17 @@ STALE_AFTER_S = 30.0
 #: Seconds the virtual kubelet waits for a first snapshot before it plans its pools without one.
 FIRST_SNAPSHOT_WAIT_S = 5.0
 
+STREAM_UP = Gauge(
+    "gpufed_capacity_stream_up",
+    "Whether the provider's capacity estimator stream delivers snapshots (1) or is down (0).",
+    ["remote_cluster"],
+)
+SNAPSHOT_TIMESTAMP = Gauge(
+    "gpufed_capacity_snapshot_timestamp_seconds",
+    "Unix time the latest capacity snapshot (or heartbeat) from the provider's estimator arrived.",
+    ["remote_cluster"],
+)
+
 
 @dataclass(frozen=True)
 class FeedSettings:
@@ -43,10 +59,19 @@ class FeedSettings:
 
 
 class CapacityFeed:
-    def __init__(self, remote_api: Any, kubeconfig: Mapping[str, Any], settings: FeedSettings | None = None) -> None:
+    def __init__(
+        self,
+        remote_api: Any,
+        kubeconfig: Mapping[str, Any],
+        settings: FeedSettings | None = None,
+        *,
+        remote_cluster: str = "",
+    ) -> None:
         self.remote = remote_api
         self.kubeconfig = kubeconfig
         self.settings = settings or FeedSettings()
+        self._up = STREAM_UP.labels(remote_cluster)
+        self._received = SNAPSHOT_TIMESTAMP.labels(remote_cluster)
         self._snapshot: Snapshot | None = None
         #: Monotonic time the latest snapshot arrived.
         self.received_at = 0.0
@@ -92,6 +117,8 @@ class CapacityFeed:
                             async for snap in client.watch():
                                 self._snapshot, self._down_since = snap, None
                                 self.received_at = time.monotonic()
+                                self._up.set(1)
+                                self._received.set(time.time())
                                 delay = self.settings.retry_s
                                 if told is not None:
                                     self._log.info("capacity estimator answers again")
@@ -104,6 +131,7 @@ class CapacityFeed:
                         self.why = "the capacity estimator closed its stream"
                 except EstimatorError as e:
                     self.why = f"the capacity estimator does not answer: {e}"
+                self._up.set(0)
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                 if told != self.why:
