@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import incluster_config as incluster
@@ -64,7 +65,7 @@ async def api_client(kubeconfig: Path | None, context: str | None = None) -> Asy
             api = client.ApiClient(configuration)
         else:
             api = await config.new_client_from_config(config_file=str(kubeconfig), context=context)
-    except (OSError, config.ConfigException) as e:
+    except (OSError, config.ConfigException, yaml.YAMLError) as e:
         if kubeconfig is None:
             raise KubeError(f"no kubeconfig given and not running in a pod (in-cluster configuration: {e})") from e
         raise KubeError(f"cannot load kubeconfig {kubeconfig} (context {context or 'current'}): {e}") from e

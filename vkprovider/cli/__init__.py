@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from vkprovider.cli import controller, local, network, offload, pool, virtual_kubelet
+from vkprovider.cli import controller, doctor, local, network, offload, pool, virtual_kubelet
 from vkprovider.cli import peer as peering_cmds
 from vkprovider.cli.gpu_agent import gpu_agent
 
@@ -29,6 +29,7 @@ app.command(name="offload-namespace")(offload.offload_namespace)
 app.command(name="unoffload-namespace")(offload.unoffload_namespace)
 app.command(name="gpu-agent")(gpu_agent)
 app.command(name="pool")(pool.pool)
+app.command(name="doctor")(doctor.doctor)
 
 
 @app.command()

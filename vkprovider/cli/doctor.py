@@ -1,0 +1,99 @@
+"""`gpufed doctor`: flags -> `vkprovider.app.doctor`, the report as a rich table or JSON on stdout.
+
+Exit codes: 0 when every check is OK or WARN, 1 when any FAILs or the cluster cannot be read
+(a one-line error, no traceback), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from peering.ids import parse_cluster_id
+from vkprovider.app.doctor import (
+    DEFAULT_CHECK_TIMEOUT_S,
+    DEFAULT_UNDERLAY_MTU,
+    THIS_CLUSTER,
+    DoctorError,
+    DoctorSettings,
+    Report,
+)
+from vkprovider.app.doctor import doctor as run_doctor
+from vkprovider.cli.common import Context, Kubeconfig, Output, check_output, fail, run_op
+
+_COLOR = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
+
+
+def render(report: Report, console: Console) -> None:
+    roles = {p.cluster_id: p.role for p in report.peers}
+    t = Table(title=f"gpufed doctor: cluster {report.cluster_id or '?'} ({report.api_server})")
+    for col in ("peer", "check", "status", "finding", "fix"):
+        t.add_column(col, overflow="fold")
+    last_peer: str | None = None
+    for c in report.checks:
+        if c.peer == THIS_CLUSTER:
+            peer = "(this cluster)"
+        else:
+            peer = f"{c.peer} ({roles[c.peer]})" if c.peer in roles else c.peer
+        t.add_row(
+            escape(peer) if peer != last_peer else "",
+            c.name,
+            f"[{_COLOR[c.status]}]{c.status}[/]",
+            escape(c.finding),
+            escape(c.fix),
+        )
+        last_peer = peer
+    console.print(t)
+    counts = {s: sum(1 for c in report.checks if c.status == s) for s in ("OK", "WARN", "FAIL")}
+    console.print(
+        f"[{_COLOR[report.status]}]{report.status}[/]: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + ("" if report.peers else " (no peering checked)")
+    )
+
+
+def doctor(
+    kubeconfig: Kubeconfig,
+    context: Context = None,
+    remote_cluster_id: Annotated[
+        str | None, typer.Option("--remote-cluster-id", help="check only this peer [default: every peering]")
+    ] = None,
+    output: Output = "table",
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds each check may take (they run side by side)")
+    ] = DEFAULT_CHECK_TIMEOUT_S,
+    underlay_mtu: Annotated[
+        int, typer.Option("--underlay-mtu", help="MTU of the network between the gateways, to judge the tunnel MTU")
+    ] = DEFAULT_UNDERLAY_MTU,
+) -> None:
+    """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
+    tunnel, webhook, estimator) and say what is wrong and how to fix it."""
+    check_output(output)
+    if timeout <= 0:
+        raise fail("--timeout must be a positive number of seconds", code=2)
+    if not 576 <= underlay_mtu <= 65535:
+        raise fail("--underlay-mtu must be 576..65535", code=2)
+    if remote_cluster_id is not None:
+        try:
+            parse_cluster_id(remote_cluster_id)
+        except ValueError as e:
+            raise fail(f"--remote-cluster-id: {e}", code=2) from None
+    settings = DoctorSettings(
+        kubeconfig=kubeconfig,
+        context=context,
+        remote_cluster_id=remote_cluster_id,
+        check_timeout_s=timeout,
+        underlay_mtu=underlay_mtu,
+    )
+    report = run_op(run_doctor(settings), (DoctorError,))
+    if output == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render(report, Console())  # the report is the command's output: stdout, like -o json
+    if report.failed:
+        raise typer.Exit(1)
