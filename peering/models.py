@@ -10,7 +10,7 @@ fails when the files drift from the models.
 
 Version skew: reading ignores fields it does not know (`extra="ignore"`), so a component one
 version behind reads objects a newer peer or controller wrote (new optional fields) instead of
-failing; the API server's structural schemas are what reject unknown fields on writes. New fields
+failing; on writes the API server's structural schemas prune fields it does not know. New fields
 are always optional with a default, and a field is never removed or retyped within `v1alpha1`.
 
 Pure: no I/O except `main` writing the files it is asked to.
