@@ -83,6 +83,25 @@ Kubeconfig = Annotated[
 Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
 Output = Annotated[str, typer.Option("-o", "--output", help="table or json")]
+#: The Prometheus metrics server every long-running verb offers (peering.kube.metrics).
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        envvar="GPUFED_METRICS_PORT",
+        min=1,
+        max=65535,
+        help="serve Prometheus metrics on this port (GET /metrics, /healthz); unset: no metrics server",
+    ),
+]
+MetricsHost = Annotated[
+    str,
+    typer.Option(
+        "--metrics-host",
+        envvar="GPUFED_METRICS_HOST",
+        help="address the metrics server listens on (with --metrics-port)",
+    ),
+]
 
 
 def check_output(output: str) -> None:

@@ -12,6 +12,7 @@ from peering.controllers.identity import IdentityError
 from peering.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
 from peering.kube.client import KubeError
 from peering.kube.leader import LostLeadershipError
+from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from vkprovider.app.controller import (
     DEFAULT_KUBELET_PORTS,
     ControllerSettings,
@@ -23,7 +24,7 @@ from vkprovider.app.controller import (
     run,
 )
 from vkprovider.app.workloads import WorkloadSettings
-from vkprovider.cli.common import configure_logging, parse_ports, serve
+from vkprovider.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
 
 
 def controller(
@@ -124,13 +125,8 @@ def controller(
             help="run a Deployment per Gateway from this template (in a cluster)",
         ),
     ] = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option("--metrics-port", envvar="GPUFED_METRICS_PORT", help="serve Prometheus /metrics on this port"),
-    ] = None,
-    metrics_host: Annotated[
-        str, typer.Option("--metrics-host", envvar="GPUFED_METRICS_HOST", help="address /metrics listens on")
-    ] = "0.0.0.0",  # noqa: S104 -- scraped from other pods
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
     estimator_address: Annotated[
         str | None,
         typer.Option(
@@ -156,8 +152,6 @@ def controller(
     service = parse_service(webhook_service) if webhook_service else None
     if webhook_service and webhook_port is None:
         raise typer.BadParameter("--webhook-service needs --webhook-port (the port this process serves on)")
-    if metrics_port is not None and not 0 < metrics_port < 65536:
-        raise typer.BadParameter(f"--metrics-port must be 1..65535 (got {metrics_port})")
     settings = ControllerSettings(
         kubeconfig=kubeconfig,
         context=context,

@@ -13,7 +13,7 @@ from peering.gpuagent.nvml import NvmlReader
 from peering.kube.client import KubeError, api_client
 from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from peering.kube.metrics import MetricsServerError, serving
-from vkprovider.cli.common import configure_logging, serve
+from vkprovider.cli.common import MetricsHost, MetricsPort, configure_logging, serve
 
 #: A Node name: an RFC 1123 subdomain.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -40,24 +40,8 @@ def gpu_agent(
         typer.Option("--interval-s", envvar="GPUFED_GPU_AGENT_INTERVAL_S", help="seconds between NVML readings"),
     ] = DEFAULT_INTERVAL_S,
     once: Annotated[bool, typer.Option("--once", help="read and publish once, then exit")] = False,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            envvar="GPUFED_METRICS_PORT",
-            min=1,
-            max=65535,
-            help="serve Prometheus metrics on this port (GET /metrics, /healthz) [default: no metrics server]",
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            "--metrics-host",
-            envvar="GPUFED_METRICS_HOST",
-            help="address the metrics server listens on (with --metrics-port)",
-        ),
-    ] = DEFAULT_METRICS_HOST,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Publish this node's GPU model, memory, MIG layout, driver and health as labels and annotations."""

@@ -20,6 +20,8 @@ from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError
 from vkprovider.cli.common import (
     Context,
     Kubeconfig,
+    MetricsHost,
+    MetricsPort,
     Output,
     Report,
     Timeout,
@@ -221,24 +223,8 @@ def gateway(
         typer.Option("--wireguard-go", envvar="GPUFED_WIREGUARD_GO", help="wireguard-go binary (no kernel WireGuard)"),
     ] = Path("wireguard-go"),
     probe_interval: Annotated[float, typer.Option("--probe-interval", help="seconds between tunnel probes")] = 2.0,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            envvar="GPUFED_METRICS_PORT",
-            min=1,
-            max=65535,
-            help="serve Prometheus metrics on this port (GET /metrics, /healthz) [default: no metrics server]",
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            "--metrics-host",
-            envvar="GPUFED_METRICS_HOST",
-            help="address the metrics server listens on (with --metrics-port)",
-        ),
-    ] = DEFAULT_METRICS_HOST,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run one peering's gateway: WireGuard, prefix NAT, routes, and the Connection status."""

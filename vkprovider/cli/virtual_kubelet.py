@@ -17,7 +17,7 @@ from vkprovider.app.virtual_kubelet import (
     VirtualKubeletSettings,
     run,
 )
-from vkprovider.cli.common import configure_logging, parse_ports, serve
+from vkprovider.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
 from vkprovider.node.pods import DEFAULT_UNPLACED_TIMEOUT_S, PodSettings
 from vkprovider.node.servingcert import ServingCertSettings
 
@@ -106,24 +106,8 @@ def virtual_kubelet(
             help="host:port offloaded pods use to reach this cluster's API [default: the kubeconfig's server]",
         ),
     ] = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            envvar="GPUFED_METRICS_PORT",
-            min=1,
-            max=65535,
-            help="serve Prometheus metrics on this port (GET /metrics, /healthz) [default: no metrics server]",
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            "--metrics-host",
-            envvar="GPUFED_METRICS_HOST",
-            help="address the metrics server listens on (with --metrics-port)",
-        ),
-    ] = DEFAULT_METRICS_HOST,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the virtual nodes of a peered provider (the controller starts one process per provider)."""
