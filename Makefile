@@ -14,7 +14,7 @@ BENCH_ARGS ?=
 .PHONY: help venv binaries deps lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo bench clean
 
 help:
-	@echo "make demo       create the venv, build the clusters from source, peer them, offload a namespace, run a GPU Job"
+	@echo "make demo       build the clusters from source, peer them (with tunnels), offload a namespace, GPU Job + Service, clean up"
 	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
 	@echo "make bench      benchmarks on dedicated local clusters -> docs/benchmarks.md (BENCH_ARGS='--pods 100,500')"
 	@echo "other targets:  venv binaries deps lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
@@ -62,34 +62,8 @@ clusters-status: venv
 	$(GPUFED) local status
 
 demo: clusters-up
-	@set -e; export KUBECONFIG=$(GPUFED_LOCAL_DIR)/kubeconfig; \
-	for ctx in $$($(BIN)/kubectl config get-contexts -o name); do \
-	  echo; echo "=== $$ctx: kubectl get nodes -L nvidia.com/gpu.product"; \
-	  $(BIN)/kubectl --context $$ctx get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count; \
-	done; \
-	echo; $(GPUFED) local status; \
-	echo; echo "=== peering the consumer with gpu-a (8 GPUs) and gpu-b (4 A100s)"; \
-	$(GPUFED) peer --kubeconfig $$KUBECONFIG --context consumer --remote-kubeconfig $$KUBECONFIG --remote-context gpu-a --gpus 8; \
-	$(GPUFED) peer --kubeconfig $$KUBECONFIG --context consumer --remote-kubeconfig $$KUBECONFIG --remote-context gpu-b \
-	  --gpus 4 --gpu-product NVIDIA-A100-SXM4-40GB; \
-	echo; $(GPUFED) info --kubeconfig $$KUBECONFIG --context consumer; \
-	echo; $(BIN)/kubectl --context consumer get rslice -n gpufed; \
-	echo; echo "=== one virtual node per provider"; \
-	$(BIN)/kubectl --context consumer wait --for=condition=Ready node -l gpufed.io/type=virtual-node --timeout=60s >/dev/null; \
-	$(BIN)/kubectl --context consumer get nodes -L gpufed.io/remote-cluster-id -L nvidia.com/gpu.product; \
-	echo; echo "=== offloading namespace team-a"; \
-	$(BIN)/kubectl --context consumer create namespace team-a --dry-run=client -o yaml | $(BIN)/kubectl --context consumer apply -f - >/dev/null; \
-	$(GPUFED) offload-namespace team-a --kubeconfig $$KUBECONFIG --context consumer; \
-	echo; echo "=== kubectl create -f deploy/examples/gpu-job.yaml (3 completions x 2 GPUs)"; \
-	$(BIN)/kubectl --context consumer delete job train -n team-a --ignore-not-found >/dev/null; \
-	$(BIN)/kubectl --context consumer create -f deploy/examples/gpu-job.yaml; \
-	$(BIN)/kubectl --context consumer wait --for=condition=Complete job/train -n team-a --timeout=120s; \
-	$(BIN)/kubectl --context consumer get pods -n team-a -o wide; \
-	echo; echo "=== kubectl logs job/train: served by the virtual node's kubelet API, read from the provider"; \
-	$(BIN)/kubectl --context consumer logs -n team-a job/train --timestamps; \
-	echo; echo "=== the same pods, as twins on the providers"; \
-	for ctx in gpu-a gpu-b; do $(BIN)/kubectl --context $$ctx get pods -A -l gpufed.io/origin-cluster-id -o wide; done; \
-	echo; echo "Clusters keep running: export KUBECONFIG=$$KUBECONFIG; 'make clusters-down' stops them."
+	$(GPUFED) local demo $(DEMO_ARGS)
+	@echo; echo "Clusters keep running: export KUBECONFIG=$(GPUFED_LOCAL_DIR)/kubeconfig; 'make clusters-down' stops them."
 
 bench: venv binaries
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)

@@ -1,7 +1,7 @@
-"""`gpufed local up|down|status`: the local multi-cluster environment.
+"""`gpufed local up|down|status|demo`: the local multi-cluster environment.
 
 Flags and GPUFED_* environment variables map onto `LocalSettings` and the topology here; the work
-is done by `vkprovider.localenv.launcher`.
+is done by `vkprovider.localenv.launcher` (and, for `demo`, the story in `vkprovider.app.demo`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vkprovider.app.demo import DEFAULT_NAMESPACE, DemoSettings, run_demo
 from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment, LocalSettings
 from vkprovider.localenv.topology import (
     DEFAULT_BASE_PORT,
@@ -186,3 +187,35 @@ def status(
         Console().print(table)
     if not all(s.healthy for s in statuses):
         raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    state_dir: StateDir = None,
+    bin_dir: BinDir = None,
+    namespace: Annotated[str, typer.Option(help="The consumer namespace to offload")] = DEFAULT_NAMESPACE,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Do not clean up: leave the peerings, the namespace and its workloads")
+    ] = False,
+    no_network: Annotated[
+        bool, typer.Option("--no-network", help="Skip the network steps (tunnels, the request through the Service)")
+    ] = False,
+    base_port: Annotated[
+        int, typer.Option(help="First loopback port, when no environment runs in the state directory yet")
+    ] = DEFAULT_BASE_PORT,
+) -> None:
+    """The whole story, narrated and timed: clusters, peering (network included), offloading, a GPU Job,
+    a Deployment and Service reached through the tunnels, the pool, clean-up. Exit 1 when a step fails."""
+    settings = _settings(state_dir, bin_dir)
+    running = (settings.state_dir / "state.json").exists()
+    env = LocalEnvironment(settings, _running_topology(settings) if running else default_topology(base_port=base_port))
+    opts = DemoSettings(namespace=namespace, keep=keep, network=not no_network)
+    try:
+        code = asyncio.run(run_demo(env, opts, sys.stdout))
+    except KeyboardInterrupt:
+        console.print(
+            "[bold red]interrupted[/]: the demo's own processes and network namespaces are gone, its objects may "
+            "remain in the clusters; run `gpufed local demo` again to finish and clean up"
+        )
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)

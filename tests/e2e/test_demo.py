@@ -1,0 +1,101 @@
+"""`gpufed local demo` end to end, against the session's clusters, as `make demo` runs it.
+
+The demo runs as a subprocess with this session's state and bin dirs. It must exit 0; every step's
+header and timing must be printed, and the summary table; the requests through the Service must be
+answered by the Deployment's offloaded pods (real HTTP servers at the twins' pod IPs, reached through
+the WireGuard tunnels); and its clean-up must leave nothing behind, so that the modules after this one
+start from clean clusters. The network steps need root, /dev/net/tun, ip, nft and unshare: without
+them the demo skips them loudly, and this module FAILS saying why (CI has them), after checking the
+rest of the story.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import REPO, Clusters
+from tests.e2e.helpers import leftovers
+from vkprovider.app.demo import APP, DEFAULT_NAMESPACE, Demo, DemoSettings, Narrator
+from vkprovider.localenv.podnet import NS_PREFIX, missing_requirements
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _gateway_agents(kubeconfig: Path) -> list[int]:
+    """Pids of `gpufed gateway` processes that point at this environment."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"vkprovider.cli\x00gateway\x00" in cmdline and str(kubeconfig).encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_make_demo_tells_the_whole_story_and_cleans_up(clusters: Clusters) -> None:
+    missing = missing_requirements(clusters.env.binary("wireguard-go"))
+    env = {**os.environ, "COLUMNS": "200", "PATH": f"{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"}
+    env.pop("KUBECONFIG", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vkprovider.cli", "local", "demo",
+         "--state-dir", str(clusters.env.state_dir), "--bin-dir", str(clusters.env.settings.bin_dir)],
+        capture_output=True, text=True, timeout=840, check=False, cwd=REPO, env=env,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    print(text)  # the whole narration, for the report of a failure
+    assert proc.returncode == 0, text[-3000:]
+
+    # every step: its header, its outcome with seconds, its row in the summary
+    steps = Demo(clusters.env, DemoSettings(), Narrator(io.StringIO())).steps()
+    total = len(steps)
+    summary = text[text.index("━━━ Summary") :]
+    for n, step in enumerate(steps, start=1):
+        skipped = bool(missing) and step.network
+        if skipped:
+            assert f"Step {n}/{total} ({step.title}) skipped: network steps skipped" in text
+            continue
+        assert f"━━━ Step {n}/{total} · {step.title} " in text, step.title
+        assert re.search(rf"✓ Step {n}/{total} ok in \d+\.\d s", text), step.title
+        assert re.search(rf"^\s*{n}\s+{re.escape(step.title)}\s+ok\s+\d+\.\d$", summary, re.M), step.title
+    assert re.search(r"^\s+total\s+\d+\.\d$", summary, re.M)
+    assert "demo OK" in text and "DEMO FAILED" not in text
+    assert "The clusters keep running" in text
+
+    if not missing:
+        # The requests through the Service were answered by the Deployment's pods, which ran on virtual
+        # nodes (the demo's `kubectl get pods -o wide` lists them there), from the twins' real pod IPs.
+        answers = [json.loads(line.split("│", 1)[1]) for line in text.splitlines() if '"answeredBy"' in line]
+        assert answers, "no answer through the Service"
+        pods = {a["answeredBy"] for a in answers}
+        assert len(pods) == 2, pods  # round-robin over both replicas
+        for a in answers:
+            ns, pod = a["answeredBy"].split("/")
+            assert ns == DEFAULT_NAMESPACE and pod.startswith(f"{APP}-"), a
+            assert a["runsOn"] in ("gpu-a", "gpu-b"), a
+            listed = [line for line in text.splitlines() if line.strip("│ ").startswith(pod) and "gpufed-" in line]
+            assert listed, f"{pod} is not listed on a virtual node"
+            # the consumer pod is seen at its remapped address, never at its own
+            assert a["clientSeenAs"] != "10.244.1.10" and a["clientSeenAs"].startswith("10."), a
+
+    # Nothing of the demo is left: later modules start from clean clusters.
+    assert leftovers(clusters) == []
+    got = clusters.kubectl("consumer", "get", "namespace", DEFAULT_NAMESPACE, check=False)
+    assert got.returncode != 0 and "NotFound" in got.stderr
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    assert not [line for line in netns.splitlines() if line.startswith(NS_PREFIX)], netns
+    assert _gateway_agents(clusters.kubeconfig) == []
+
+    if missing:
+        pytest.fail("the demo's network steps could not run on this machine: " + "; ".join(missing), pytrace=False)
