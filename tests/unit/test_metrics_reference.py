@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from vkprovider.app import metricsdoc
+from vkprovider.cli import metricsdoc
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / metricsdoc.DEFAULT_PATH
 DASHBOARD = REPO / "deploy" / "grafana" / "gpufed-dashboard.json"
-REGENERATE = "run `.venv/bin/python -m vkprovider.app.metricsdoc` (writes docs/reference/metrics.md)"
+REGENERATE = "run `.venv/bin/python -m vkprovider.cli.metricsdoc` (writes docs/reference/metrics.md)"
 NAME = re.compile(r"\bgpufed_[a-z_]+\b")
 
 

@@ -134,6 +134,26 @@ async def test_the_reconciler_follows_peered_providers(tmp_path: Path) -> None:
         assert delete.body["preconditions"]["uid"] == owner["metadata"]["uid"]
 
 
+async def test_client_side_gateways_get_no_service(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    gw_deployment = {**DEPLOYMENT, "metadata": {"name": "gpufed-gateway"}}
+    gw_deployment["spec"] = {"template": {"spec": {"containers": [{"name": "gateway", "image": "gpufed:0.1.0"}]}}}
+    path.write_text(yaml.safe_dump_all([gw_deployment, {**SERVICE, "metadata": {"name": "gpufed-gateway"}}]))
+
+    def gateway(name: str, role: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "gpufed"}, "spec": {"role": role}}
+
+    async with serve() as (server, api):
+        server.create("gateways", gateway("consumer-x", "Server"), API_VERSION)
+        server.create("gateways", gateway("gpu-a", "Client"), API_VERSION)
+        workloads = Workloads(api, WorkloadSettings(gateway_template=path))
+        await workloads.sync()
+        deployments = {d["metadata"]["name"] for d in server.items("deployments", "gpufed")}
+        assert deployments == {"gpufed-gateway-consumer-x", "gpufed-gateway-gpu-a"}
+        services = {d["metadata"]["name"] for d in server.items("services", "gpufed")}
+        assert services == {"gpufed-gateway-consumer-x"}, "only the listening (Server) gateway needs a Service"
+
+
 # ---- the chart's copies and the image recipe
 
 

@@ -100,7 +100,8 @@ class Workloads:
             for gw in await rest.list_items(self.api, rest.path(API_VERSION, "gateways", namespace=ns)):
                 if not gw["metadata"].get("deletionTimestamp"):
                     owner = forge.owner_reference(API_VERSION, "Gateway", gw)
-                    out += forge.render(self.templates[GATEWAY], gw["metadata"]["name"], ns, owner)
+                    listens = (gw.get("spec") or {}).get("role") != "Client"
+                    out += forge.render(self.templates[GATEWAY], gw["metadata"]["name"], ns, owner, services=listens)
         return out
 
     async def sync(self) -> None:

@@ -14,12 +14,13 @@ Does not: define or change the CRDs (`python -m peering.models deploy/crds` does
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from vkprovider.cli.gendoc import write_page
 
 CRD_DIR = Path("deploy/crds")
 DEFAULT_PATH = Path("docs/reference/crds.md")
@@ -254,11 +255,7 @@ def render(directory: Path = CRD_DIR) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0]) if args else DEFAULT_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
-    print(f"wrote {path} ({len(crds())} CRDs)")
+    write_page(argv, DEFAULT_PATH, render, f"{len(crds())} CRDs")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ rendering (help texts are printed as written), commands sorted by their full nam
 and options, and every command's `--help`, are left out.
 
 Does not: define commands or flags (see the verb modules of `vkprovider.cli`), or document the CRDs
-(`vkprovider.cli.crdref`) or the metrics (`vkprovider.app.metricsdoc`).
+(`vkprovider.cli.crdref`) or the metrics (`vkprovider.cli.metricsdoc`).
 """
 
 from __future__ import annotations
 
 import enum
 import inspect
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,8 @@ import typer.main
 # (a TyperGroup for the app), not a `click.Group`, so the tree is walked with typer's classes.
 from typer._click import Command, Context, Parameter
 from typer.core import TyperArgument, TyperGroup, TyperOption
+
+from vkprovider.cli.gendoc import write_page
 
 DEFAULT_PATH = Path("docs/reference/cli.md")
 REGENERATE = ".venv/bin/python -m vkprovider.cli.refdoc"
@@ -231,11 +232,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0]) if args else DEFAULT_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
-    print(f"wrote {path} ({len(commands())} commands)")
+    write_page(argv, DEFAULT_PATH, render, f"{len(commands())} commands")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ ClusterID (shortened with a hash past Kubernetes' 63-character limit), the label
 `gpufed.io/remote-cluster-id=<peer>` on the object, the Deployment's selector and pod template,
 the Services' selectors pointing at those pods, the peer passed to the named container as an
 environment variable, and an owner reference to the peering's object (garbage collection removes
-the workload with its peering).
+the workload with its peering). A client-side gateway gets no Service.
 
 Does not: read templates from disk or talk to an API server (vkprovider.app.workloads does).
 """
@@ -82,11 +82,19 @@ def selector(component: str, peer: str) -> dict[str, str]:
     return {COMPONENT_LABEL: component, REMOTE_CLUSTER_LABEL: peer}
 
 
-def render(template: Template, peer: str, namespace: str, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The objects `peer` needs, ready for server-side apply in `namespace`."""
+def render(
+    template: Template, peer: str, namespace: str, owner: Mapping[str, Any], *, services: bool = True
+) -> list[dict[str, Any]]:
+    """The objects `peer` needs, ready for server-side apply in `namespace`.
+
+    `services=False` leaves the template's Services out: a client-side gateway dials its peer and
+    needs no address of its own (a LoadBalancer for it would only cost money and expose a port).
+    """
     labels = {MANAGED_BY_LABEL: MANAGED_BY, **selector(template.component, peer)}
     out: list[dict[str, Any]] = []
     for doc in template.documents:
+        if not services and doc["kind"] == "Service":
+            continue
         obj = copy.deepcopy(dict(doc))
         meta = obj.setdefault("metadata", {})
         meta["name"] = name_for(meta["name"], peer)
