@@ -65,7 +65,12 @@ demo: clusters-up
 	$(GPUFED) local demo $(DEMO_ARGS)
 	@echo; echo "Clusters keep running: export KUBECONFIG=$(GPUFED_LOCAL_DIR)/kubeconfig; 'make clusters-down' stops them."
 
-bench: venv binaries
+# matplotlib (the plots) and py-spy (the profile) only for the benchmarks.
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
+	@touch $@
+
+bench: $(VENV)/.bench-installed binaries
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)
 
 clean: clusters-down

@@ -30,6 +30,10 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _sizes_or_none(text: str) -> tuple[int, ...]:
+    return () if text.strip().lower() in ("", "none", "0") else _sizes(text)
+
+
 def _durations(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split(","))
@@ -68,6 +72,9 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
                 base_port=args.base_port,
                 concurrency=args.concurrency,
                 keep=args.keep,
+                scheduled_sizes=args.scheduled_pods,
+                steady_s=args.steady,
+                profile=args.profile,
             ),
             progress,
         )
@@ -106,7 +113,27 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n", 1)[0] if __doc__ else None)
     p.add_argument("--parts", type=_parts, default=PARTS, help=f"comma-separated parts to run ({', '.join(PARTS)})")
-    p.add_argument("--pods", type=_sizes, default=offload.DEFAULT_SIZES, help="burst sizes, e.g. 100,500 (default 500)")
+    p.add_argument(
+        "--pods",
+        type=_sizes,
+        default=offload.DEFAULT_SIZES,
+        help="offload: pre-bound burst sizes (default 100,1000,2000)",
+    )
+    p.add_argument(
+        "--scheduled-pods",
+        type=_sizes_or_none,
+        default=offload.DEFAULT_SCHEDULED_SIZES,
+        help="offload: burst sizes through the kube-scheduler (default 1000; 'none' for none)",
+    )
+    p.add_argument(
+        "--steady", type=float, default=offload.STEADY_S, help="offload: seconds of footprint sampling per size (10)"
+    )
+    p.add_argument(
+        "--no-profile",
+        dest="profile",
+        action="store_false",
+        help="offload: do not run py-spy on the virtual kubelet during the largest burst",
+    )
     p.add_argument("--concurrency", type=int, default=offload.DEFAULT_CONCURRENCY, help="concurrent creates (64)")
     p.add_argument("--rate", type=float, default=reflection.DEFAULT_RATE, help="reflection: changes/s (20)")
     p.add_argument(

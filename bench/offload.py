@@ -6,11 +6,17 @@ dedicated local environment in .cache/bench (ports from 16000, so it never colli
 through the gpufed CLI (or a TwinNamespace request when the CLI has no `offload-namespace`), the
 bursts, their measurements, the cleanup between sizes, and this part's targets and verdicts.
 
-One burst = N pods pre-bound (spec.nodeName) and created concurrently (bounded) with the admin
-identity, observed with one watch. Baseline: round-robin over the consumer's kwok nodes in
-`bench-local`. Virtual: all on node `gpufed-<gpu-a id>` in `bench-vk`, while the virtual kubelet and
-the consumer's gpufed controller are sampled from /proc (peak RSS every 0.2 s, CPU over the burst).
-Per-pod start latency = the time our watch saw phase Running minus the time its create returned.
+One burst = N pods created concurrently (bounded) with the admin identity, observed with one
+watch, in one of two modes: *pre-bound* (spec.nodeName set, so the scheduler is not part of either
+path) or *scheduled* (no nodeName: the consumer's kube-scheduler binds them). Baseline: the
+consumer's kwok nodes in `bench-local` (round-robin when pre-bound). Virtual: node
+`gpufed-<gpu-a id>` in `bench-vk` (the offloading webhook adds the affinity when scheduled), while
+the virtual kubelet and the consumer's gpufed controller are sampled from /proc (peak RSS every
+0.2 s, CPU over the burst). Per-pod start latency = the time our watch saw phase Running minus the
+time its create returned. Footprint: after each virtual burst, with all N pods Running and nothing
+changing, both processes are sampled for `STEADY_S` seconds (and once before the first burst, at 0
+pods). With `profile`, py-spy samples the virtual kubelet during the largest pre-bound burst and
+the part keeps the functions that took the most samples.
 
 Does not: tune or change the product; a missed target is reported as missed.
 """
@@ -41,7 +47,10 @@ from vkprovider.localenv.topology import Topology
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench"
 DEFAULT_BASE_PORT = 16000
-DEFAULT_SIZES = (500,)
+DEFAULT_SIZES = (100, 1000, 2000)
+DEFAULT_SCHEDULED_SIZES = (1000,)
+#: Seconds of steady-state sampling after each virtual burst (footprint at N pods).
+STEADY_S = 10.0
 DEFAULT_CONCURRENCY = 64
 LOCAL_NS = "bench-local"
 VK_NS = "bench-vk"
@@ -52,12 +61,15 @@ REQUESTS = {"cpu": "10m", "memory": "16Mi"}
 #: Pods per kwok node: each node gets a /24 of the pod CIDR, so about 250 pods fit on one.
 NODE_PODS = 260
 PROVIDER_NODE_PODS = 300
+#: Pods one node takes in a burst (its /24 less a margin).
+PODS_PER_NODE = 250
 
 #: Targets of issue 4 (DESIGN.md §8: ratios in one run).
 TARGET_RATIO_MAX = 1.2
 TARGET_VK_PODS_PER_S_MIN = 200.0
 TARGET_VK_RSS_MB_MAX = 150.0
 TARGET_VK_RSS_AT_PODS = 1000
+TARGET_VK_CPU_CORES_MAX = 0.25
 
 Progress = Callable[[str], None]
 MB = 1024 * 1024
@@ -71,10 +83,18 @@ class OffloadOptions:
     base_port: int = DEFAULT_BASE_PORT
     concurrency: int = DEFAULT_CONCURRENCY
     keep: bool = False
+    scheduled_sizes: tuple[int, ...] = DEFAULT_SCHEDULED_SIZES
+    steady_s: float = STEADY_S
+    profile: bool = False
 
 
-def bench_topology(base_port: int) -> Topology:
-    """consumer: 4 CPU nodes; gpu-a: 4 x 8 H100 with room for 1000 twins and a 400-CPU grant."""
+def nodes_for(pods: int) -> int:
+    """kwok nodes per side for bursts of up to `pods` (at least 4)."""
+    return max(4, math.ceil(pods / PODS_PER_NODE))
+
+
+def bench_topology(base_port: int, nodes: int = 4) -> Topology:
+    """consumer: `nodes` CPU nodes; gpu-a: `nodes` x 8 H100, room for `nodes` x 250 twins."""
     return Topology.model_validate(
         {
             "basePort": base_port,
@@ -82,14 +102,14 @@ def bench_topology(base_port: int) -> Topology:
             "clusters": [
                 {
                     "name": CONSUMER,
-                    "nodePools": [{"name": "cpu", "count": 4, "cpu": "64", "memory": "256Gi", "pods": NODE_PODS}],
+                    "nodePools": [{"name": "cpu", "count": nodes, "cpu": "64", "memory": "256Gi", "pods": NODE_PODS}],
                 },
                 {
                     "name": PROVIDER,
                     "nodePools": [
                         {
                             "name": "h100",
-                            "count": 4,
+                            "count": nodes,
                             "cpu": "128",
                             "memory": "1024Gi",
                             # Above the ~250 addresses of a node's /24 so that a grant of max N + 50 pods fits.
@@ -107,7 +127,7 @@ def bench_topology(base_port: int) -> Topology:
 
 def max_pods(topology: Topology) -> int:
     """The largest burst both sides can hold (about 250 pods per node: a /24 each)."""
-    return min(c.node_count() * 250 for c in topology.clusters)
+    return min(c.node_count() * PODS_PER_NODE for c in topology.clusters)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -257,6 +277,10 @@ class Burst:
             }
             if lat
             else None,
+            # 21 evenly spaced quantiles (0, 5, ..., 100 %) for the latency plots; small enough for the JSON.
+            "latency_quantiles_s": [round(percentile(lat, q), 3) if q else round(min(lat), 3) for q in range(0, 101, 5)]
+            if lat
+            else None,
         }
         if self.usage:
             out["processes"] = {
@@ -275,11 +299,13 @@ class Burst:
         return out
 
 
-def pod_body(name: str, namespace: str, node: str, *, tolerate: bool) -> dict[str, Any]:
+def pod_body(name: str, namespace: str, node: str | None, *, tolerate: bool) -> dict[str, Any]:
+    """A bench pod; pre-bound to `node`, or left to the scheduler when `node` is None."""
     spec: dict[str, Any] = {
-        "nodeName": node,
         "containers": [{"name": "main", "image": "registry.example/bench:1", "resources": {"requests": REQUESTS}}],
     }
+    if node is not None:
+        spec["nodeName"] = node
     if tolerate:
         spec["tolerations"] = [dict(TOLERATION)]
     return {
@@ -300,8 +326,10 @@ async def burst(
     tolerate: bool,
     concurrency: int,
     sample: dict[str, int] | None = None,
+    bind: bool = True,
 ) -> Burst:
-    """Create N pods pre-bound round-robin to `nodes`; wait until all are Running (or time out)."""
+    """Create N pods (pre-bound round-robin to `nodes`, or for the scheduler when not `bind`); wait
+    until all are Running (or time out)."""
     b = Burst(n, create_returned={}, running_seen={}, create_errors=[])
     assert b.running_seen is not None and b.create_returned is not None and b.create_errors is not None
     running, created, errors = b.running_seen, b.create_returned, b.create_errors
@@ -332,7 +360,10 @@ async def burst(
             async with sem:
                 try:
                     await rest.request(
-                        api, "POST", path, body=pod_body(name, namespace, nodes[i % len(nodes)], tolerate=tolerate)
+                        api,
+                        "POST",
+                        path,
+                        body=pod_body(name, namespace, nodes[i % len(nodes)] if bind else None, tolerate=tolerate),
                     )
                 except KubeError as e:
                     errors.append(str(e))
@@ -467,15 +498,108 @@ def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict
     return out
 
 
+def _usage(usage: dict[str, procstat.ProcessUsage]) -> dict[str, Any]:
+    return {
+        name: {
+            "rss_mb": round(u.rss_end_bytes / MB, 1),
+            "rss_peak_mb": round(u.rss_peak_bytes / MB, 1),
+            "cpu_cores": round(u.cpu_cores, 3),
+            "cpu_s": round(u.cpu_end_s - u.cpu_start_s, 3),
+            "wall_s": round(u.wall_s, 2),
+        }
+        for name, u in usage.items()
+    }
+
+
+async def steady(pids: dict[str, int], seconds: float) -> dict[str, Any]:
+    """RSS and CPU of `pids` over `seconds` of nothing happening (the footprint at this size)."""
+    sampler = procstat.Sampler(pids)
+    sampler.start()
+    await asyncio.sleep(seconds)
+    return _usage(sampler.stop())
+
+
+class Profiler:
+    """py-spy sampling one process (100 Hz, raw collapsed stacks), stopped with SIGINT."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.pid, self.out = pid, out
+        self.proc: asyncio.subprocess.Process | None = None
+        self.error = ""
+
+    async def start(self) -> None:
+        exe = Path(sys.executable).with_name("py-spy")
+        if not exe.exists():
+            self.error = f"py-spy is not installed in {exe.parent} (pip install -e '.[bench]')"
+            return
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = await asyncio.create_subprocess_exec(
+            str(exe), "record", "--pid", str(self.pid), "--rate", "100", "--format", "raw",
+            "--output", str(self.out), "--nonblocking",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    async def stop(self) -> dict[str, Any]:
+        if self.proc is None:
+            return {"error": self.error or "not started"}
+        if self.proc.returncode is None:
+            self.proc.send_signal(2)
+        try:
+            _, err = await asyncio.wait_for(self.proc.communicate(), 60)
+        except TimeoutError:
+            self.proc.kill()
+            return {"error": "py-spy did not stop within 60 s"}
+        if not self.out.exists():
+            return {"error": f"py-spy wrote nothing ({err.decode(errors='replace').strip()[-300:]})"}
+        return profile_summary(self.out.read_text(errors="replace"))
+
+
+def _frame_name(frame: str) -> str:
+    """`func (path/to/module.py:12)` -> `path/to/module.py:func`, paths relative to site-packages or the repo."""
+    func, _, where = frame.partition(" (")
+    file = where.rstrip(")").rsplit(":", 1)[0]
+    for root in ("/site-packages/", f"{REPO}/"):
+        if root in file:
+            file = file.split(root, 1)[1]
+            break
+    return f"{file}:{func}"
+
+
+def profile_summary(raw: str, top: int = 12) -> dict[str, Any]:
+    """Self and inclusive sample counts per function from py-spy's raw (collapsed) output."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [_frame_name(f) for f in stack.split(";") if f]
+        if not frames:
+            continue
+        own[frames[-1]] += n
+        for name in set(frames):
+            inclusive[name] += n
+
+    def rows(counter: Counter[str]) -> list[dict[str, Any]]:
+        return [{"function": f, "samples": c, "share": round(c / total, 3)} for f, c in counter.most_common(top)]
+
+    ours = Counter({f: c for f, c in inclusive.items() if f.startswith(("vkprovider/", "peering/", "netfabric/"))})
+    return {"samples": total, "self": rows(own), "inclusive_gpufed": rows(ours)}
+
+
 async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) -> dict[str, Any]:
     await env.up(progress)
     kc = env.merged_kubeconfig
     consumer_nodes = [node.name for node in env.topology.cluster(CONSUMER).nodes()]
+    largest = max((*opts.sizes, *opts.scheduled_sizes))
     async with api_client(kc, CONSUMER) as consumer, api_client(kc, PROVIDER) as provider:
         ids = {CONSUMER: await cluster_id(consumer), PROVIDER: await cluster_id(provider)}
         vnode = f"gpufed-{ids[PROVIDER]}"
         progress(f"peering {CONSUMER} ({ids[CONSUMER]}) with {PROVIDER} ({ids[PROVIDER]})")
-        await peer(kc, pods=max(opts.sizes) + 50)
+        await peer(kc, pods=largest + 50)
         progress(f"virtual node {vnode} Ready")
         for ns in (LOCAL_NS, VK_NS):
             await ensure_namespace(consumer, ns)
@@ -487,80 +611,169 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
 
         vk_log = env.log_path(CONSUMER, f"virtual-kubelet-{ids[PROVIDER]}")
         ctl_log = env.log_path(CONSUMER, CONTROLLER)
-        runs: list[dict[str, Any]] = []
-        for n in opts.sizes:
-            progress(f"N={n}: baseline, {n} pods on {len(consumer_nodes)} local kwok nodes")
-            base = await burst(
-                consumer, LOCAL_NS, n, consumer_nodes, prefix=f"l{n}-", tolerate=False, concurrency=opts.concurrency
-            )
-            baseline = base.summary()
-            baseline["cleanup_s"] = round(await delete_all(consumer, LOCAL_NS), 2)
-            progress(f"N={n}: baseline all Running in {baseline['all_running_s']}s")
 
+        def pids() -> dict[str, int]:
             vk_pid = procstat.find_pid("virtual-kubelet", f"--provider-cluster-id={ids[PROVIDER]}")
             ctl_pid = procstat.find_pid("controller", f"--kubeconfig={env.kubeconfig_path(CONSUMER, CONTROLLER)}")
             if vk_pid is None or ctl_pid is None:
                 raise RuntimeError(f"process not found: virtual kubelet pid {vk_pid}, controller pid {ctl_pid}")
+            return {"virtual-kubelet": vk_pid, "controller": ctl_pid}
+
+        progress(f"footprint at 0 pods ({opts.steady_s:.0f} s)")
+        footprint = [{"pods": 0, **await steady(pids(), opts.steady_s)}]
+        runs: list[dict[str, Any]] = []
+        profile: dict[str, Any] | None = None
+        plan = [("pre-bound", n) for n in opts.sizes] + [("scheduled", n) for n in opts.scheduled_sizes]
+        for mode, n in plan:
+            bind = mode == "pre-bound"
+            tag = f"N={n} {mode}"
+            progress(f"{tag}: baseline, {n} pods on {len(consumer_nodes)} local kwok nodes")
+            base = await burst(
+                consumer, LOCAL_NS, n, consumer_nodes, prefix=f"l{n}{mode[0]}-", tolerate=False,
+                concurrency=opts.concurrency, bind=bind,
+            )  # fmt: skip
+            baseline = base.summary()
+            baseline["cleanup_s"] = round(await delete_all(consumer, LOCAL_NS), 2)
+            progress(f"{tag}: baseline all Running in {baseline['all_running_s']}s")
+
+            sample = pids()
             offsets = {vk_log: _log_offset(vk_log), ctl_log: _log_offset(ctl_log)}
-            progress(f"N={n}: virtual node, {n} pods on {vnode} (virtual kubelet pid {vk_pid})")
+            profiler = None
+            if opts.profile and bind and n == max(opts.sizes) and profile is None:
+                profiler = Profiler(sample["virtual-kubelet"], env.state_dir / "profiles" / f"vk-{n}.txt")
+                await profiler.start()
+            progress(f"{tag}: virtual node, {n} pods on {vnode} (virtual kubelet pid {sample['virtual-kubelet']})")
             virt = await burst(
-                consumer,
-                VK_NS,
-                n,
-                [vnode],
-                prefix=f"v{n}-",
-                tolerate=True,
-                concurrency=opts.concurrency,
-                sample={"virtual-kubelet": vk_pid, "controller": ctl_pid},
-            )
+                consumer, VK_NS, n, [vnode], prefix=f"v{n}{mode[0]}-", tolerate=True,
+                concurrency=opts.concurrency, sample=sample, bind=bind,
+            )  # fmt: skip
+            if profiler is not None:
+                profile = {"pods": n, "mode": mode, **await profiler.stop()}
             virtual = virt.summary()
             twins = await rest.list_items(provider, f"/api/v1/namespaces/{twin_ns}/pods")
             virtual["twins"] = len(twins)
             virtual["twins_running"] = sum(1 for t in twins if (t.get("status") or {}).get("phase") == "Running")
+            virtual["on_virtual_node"] = sum(
+                1 for t in await rest.list_items(consumer, f"/api/v1/namespaces/{VK_NS}/pods")
+                if (t.get("spec") or {}).get("nodeName") == vnode
+            )  # fmt: skip
             virtual["vk_pid_after"] = procstat.find_pid("virtual-kubelet", f"--provider-cluster-id={ids[PROVIDER]}")
+            if bind and not virt.timed_out:
+                progress(f"{tag}: footprint with {n} pods Running ({opts.steady_s:.0f} s)")
+                footprint.append({"pods": n, **await steady(pids(), opts.steady_s)})
             virtual["cleanup_s"] = round(await delete_all(consumer, VK_NS, provider, twin_ns), 2)
             virtual["logs"] = [log_findings(p, off) for p, off in offsets.items()]
-            progress(f"N={n}: virtual node all Running in {virtual['all_running_s']}s")
+            progress(f"{tag}: virtual node all Running in {virtual['all_running_s']}s")
             runs.append(
-                {"pods": n, "baseline": baseline, "virtual": virtual, "verdicts": _verdicts(n, baseline, virtual)}
+                {
+                    "pods": n,
+                    "mode": mode,
+                    "baseline": baseline,
+                    "virtual": virtual,
+                    "verdicts": _verdicts(n, baseline, virtual),
+                }
             )
 
     return {
         "part": "offload",
         "environment": {
             "consumer": f"{CONSUMER} ({ids[CONSUMER]}): {len(consumer_nodes)} kwok CPU nodes, {NODE_PODS} pods each",
-            "provider": f"{PROVIDER} ({ids[PROVIDER]}): 4 kwok nodes x 8 H100, {PROVIDER_NODE_PODS} pods each",
+            "provider": f"{PROVIDER} ({ids[PROVIDER]}): {len(consumer_nodes)} kwok nodes x 8 H100, "
+            f"{PROVIDER_NODE_PODS} pods each",
             "virtual_node": vnode,
             "offloaded_with": how,
             "twin_namespace": twin_ns,
             "concurrency": opts.concurrency,
+            "steady_s": opts.steady_s,
         },
         "targets": {
             "ratio_max": TARGET_RATIO_MAX,
             "vk_pods_per_s_min": TARGET_VK_PODS_PER_S_MIN,
             "vk_rss_mb_max": TARGET_VK_RSS_MB_MAX,
             "vk_rss_at_pods": TARGET_VK_RSS_AT_PODS,
+            "vk_cpu_cores_max": TARGET_VK_CPU_CORES_MAX,
         },
         "runs": runs,
+        "footprint": footprint,
+        "growth": growth(runs, footprint),
+        "profile": profile,
     }
 
 
-def environment(state_dir: Path, bin_dir: Path, base_port: int, topology: Topology | None = None) -> LocalEnvironment:
+def fit_order(points: list[tuple[float, float]]) -> dict[str, Any] | None:
+    """Least-squares fit of y = a * x^k on log-log axes over points with x, y > 0: k and a."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if x > 0 and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    k = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return {"k": round(k, 2), "a": round(math.exp(my - k * mx), 6), "points": len(pts)}
+
+
+def order_name(k: float | None) -> str:
+    """O(1) / O(n) / O(n log n)-ish / O(n^k) for an exponent fitted on log-log axes."""
+    if k is None:
+        return "n/a"
+    if k < 0.25:
+        return "O(1)"
+    if k < 1.15:
+        return "O(n)"
+    if k < 1.35:
+        return "O(n log n) or worse"
+    return f"O(n^{k:.1f})"
+
+
+def growth(runs: list[dict[str, Any]], footprint: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the pre-bound figures grow with N: time to all Running, CPU per burst, steady RSS above 0 pods."""
+    pre = [r for r in runs if r["mode"] == "pre-bound"]
+    out: dict[str, Any] = {}
+    for path in ("baseline", "virtual"):
+        pts = [(float(r["pods"]), float(r[path]["all_running_s"])) for r in pre if r[path].get("all_running_s")]
+        out[f"{path}_all_running_s"] = fit_order(pts)
+    cpu = [
+        (float(r["pods"]), float(r["virtual"]["processes"]["virtual-kubelet"]["cpu_s"]))
+        for r in pre
+        if (r["virtual"].get("processes") or {}).get("virtual-kubelet")
+    ]
+    out["vk_cpu_s_per_burst"] = fit_order(cpu)
+    zero = next((f for f in footprint if f["pods"] == 0), None)
+    if zero:
+        for name in ("virtual-kubelet", "controller"):
+            base = zero.get(name, {}).get("rss_mb")
+            pts = [
+                (float(f["pods"]), float(f[name]["rss_mb"]) - float(base))
+                for f in footprint
+                if f["pods"] and name in f and base is not None
+            ]
+            out[f"{name}_rss_growth_mb"] = fit_order(pts)
+            if pts:
+                out[f"{name}_rss_kb_per_pod"] = round(1024 * pts[-1][1] / pts[-1][0], 1)
+    for fit in out.values():
+        if isinstance(fit, dict):
+            fit["order"] = order_name(fit.get("k"))
+    return out
+
+
+def environment(
+    state_dir: Path, bin_dir: Path, base_port: int, topology: Topology | None = None, nodes: int = 4
+) -> LocalEnvironment:
     """A bench environment with gpufed installed: the bench topology (every part but gpu-pool) or `topology`."""
     return LocalEnvironment(
         LocalSettings(
             state_dir, bin_dir, build_script=REPO / "deploy" / "local" / "build.sh", manifests_dir=REPO / "deploy"
         ),
-        topology or bench_topology(base_port),
+        topology or bench_topology(base_port, nodes),
     )
 
 
 def run(opts: OffloadOptions, progress: Progress) -> dict[str, Any]:
     """Start the bench environment, run every size, stop the environment unless `opts.keep`."""
-    env = environment(opts.state_dir, opts.bin_dir, opts.base_port)
-    limit = max_pods(env.topology)
-    if max(opts.sizes) > limit:
-        raise ValueError(f"--pods {max(opts.sizes)}: the bench clusters hold at most {limit} pods per burst")
+    largest = max((*opts.sizes, *opts.scheduled_sizes))
+    env = environment(opts.state_dir, opts.bin_dir, opts.base_port, nodes=nodes_for(largest))
     try:
         return asyncio.run(_run(env, opts, progress))
     finally:
