@@ -1,7 +1,8 @@
 """`python -m bench`: the command line of `make bench` — which parts, which sizes, keep or stop.
 
 Owns: argument parsing, running the chosen parts in order (one module per part: `offload`, `reflection`,
-`fabric`, and `gpupool` for the `gpu-pool` part), stamping each result with the machine it ran on, and
+`fabric`, `gpupool` for the `gpu-pool` part and `apicost` for `api-cost`), stamping each result
+with the machine it ran on, and
 handing results to `bench.report`, which writes bench/results/<part>.json and regenerates
 docs/benchmarks.md. Exits non-zero only when a part could not run (a missed target is a result, not
 an error).
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fabric, gpupool, offload, reflection, report
+from bench import apicost, fabric, gpupool, offload, reflection, report
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -51,7 +52,7 @@ def _modes(text: str) -> tuple[str, ...]:
     return modes
 
 
-PARTS = ("offload", "reflection", "fabric", "gpu-pool")
+PARTS = ("offload", "reflection", "fabric", "gpu-pool", "api-cost")
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -90,6 +91,17 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
                 limit_factor=args.gpu_limit_factor,
                 stall_s=args.gpu_stall,
                 modes=args.gpu_modes,
+                concurrency=args.concurrency,
+                keep=args.keep,
+            ),
+            progress,
+        )
+    if part == "api-cost":
+        return apicost.run(
+            apicost.ApiCostOptions(
+                bin_dir=bin_dir,
+                providers=args.providers,
+                window_s=args.api_window,
                 concurrency=args.concurrency,
                 keep=args.keep,
             ),
@@ -179,6 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=gpupool.DEFAULT_BASE_PORT,
         help=f"gpu-pool: first loopback port of its 3 clusters ({gpupool.DEFAULT_BASE_PORT})",
+    )
+    p.add_argument(
+        "--providers",
+        type=int,
+        default=apicost.DEFAULT_PROVIDERS,
+        help=f"api-cost: providers peered in the second phase ({apicost.DEFAULT_PROVIDERS})",
+    )
+    p.add_argument(
+        "--api-window",
+        type=float,
+        default=apicost.DEFAULT_WINDOW_S,
+        help=f"api-cost: seconds of steady state counted per phase ({apicost.DEFAULT_WINDOW_S:.0f})",
     )
     p.add_argument("--keep", action="store_true", help="leave the bench clusters running afterwards")
     p.add_argument("--state-dir", type=Path, default=offload.DEFAULT_STATE_DIR, help="bench environment state")

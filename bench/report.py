@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import apicost
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -797,6 +799,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "reflection": _reflection_section,
     "fabric": _fabric_section,
     "gpu-pool": _gpupool_section,
+    "api-cost": lambda data: [apicost.table(data), ""],
 }
 
 
@@ -887,4 +890,5 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "reflection": reflection_table,
     "fabric": fabric_table,
     "gpu-pool": gpupool_table,
+    "api-cost": apicost.table,
 }

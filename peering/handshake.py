@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -40,6 +40,10 @@ NONCE_BYTES = 32
 DEFAULT_CHALLENGE_TTL = dt.timedelta(minutes=10)
 #: Group every consumer identity belongs to on a provider.
 CONSUMER_GROUP = "gpufed:consumers"
+
+
+#: The fields of a challenge on the wire (`Challenge.to_wire`).
+_WIRE_FIELDS = ("provider", "consumer", "nonce", "expiresAt")
 
 
 class Refusal(StrEnum):
@@ -69,6 +73,9 @@ class Challenge:
 
     @classmethod
     def from_wire(cls, d: dict[str, str]) -> Challenge:
+        """The challenge `to_wire` wrote; ValueError (`malformed challenge: ...`) for anything else."""
+        if not isinstance(d, dict) or not all(isinstance(d.get(k), str) for k in _WIRE_FIELDS):
+            raise ValueError(f"malformed challenge: needs the string fields {', '.join(_WIRE_FIELDS)}")
         try:
             return cls(
                 ClusterID(d["provider"]),
@@ -145,13 +152,33 @@ def public_key_pem(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
 
 
 def fingerprint(public_pem: str) -> str:
-    """Short, human-comparable fingerprint of an Ed25519 public key: `SHA256:<16 hex>`."""
-    key = serialization.load_pem_public_key(public_pem.encode())
+    """Short, human-comparable fingerprint of an Ed25519 public key: `SHA256:<16 hex>`; ValueError
+    for anything that is not an Ed25519 public key in PEM."""
+    key = _load_public_key(public_pem)
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError("not an Ed25519 public key")
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return "SHA256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
+def _load_public_key(public_pem: str) -> object:
+    """Any PEM public key; ValueError (never UnsupportedAlgorithm or UnicodeError) when it is none we can use."""
+    try:
+        return serialization.load_pem_public_key(public_pem.encode())
+    except (ValueError, UnsupportedAlgorithm, UnicodeError) as e:
+        raise ValueError(f"not a usable PEM public key: {e}") from None
+
+
 def _check_csr(consumer: ClusterID, csr_pem: bytes) -> str | None:
+    # A CSR is parsed lazily: a malformed key, curve, version, name or extension surfaces only when
+    # that part is read, as ValueError, UnsupportedAlgorithm or InvalidVersion. Each is a refusal.
+    try:
+        return _csr_problem(consumer, csr_pem)
+    except (ValueError, UnsupportedAlgorithm, x509.InvalidVersion) as e:
+        return f"the CSR is malformed ({e})"
+
+
+def _csr_problem(consumer: ClusterID, csr_pem: bytes) -> str | None:
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
     except ValueError as e:
@@ -197,7 +224,7 @@ def verify(
     if problem:
         return Verdict(False, Refusal.BAD_CSR, problem)
     try:
-        pub = serialization.load_pem_public_key(consumer_public_pem.encode())
+        pub = _load_public_key(consumer_public_pem)
     except ValueError as e:
         return Verdict(False, Refusal.BAD_KEY, f"the registered consumer key is not a PEM public key ({e})")
     if not isinstance(pub, Ed25519PublicKey):

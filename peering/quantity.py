@@ -37,6 +37,8 @@ def parse(text: str | int) -> Decimal:
     """Parse a quantity: `parse("500m") == Decimal("0.5")`, `parse("1Gi") == 1073741824`."""
     if isinstance(text, int):
         return Decimal(text)
+    if not isinstance(text, str):  # e.g. null or a float in a hand-written map: unreadable, not a crash
+        raise QuantityError(f"{text!r} is not a quantity (a string such as 2, 500m, 64Gi or 1e3)")
     s = text.strip()
     m = _GRAMMAR.match(s)
     if not m:
@@ -46,11 +48,14 @@ def parse(text: str | int) -> Decimal:
     except InvalidOperation as e:  # pragma: no cover - the regex admits only valid decimals
         raise QuantityError(f"{text!r} is not a quantity") from e
     suffix = m.group(2) or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number * (Decimal(10) ** int(suffix[1:]))
+    try:
+        if suffix in _BINARY:
+            return number * _BINARY[suffix]
+        if suffix in _DECIMAL:
+            return number * _DECIMAL[suffix]
+        return number * (Decimal(10) ** int(suffix[1:]))
+    except (ArithmeticError, ValueError):  # decimal.Overflow (e.g. "1e999999999"), or an exponent too long for int()
+        raise QuantityError(f"{text!r} is out of range for a quantity") from None
 
 
 def format_quantity(value: Decimal | int, *, binary: bool = False) -> str:

@@ -19,10 +19,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from peering.kube.budget import budget_of
-from peering.kube.client import KubeError
+from peering.kube.client import ApiException, KubeError
 
 FIELD_MANAGER = "gpufed"
 #: Items per page of a list.

@@ -210,3 +210,23 @@ def test_every_controller_serves_the_capacity_estimator_on_its_port(tmp_path: Pa
         port = env.topology.ports(spec.name).estimator
         assert f"--estimator-port={port}" in cmd and "--estimator-host=127.0.0.1" in cmd, spec.name
     assert env.topology.ports("gpu-b").estimator == 20048
+
+
+def test_apiserver_audit_log_is_opt_in(tmp_path: Path) -> None:
+    topo = default_topology(base_port=20000)
+    plain = LocalEnvironment(LocalSettings(tmp_path / "a", tmp_path / "bin"), topo)
+    assert not any(a.startswith("--audit") for a in plain._command(topo.cluster("gpu-a"), "kube-apiserver"))
+    env = LocalEnvironment(LocalSettings(tmp_path / "b", tmp_path / "bin", audit=True), topo)
+    spec = topo.cluster("gpu-a")
+    env._prepare_cluster(spec)
+    cmd = env._command(spec, "kube-apiserver")
+    policy = env.cluster_dir("gpu-a") / "audit-policy.yaml"
+    for flag in (
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={env.audit_log_path('gpu-a')}",
+        "--audit-log-format=json",
+        f"--audit-log-maxsize={launcher.AUDIT_LOG_MAX_MB}",
+    ):
+        assert flag in cmd, flag
+    assert "level: Metadata" in policy.read_text() and "RequestReceived" in policy.read_text()
+    assert env.audit_log_path("gpu-a").parent.is_dir()

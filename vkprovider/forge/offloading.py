@@ -17,7 +17,9 @@ Invariants:
 - idempotent: a pod that already tolerates the taint and whose every required term already implies
   one of ours gets no operations (the API server may reinvoke the webhook; reinvocationPolicy
   IfNeeded);
-- pure: no I/O; the input pod is never modified.
+- pure: no I/O; the input pod is never modified;
+- a malformed pod or selector (a part of the wrong JSON type where `mutate` reads) raises
+  ValueError naming the part, never another exception (the webhook answers it with 400).
 
 Does not: decide which namespaces are offloaded (the webhook's cache of NamespaceOffloadings does),
 or validate the selector (the CRD schema and `peering.models.NodeSelector` do).
@@ -101,8 +103,44 @@ def _escape(segment: str) -> str:
     return segment.replace("~", "~0").replace("/", "~1")
 
 
+def _mapping(value: Any, where: str) -> Mapping[str, Any] | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be an object, not {type(value).__name__}")
+    return value
+
+
+def _mappings(value: Any, where: str) -> list[Mapping[str, Any]]:
+    """A list of objects (None: empty); ValueError otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ValueError(f"{where} must be a list of objects")
+    return value
+
+
+def _check_terms(terms: Any, where: str) -> None:
+    for i, term in enumerate(_mappings(terms, where)):
+        _mappings(term.get("matchExpressions"), f"{where}[{i}].matchExpressions")
+
+
+def _check_shape(pod: Any, cluster_selector: Any) -> None:
+    """ValueError unless every part `mutate` reads has the JSON type it expects."""
+    if not isinstance(pod, Mapping):
+        raise ValueError(f"the pod must be an object, not {type(pod).__name__}")
+    spec = _mapping(pod.get("spec"), "spec") or {}
+    _mappings(spec.get("tolerations"), "spec.tolerations")
+    affinity = _mapping(spec.get("affinity"), "spec.affinity") or {}
+    node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity") or {}
+    required = _mapping(node_affinity.get(_REQUIRED), f"spec.affinity.nodeAffinity.{_REQUIRED}") or {}
+    _check_terms(required.get("nodeSelectorTerms"), f"spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms")
+    selector = _mapping(cluster_selector, "clusterSelector") or {}
+    _check_terms(selector.get("nodeSelectorTerms"), "clusterSelector.nodeSelectorTerms")
+
+
 def mutate(pod: Mapping[str, Any], strategy: str, cluster_selector: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """JSON-patch operations that make `pod` follow `strategy` and `cluster_selector` (see module doc)."""
+    """JSON-patch operations that make `pod` follow `strategy` and `cluster_selector` (see module doc);
+    ValueError for a malformed pod or selector."""
+    _check_shape(pod, cluster_selector)
     spec: Mapping[str, Any] = pod.get("spec") or {}
     ops: list[dict[str, Any]] = []
     if strategy in ("Remote", "LocalAndRemote"):

@@ -11,6 +11,9 @@ the topology of a running environment cannot change underneath it. `down` stops 
 started, by process group, even when the state file was lost (it also finds processes whose
 command line points into the state directory), then removes the state.
 
+With `audit` set (off by default), every kube-apiserver also writes an audit log (level Metadata, JSON
+lines, rotated) into its cluster's state directory, for counting what each client asks of it.
+
 Invariants: every listener binds 127.0.0.1; a component that exits while we wait for it is
 reported with the tail of its log; private keys live only in the state directory (0700/0600).
 etcd speaks plain HTTP on loopback without fsync: this is a disposable test environment.
@@ -96,6 +99,22 @@ class LocalSettings:
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     #: gpufed's deploy/ directory (crds/, rbac/): when set, gpufed is installed and its controller runs.
     manifests_dir: Path | None = None
+    #: Audit every request each kube-apiserver serves (level Metadata, JSON lines at `audit_log_path`):
+    #: what the API-cost benchmark counts. Off by default; takes effect when an apiserver starts.
+    audit: bool = False
+
+
+#: The audit policy of `LocalSettings.audit`: who did what to which object, no bodies; one event per
+#: request at ResponseComplete (long-running requests such as watches also log ResponseStarted).
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
+#: Rotation of the audit log: MB per file, rotated files kept.
+AUDIT_LOG_MAX_MB = 100
+AUDIT_LOG_BACKUPS = 2
 
 
 @dataclass
@@ -240,6 +259,10 @@ class LocalEnvironment:
     def log_path(self, cluster: str, component: str) -> Path:
         return self.cluster_dir(cluster) / "logs" / f"{component}.log"
 
+    def audit_log_path(self, cluster: str) -> Path:
+        """The cluster's kube-apiserver audit log (JSON lines; written only with `LocalSettings.audit`)."""
+        return self.cluster_dir(cluster) / "audit" / "audit.log"
+
     def server(self, name: str) -> str:
         return f"https://127.0.0.1:{self.topology.ports(name).apiserver}"
 
@@ -348,6 +371,9 @@ class LocalEnvironment:
         d = self.cluster_dir(spec.name)
         for sub in ("logs", "etcd"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        if self.settings.audit:
+            self.audit_log_path(spec.name).parent.mkdir(exist_ok=True)
+            (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
         exec_dir = self.exec_dir(spec.name)
         exec_dir.mkdir(parents=True, exist_ok=True)
         exec_dir.chmod(0o1777)  # kwok exec runs as nobody, who cannot enter the 0700 state directory
@@ -435,6 +461,17 @@ class LocalEnvironment:
                 "--log-level=error",
             ]
         if component == "kube-apiserver":
+            audit = (
+                [
+                    f"--audit-policy-file={d / 'audit-policy.yaml'}",
+                    f"--audit-log-path={self.audit_log_path(spec.name)}",
+                    "--audit-log-format=json",
+                    f"--audit-log-maxsize={AUDIT_LOG_MAX_MB}",
+                    f"--audit-log-maxbackup={AUDIT_LOG_BACKUPS}",
+                ]
+                if self.settings.audit
+                else []
+            )
             return [
                 str(self.binary("kube-apiserver")),
                 f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
@@ -466,6 +503,7 @@ class LocalEnvironment:
                 # The kubernetes Service would point at 127.0.0.1, which Endpoints reject.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
+                *audit,
             ]
         if component in ("kube-controller-manager", "kube-scheduler"):
             kc = self.kubeconfig_path(

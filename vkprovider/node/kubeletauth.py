@@ -123,6 +123,10 @@ class Authenticator:
         self._cache: TTLCache[str, tuple[User | None]] = TTLCache()
 
     async def from_token(self, token: str) -> User | None:
+        """The user `token` authenticates, or None. A token that is not printable ASCII (bearer tokens
+        are base64url JWTs or `id.secret`) is refused here: the header's bytes may not even encode."""
+        if not token.isascii() or not token.isprintable():
+            return None
         key = hashlib.sha256(token.encode()).hexdigest()
         hit = self._cache.get(key)
         if hit is not None:

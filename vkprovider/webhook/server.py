@@ -235,6 +235,8 @@ class Webhook:
             answer = review_response(review, offloading)
         except (ValueError, UnicodeDecodeError) as e:
             return web.json_response({"error": f"malformed AdmissionReview: {e}"}, status=400)
+        except RecursionError:  # json.loads (or a deep copy) of absurdly nested input
+            return web.json_response({"error": "malformed AdmissionReview: nested too deeply"}, status=400)
         except KubeError as e:
             # Fail closed (see the failure policy): the API server refuses the pod with this message.
             self._log.warning("offloading lookup failed", error=str(e)[:300])
