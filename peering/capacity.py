@@ -616,7 +616,8 @@ class Inventory:
                 "NotReady, cordoned or have unhealthy GPUs"
             )
         elif tolerated == 0:
-            taints = ", ".join(t for t, _n in blocking.most_common(3))
+            # Most common first; ties by name, so the message does not depend on the order nodes arrived in.
+            taints = ", ".join(t for t, _n in sorted(blocking.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
             reason = f"every schedulable {where} has a taint the pod does not tolerate ({taints})"
         elif best_gpus < shape.gpus:
             reason = (

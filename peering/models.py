@@ -22,7 +22,7 @@ import datetime as dt
 import ipaddress
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -175,10 +175,53 @@ class ResourceSlice(_Model):
 # ---- Tenant (provider side: one per consumer)
 
 
+#: A Linux capability as pods name it (`NET_ADMIN`, also `net_admin` or `CAP_NET_ADMIN`), or `ALL`.
+CAPABILITY_PATTERN = r"^[A-Za-z0-9_]+$"
+#: The entry of `allowedCapabilities` that allows adding any capability.
+ALL_CAPABILITIES = "ALL"
+
+
+def capability_name(name: str) -> str:
+    """The canonical form of a capability name: upper case, without the `CAP_` prefix."""
+    upper = name.upper()
+    return upper[4:] if upper.startswith("CAP_") else upper
+
+
+class OffloadPodSecurity(_Model):
+    """The offload pod-security policy: what a consumer's pods may ask of this provider's nodes."""
+
+    # Everything is refused unless allowed; the provider's own API server enforces it in the
+    # consumer's namespaces (peering.podsecurity), the consumer checks it early (vkprovider.forge.podpolicy).
+
+    allow_privileged: bool = Field(
+        default=False, description="Allow privileged containers (`securityContext.privileged: true`)."
+    )
+    allow_host_namespaces: bool = Field(
+        default=False, description="Allow pods sharing the node's namespaces (`hostNetwork`, `hostPID`, `hostIPC`)."
+    )
+    allow_host_path: bool = Field(default=False, description="Allow `hostPath` volumes.")
+    allowed_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_PATTERN, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Capabilities containers may add (`securityContext.capabilities.add`; case and a `CAP_` "
+        "prefix are ignored); `ALL` allows any. Dropping capabilities is always allowed.",
+    )
+
+    @field_validator("allowed_capabilities")
+    @classmethod
+    def _canonical(cls, v: list[str]) -> list[str]:
+        return sorted({capability_name(c) for c in v})
+
+
 class TenantPolicy(_Model):
     max_resources: dict[str, str] = Field(default_factory=dict, description="Per-resource ceiling for this consumer.")
     allowed_gpu_products: list[str] | None = Field(default=None, description="Allowed products; unset allows all.")
     allow_partial: bool = Field(default=True, description="Grant less than asked when that is all there is.")
+    pod_security: OffloadPodSecurity = Field(
+        default_factory=OffloadPodSecurity,
+        description="Privileged containers, host namespaces, hostPath volumes and added capabilities are "
+        "refused unless allowed here.",
+    )
 
     _max = field_validator("max_resources")(_check_quantities)
 
@@ -256,6 +299,11 @@ class TwinNamespaceStatus(_Model):
     phase: Literal["Pending", "Ready", "Refused"] = "Pending"
     twin: str = Field(default="", description="Name of the twin namespace.")
     conditions: list[Condition] = Field(default_factory=list)
+    pod_security: OffloadPodSecurity | None = Field(
+        default=None,
+        description="The offload pod-security policy the provider enforces in the twin namespace (its Tenant's "
+        "spec.policy.podSecurity), so that the consumer can refuse a pod early with the same reason.",
+    )
 
 
 class TwinNamespace(_Model):

@@ -14,7 +14,14 @@ Owns, per Tenant (one per consumer, key = consumer ClusterID), level-triggered a
   in the Tenant; re-decided when slices, nodes, pods or other tenants change;
 - enforcement: a ResourceQuota in each of the consumer's namespaces whose limits sum to the grant
   (`peering.grants.partition`), and a LimitRange giving containers without requests a default so
-  the quota can admit them.
+  the quota can admit them;
+- the offload pod-security policy (`spec.policy.podSecurity`, `peering.podsecurity`): the
+  cluster's one ValidatingAdmissionPolicy and binding `gpufed-offload-policy` (applied once per
+  process, before any consumer namespace is touched), the tenant's policy projected onto the labels
+  and annotation of each of its namespaces (so its own API server refuses privileged, host-namespace,
+  hostPath and capability-adding pods the policy does not allow, whoever creates them), the policy
+  published in each Ready TwinNamespace's `status.podSecurity` (the consumer's early check) and a
+  `PodSecurity` condition on the Tenant saying what is refused.
 
 Every outcome a human must see is a condition on the Tenant / ResourceSlice / TwinNamespace and,
 for refusals, a Warning Event. Never touches objects it does not own: namespaces it adopts must
@@ -42,7 +49,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from peering import grants, handshake
+from peering import grants, handshake, podsecurity
 from peering.controllers import status as st_
 from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
 from peering.controllers.identity import Identity
@@ -69,7 +76,14 @@ from peering.kube.client import KubeError
 from peering.kube.metrics import StateGauge
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
-from peering.models import API_VERSION, GPU_RESOURCE, ResourceSliceSpec, TenantSpec, TwinNamespaceSpec
+from peering.models import (
+    API_VERSION,
+    GPU_RESOURCE,
+    OffloadPodSecurity,
+    ResourceSliceSpec,
+    TenantSpec,
+    TwinNamespaceSpec,
+)
 from peering.quantity import format_quantity, parse
 
 #: Seconds between full re-evaluations of a tenant even when nothing was seen to change.
@@ -135,6 +149,8 @@ class ProviderRole:
         self.ns_owner: dict[str, str] = {}
         self.ready = asyncio.Event()
         self._synced: set[str] = set()
+        #: Whether this process has applied the offload admission policy and its binding.
+        self._admission_applied = False
         self._log = structlog.get_logger().bind(cluster=identity.cluster_id, role="provider")
 
     # ---- informers
@@ -278,6 +294,8 @@ class ProviderRole:
             return None
 
         requeue = self.settings.resync_s
+        # Before any namespace of the consumer exists: its pods are checked from their first.
+        await self._ensure_admission_policy()
         wait = await self._authenticate(tenant, spec, consumer, status, log)
         if wait is not None:
             requeue = min(requeue, wait)
@@ -285,6 +303,13 @@ class ProviderRole:
             await self._ensure_tenant_namespace(tenant, consumer)
             twins = await self._twins(tenant, consumer, log)
             await self._grants(tenant, spec, consumer, twins, status)
+            status["conditions"] = st_.mark(
+                status["conditions"],
+                "PodSecurity",
+                True,
+                "Enforced",
+                f"offload policy for consumer {consumer}'s pods: {podsecurity.describe(spec.policy.pod_security)}",
+            )
         await self._write_status(tenant, old_status, status)
         _PHASE.set(str(status.get("phase") or "Pending"), name, ROLE)
         return requeue
@@ -336,7 +361,7 @@ class ProviderRole:
         if status.get("phase") == "Authenticated":
             return None
         ch = status.get("challenge")
-        if ch is None or handshake.Challenge.from_wire(ch).expires_at < now:
+        if ch is None or _challenge(ch) is None or handshake.Challenge.from_wire(ch).expires_at < now:
             challenge = handshake.issue_challenge(
                 self.identity.cluster_id,
                 consumer,
@@ -364,7 +389,8 @@ class ProviderRole:
                 "this answer's challenge was already answered once; a replay is refused",
             )
         ch_wire = status.get("challenge")
-        challenge = handshake.Challenge.from_wire(ch_wire) if ch_wire else None
+        # A hand-edited, malformed challenge in the status counts as none: the answer cannot be to it.
+        challenge = _challenge(ch_wire) if ch_wire else None
         if challenge is not None and ch_wire and ch_wire.get("nonce") != answer.nonce:
             return handshake.Verdict(
                 False, handshake.Refusal.UNKNOWN_CHALLENGE, "the answer is for a challenge this provider did not issue"
@@ -477,7 +503,24 @@ class ProviderRole:
 
     # ---- namespaces and RBAC
 
+    async def _ensure_admission_policy(self) -> None:
+        """The offload pod-security policy and its binding (cluster-wide, the same for every tenant)."""
+        if self._admission_applied:
+            return
+        group = "admissionregistration.k8s.io/v1"
+        name = podsecurity.POLICY_NAME
+        await rest.apply(
+            self.api, rest.path(group, "validatingadmissionpolicies", name), podsecurity.admission_policy()
+        )
+        await rest.apply(
+            self.api, rest.path(group, "validatingadmissionpolicybindings", name), podsecurity.admission_binding()
+        )
+        self._admission_applied = True
+        self._log.info("offload pod-security policy applied", policy=name)
+
     async def _apply_namespace(self, tenant: dict[str, Any], name: str, labels: dict[str, str]) -> None:
+        # The tenant's offload policy, as the admission policy reads it from the namespace.
+        policy_labels, policy_annotations = podsecurity.namespace_metadata(_pod_security(tenant))
         await rest.apply(
             self.api,
             rest.path("v1", "namespaces", name),
@@ -486,8 +529,11 @@ class ProviderRole:
                 "kind": "Namespace",
                 "metadata": {
                     "name": name,
-                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, **labels},
-                    "annotations": {ORIGIN_CLUSTER_ANNOTATION: tenant["spec"]["consumerClusterId"]},
+                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, **policy_labels, **labels},
+                    "annotations": {
+                        ORIGIN_CLUSTER_ANNOTATION: tenant["spec"]["consumerClusterId"],
+                        **policy_annotations,
+                    },
                     "ownerReferences": [rest.owner_ref(tenant)],
                 },
             },
@@ -570,6 +616,7 @@ class ProviderRole:
                 phase="Ready",
                 twin=twin,
                 conditions=st_.mark(conds, "Ready", True, "Created", f"twin namespace {twin} is ready"),
+                podSecurity=_published(_pod_security(tenant)),
             )
             await self._twin_status(req, old, st)
             ready.append(twin)
@@ -720,6 +767,21 @@ class ProviderRole:
         )
 
 
+def _pod_security(tenant: Mapping[str, Any]) -> OffloadPodSecurity:
+    """The tenant's offload policy; the strictest one when its spec cannot be read (reconcile refuses
+    such a tenant anyway)."""
+    try:
+        return TenantSpec.model_validate(tenant.get("spec") or {}).policy.pod_security
+    except ValidationError:
+        return OffloadPodSecurity()
+
+
+def _published(policy: OffloadPodSecurity) -> dict[str, Any]:
+    """The policy as TwinNamespace status carries it (an empty list is left out: applied status
+    fields must not be empty, see `rest.apply`)."""
+    return {k: v for k, v in policy.model_dump(by_alias=True, mode="json").items() if v != []}
+
+
 def _sum(items: Any) -> dict[str, Decimal]:
     total: dict[str, Decimal] = {}
     for u in items:
@@ -733,3 +795,11 @@ def _reason(status: dict[str, Any]) -> str:
 
 def _grant_of(slice_: dict[str, Any] | None) -> dict[str, str]:
     return dict(((slice_ or {}).get("status") or {}).get("granted") or {})
+
+
+def _challenge(wire: Any) -> handshake.Challenge | None:
+    """The challenge in a Tenant's status, or None when it is malformed (a new one is issued)."""
+    try:
+        return handshake.Challenge.from_wire(wire)
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -13,6 +13,13 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   own message (e.g. the quota's "exceeded quota: gpufed-grant, requested: ...");
 - before creating the twin of a GPU pod, asking `placement` (the capacity estimator) whether any
   provider node can take it: a definite no is `ProviderError(fail_back=True)`;
+- the provider's offload pod-security policy, as each Ready TwinNamespace's `status.podSecurity`
+  publishes it: a pod it refuses (privileged, host namespaces, hostPath, added capabilities) gets no
+  twin and `ProviderError(reason=OffloadPolicyRefused, retry=False)` with the reason
+  (`forge.podpolicy`) — not retried and not failed back (every replacement would be refused the
+  same way), but tried again when that namespace's policy changes. The provider's API server
+  enforces the policy anyway; its refusal (403 from the admission policy or Pod Security
+  Admission) is mapped the same way, with the API server's message;
 - telling listeners (reflection) when a twin namespace becomes Ready or goes;
 - remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
   replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement);
@@ -36,6 +43,7 @@ from typing import Any
 
 import structlog
 
+from peering import podsecurity
 from peering.capacity import Placement
 from peering.grants import pod_requests
 from peering.ids import (
@@ -49,10 +57,10 @@ from peering.ids import (
 from peering.kube import events, rest
 from peering.kube.client import KubeError
 from peering.kube.watch import watch
-from peering.models import API_VERSION, GPU_RESOURCE
+from peering.models import API_VERSION, GPU_RESOURCE, OffloadPodSecurity
 from peering.quantity import parse
+from vkprovider.forge import podpolicy, reflection
 from vkprovider.forge import pods as forge
-from vkprovider.forge import reflection
 from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin
 from vkprovider.remote.tokens import PodTokens
 from vkprovider.remote.translate import Identity, IPTranslator
@@ -83,6 +91,9 @@ class RemoteSettings:
 UNPLACEABLE = "GPUUnplaceable"
 #: Reason while a GPU pod waits (locally, no twin) for the provider to have room.
 WAITING_FOR_GPUS = "WaitingForGPUs"
+#: Reason of a pod the provider's API server refused at admission for another policy than gpufed's
+#: (Pod Security Admission, another ValidatingAdmissionPolicy): deterministic, so not retried.
+ADMISSION_REFUSED = "AdmissionRefused"
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,11 @@ class RemoteProvider:
         self._notify: Notify = lambda _ns, _name: None
         #: local namespace -> pods refused because it had no Ready twin namespace yet.
         self._waiting: dict[str, set[str]] = {}
+        #: local namespace -> the provider's offload policy there (None: not published, e.g. an
+        #: older provider; its API server still decides).
+        self.pod_security: dict[str, OffloadPodSecurity | None] = {}
+        #: local namespace -> pods refused by an admission policy (tried again when it changes).
+        self._policy_refused: dict[str, set[str]] = {}
         self._tg: asyncio.TaskGroup | None = None
         #: Called with (local namespace, twin namespace) when a twin namespace becomes Ready and with
         #: (local namespace, None) when it goes (reflection starts and stops its reflectors).
@@ -227,6 +243,7 @@ class RemoteProvider:
         twin = str(st.get("twin") or "")
         gone = kind == "DELETED" or obj["metadata"].get("deletionTimestamp") or st.get("phase") != "Ready"
         if gone:
+            self.pod_security.pop(local, None)
             old = self.twin_ns.pop(local, None)
             if old:
                 self.local_ns.pop(old, None)
@@ -234,6 +251,7 @@ class RemoteProvider:
                 for listener in self.namespace_listeners:
                     listener(local, None)
             return
+        self._set_pod_security(local, st.get("podSecurity"))
         if not twin or self.twin_ns.get(local) == twin:
             return
         self.twin_ns[local] = twin
@@ -244,6 +262,18 @@ class RemoteProvider:
             listener(local, twin)
         # Pods refused because this namespace had no twin yet go again now, not after their backoff.
         for name in sorted(self._waiting.pop(local, set())):
+            self._notify(local, name)
+
+    def _set_pod_security(self, local: str, published: Any) -> None:
+        try:
+            policy = None if published is None else OffloadPodSecurity.model_validate(published)
+        except ValueError:
+            policy = None  # unreadable (a newer provider's shape?): the provider's API server decides
+        if local in self.pod_security and self.pod_security[local] == policy:
+            return
+        self.pod_security[local] = policy
+        # Pods refused under the old policy go again now (they are not retried otherwise).
+        for name in sorted(self._policy_refused.pop(local, set())):
             self._notify(local, name)
 
     def _start_watches(self, twin_ns: str) -> None:
@@ -383,6 +413,7 @@ class RemoteProvider:
         namespace, name = _key(pod)
         node = str((pod.get("spec") or {}).get("nodeName") or self.settings.node)
         target = self._target(namespace, name, node)
+        self._check_pod_security(pod)
         await self._check_placement(pod, target)
         for ref in forge.references(pod):
             await self._copy_reference(namespace, ref, target)
@@ -395,9 +426,23 @@ class RemoteProvider:
             if e.conflict:
                 await self._adopt(pod, target)
                 return
-            raise self._refusal(e, f"the provider {self.settings.provider} refused the pod") from e
+            refusal = self._refusal(e, f"the provider {self.settings.provider} refused the pod")
+            if refusal.reason in (podpolicy.REASON, ADMISSION_REFUSED):
+                self._policy_refused.setdefault(namespace, set()).add(name)
+            raise refusal from e
         # Seen at once: the next reconcile must not create it again before the watch reports it.
         self._twins.setdefault((namespace, name), created)
+
+    def _check_pod_security(self, pod: Mapping[str, Any]) -> None:
+        """Refuse early, with the provider's reason, a pod its published offload policy refuses."""
+        namespace, name = _key(pod)
+        policy = self.pod_security.get(namespace)
+        if policy is None:
+            return
+        found = podpolicy.violations(pod, policy)
+        if found:
+            self._policy_refused.setdefault(namespace, set()).add(name)
+            raise ProviderError(podpolicy.refusal(self.settings.provider, found), reason=podpolicy.REASON, retry=False)
 
     async def _check_placement(self, pod: Mapping[str, Any], target: forge.Target) -> None:
         """Fail back a GPU pod the estimator says no provider node can take (its answer is
@@ -503,6 +548,10 @@ class RemoteProvider:
             return ProviderError(f"{what}: {e}", reason="ProviderUnavailable")
         if e.status == 403 and "exceeded quota" in str(e):
             return ProviderError(f"{what}: {e}", reason="QuotaExceeded")
+        if e.status in (403, 422) and f"ValidatingAdmissionPolicy '{podsecurity.POLICY_NAME}'" in str(e):
+            return ProviderError(f"{what}: {e}", reason=podpolicy.REASON, retry=False)
+        if e.status in (403, 422) and ("ValidatingAdmissionPolicy" in str(e) or "violates PodSecurity" in str(e)):
+            return ProviderError(f"{what}: {e}", reason=ADMISSION_REFUSED, retry=False)
         if e.status == 422:
             return ProviderError(f"{what}: {e}", reason="InvalidPod", retry=False)
         return ProviderError(f"{what}: {e}", reason="ProviderFailed")
