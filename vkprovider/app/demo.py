@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -245,6 +246,10 @@ class DemoSettings:
     network: bool = True
     #: How to run the gpufed CLI.
     gpufed: tuple[str, ...] = (sys.executable, "-m", "vkprovider.cli")
+    #: Awaited once the story has run, before the first clean-up step (even after a failed story
+    #: step): a test reads what the story created (its Secrets, the Events of namespaces the
+    #: clean-up deletes) while it exists. Not narrated; an exception fails that clean-up step.
+    before_cleanup: Callable[[], Awaitable[None]] | None = None
 
 
 def display(argv: Sequence[str], prefix: Sequence[str], replacements: Sequence[tuple[str, str]]) -> str:
@@ -453,6 +458,14 @@ def ready_endpoints(slices: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     return sorted(out)
 
 
+def _first(hook: Callable[[], Awaitable[None]], run: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    async def both() -> None:
+        await hook()
+        await run()
+
+    return both
+
+
 # ------------------------------------------------------------------------------------ the story
 
 
@@ -642,7 +655,7 @@ class Demo:
         )
         if s.keep:
             return [*story, teardown]
-        cleanup = [
+        cleanup: list[Step] = [
             Step(
                 "Delete the demo's workloads",
                 "The Job, the Deployment and the Service; their pods go on both sides.",
@@ -670,6 +683,8 @@ class Demo:
                 cleanup=True,
             ),
         ]
+        if s.before_cleanup is not None:
+            cleanup[0] = dataclasses.replace(cleanup[0], run=_first(s.before_cleanup, cleanup[0].run))
         return [*story, *cleanup]
 
     # -- story
