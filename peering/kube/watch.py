@@ -12,8 +12,11 @@ Invariants of `watch`:
   advance the resourceVersion the next watch starts from and are not delivered;
 - a watch that ends normally is resumed from the last resourceVersion seen; 410 Gone (as an HTTP
   status or an ERROR event) relists; connection errors, timeouts, 408/429/5xx are logged
-  ("watch failed") and retried with capped exponential backoff and jitter, then relist; any other
-  4xx (401, 403, 404, 400, ...) is not transient and raises `KubeError` with `status` set;
+  ("watch failed") and retried with capped exponential backoff and jitter, then relist; 401/403
+  are retried the same way for `forbidden_grace_s` (a kube-apiserver that just started answers
+  403 until its RBAC caches have synced; a process must not die of that), and raise once they
+  persist longer; any other 4xx (404, 400, ...) is not transient and raises `KubeError` with
+  `status` set;
 - exceptions raised by `on_event` / `on_synced` propagate unchanged and end the watch;
   cancellation propagates and closes the open stream.
 
@@ -47,6 +50,9 @@ _BASE_BACKOFF = 0.2
 _JITTER = 0.1
 _MIN_HEALTHY_WATCH_S = 1.0  # a watch that ends sooner with no line at all counts as a failure
 _TRANSIENT_STATUS = frozenset({0, 408, 429})
+_AUTH_STATUS = frozenset({401, 403})
+#: Seconds 401/403 are retried before they count as real (an apiserver's authorizer warms up in seconds).
+FORBIDDEN_GRACE_S = 60.0
 
 
 class _WatchIOError(Exception):
@@ -146,8 +152,11 @@ class _Watcher:
         timeout_seconds: int,
         on_synced: Callable[[], None] | None,
         max_backoff: float,
+        forbidden_grace_s: float = FORBIDDEN_GRACE_S,
     ) -> None:
         self.api = api
+        self.forbidden_grace_s = forbidden_grace_s
+        self.forbidden_since: float | None = None
         self.path = path
         self.on_event = on_event
         self.what = what
@@ -178,7 +187,12 @@ class _Watcher:
                         await asyncio.sleep(self.backoff())
                     self.failures += 1
                     continue
-                if not _is_transient(e.status):
+                if e.status in _AUTH_STATUS:
+                    now = time.monotonic()
+                    self.forbidden_since = self.forbidden_since or now
+                    if now - self.forbidden_since >= self.forbidden_grace_s:
+                        raise KubeError(f"watch {self.what}: {e}", status=e.status) from e
+                elif not _is_transient(e.status):
                     raise KubeError(f"watch {self.what}: {e}", status=e.status) from e
                 self.failures += 1
                 delay = self.backoff()
@@ -203,6 +217,7 @@ class _Watcher:
         for key, obj in previous.items():
             if key not in self.known:
                 await _deliver(self.on_event, "DELETED", obj)
+        self.forbidden_since = None
         self.rv = rv or None
         if self.rv is None:
             raise _WatchIOError("list returned no resourceVersion", 500)
@@ -288,6 +303,7 @@ async def watch(
     timeout_seconds: int = 290,
     on_synced: Callable[[], None] | None = None,
     max_backoff: float = 30.0,
+    forbidden_grace_s: float = FORBIDDEN_GRACE_S,
 ) -> None:
     """List then watch the collection at `path` forever, delivering events to `on_event`.
 
@@ -296,7 +312,7 @@ async def watch(
     fieldSelector); `what` names the watch in logs and errors. See the module docstring for the
     events and the error handling. Returns never; raises KubeError on non-transient errors.
     """
-    await _Watcher(api, path, on_event, what, params, timeout_seconds, on_synced, max_backoff).run()
+    await _Watcher(api, path, on_event, what, params, timeout_seconds, on_synced, max_backoff, forbidden_grace_s).run()
 
 
 __all__ = ["Event", "OnEvent", "obj_key", "watch"]

@@ -319,9 +319,20 @@ async def test_forbidden_or_missing_raises_kube_error(fake: tuple[FakeApi, Any],
     rec = Recorder()
     with pytest.raises(KubeError) as err:
         async with asyncio.timeout(1.5):
-            await kw.watch(api, PATH, rec.on_event, what="configmaps")
+            await kw.watch(api, PATH, rec.on_event, what="configmaps", forbidden_grace_s=0)
     assert err.value.status == code
     assert len(server.list_queries) == 1
+
+
+async def test_a_passing_403_is_retried(fake: tuple[FakeApi, Any]) -> None:
+    """A kube-apiserver that just started answers 403 until its RBAC caches have synced."""
+    server, api = fake
+    server.objects = {"a": cm("a", "90")}
+    server.list_statuses = [403, 403]
+    rec = Recorder()
+    async with watching(api, rec, max_backoff=0.05):
+        await until(lambda: any(t == "SYNC" and o["metadata"]["name"] == "a" for t, o in rec.events))
+    assert len(server.list_queries) == 3
 
 
 async def test_callback_errors_propagate_unretried(fake: tuple[FakeApi, Any]) -> None:
