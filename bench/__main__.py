@@ -220,17 +220,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench {time.monotonic() - started:6.1f}s] {msg}", flush=True)
 
     machine = report.machine_info(bin_dir, args.state_dir)
+    failed: list[str] = []
     for part in args.parts:
         try:
             data = _run_part(part, args, bin_dir, progress)
-        except Exception as e:
+        except Exception as e:  # the other parts still run; the exit code says a part failed
             print(f"bench: part {part} failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            failed.append(part)
+            continue
         data["machine"] = machine
         path = report.write_result(part, data)
         print(report.TABLES[part](data))
         print(f"wrote {path}")
     print(f"wrote {report.write_docs()}")
+    if failed:
+        print(f"bench: part(s) failed: {', '.join(failed)} (their earlier results, if any, were kept)", file=sys.stderr)
+        return 1
     return 0
 
 

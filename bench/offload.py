@@ -394,7 +394,12 @@ async def burst(
 async def delete_all(api: Any, namespace: str, remote_api: Any = None, twin_ns: str | None = None) -> float:
     """Delete the namespace's pods and wait until they are gone (and their twins); seconds it took."""
     t0 = time.monotonic()
-    await rest.request(api, "DELETE", f"/api/v1/namespaces/{namespace}/pods")
+    try:
+        # A collection delete of thousands of pods outlasts the default request timeout.
+        await rest.request(api, "DELETE", f"/api/v1/namespaces/{namespace}/pods", request_timeout=600)
+    except KubeError as e:
+        if e.status:  # refused; no answer in time means the API server carries on deleting
+            raise
 
     async def gone() -> bool:
         if await rest.list_items(api, f"/api/v1/namespaces/{namespace}/pods"):
