@@ -11,13 +11,13 @@ GPUFED := $(VENV)/bin/gpufed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv binaries deps lint typecheck test test-unit test-e2e clusters-up clusters-down clusters-status demo bench clean
+.PHONY: help venv binaries deps lint typecheck test test-unit test-e2e test-drills clusters-up clusters-down clusters-status demo bench clean
 
 help:
 	@echo "make demo       build the clusters from source, peer them (with tunnels), offload a namespace, GPU Job + Service, clean up"
-	@echo "make test       lint + typecheck + unit + e2e (real control planes)"
+	@echo "make test       lint + typecheck + unit + e2e (real control planes) + the fault drills"
 	@echo "make bench      benchmarks on dedicated local clusters -> docs/benchmarks.md (BENCH_ARGS='--pods 100,500')"
-	@echo "other targets:  venv binaries deps lint typecheck test-unit test-e2e clusters-up clusters-down clusters-status clean"
+	@echo "other targets:  venv binaries deps lint typecheck test-unit test-e2e test-drills clusters-up clusters-down clusters-status clean"
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; gpufed needs Python >= 3.11" >&2; exit 1; }
@@ -48,9 +48,18 @@ test-unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 test-e2e: venv binaries deps
-	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/e2e --ignore=tests/e2e/drills $(PYTEST_ARGS)
 
-test: lint typecheck test-unit test-e2e
+# The fault drills (docs/reliability.md) stop API servers, compact etcd and cut tunnels, so they get
+# clusters of their own (state in .cache/drills, ports from 19000) rather than the e2e session's.
+# The figures they print go to .cache/drills/results.jsonl.
+test-drills: venv binaries deps
+	GPUFED_E2E_DIR=$${GPUFED_DRILLS_DIR:-$(CURDIR)/.cache/drills} \
+	GPUFED_E2E_BASE_PORT=$${GPUFED_DRILLS_BASE_PORT:-19000} \
+	GPUFED_DRILL_RESULTS=$${GPUFED_DRILL_RESULTS:-$(CURDIR)/.cache/drills/results.jsonl} \
+	$(VENV)/bin/pytest tests/e2e/drills $(PYTEST_ARGS)
+
+test: lint typecheck test-unit test-e2e test-drills
 
 clusters-up: venv binaries
 	$(GPUFED) local up

@@ -161,18 +161,29 @@ def uapi_set(
     endpoint: tuple[str, int] | None,
     keepalive: int | None,
     allowed_ips: Sequence[IPv4Network],
+    current_peers: Sequence[str] | None = None,
 ) -> str:
-    """The WireGuard UAPI "set" message configuring the device and its single peer, replacing any others.
+    """The WireGuard UAPI "set" message configuring the device and its single peer, removing any others.
 
     Keys are hex (as UAPI wants them, lowercased); `endpoint` is an IPv4 address and port. The message
-    ends with the empty line that terminates a UAPI request.
+    ends with the empty line that terminates a UAPI request. `current_peers` (hex public keys) are the
+    device's peers now: the others are removed one by one and ours is updated in place, so a re-apply
+    of an unchanged spec keeps its session (and, on a server, the endpoint it learned from the client);
+    None (not known): `replace_peers=true`, which recreates the peer and cuts the tunnel until the
+    next handshake.
     """
     lines = ["set=1", f"private_key={_key(private_key_hex, 'private key')}"]
     if listen_port is not None:
         if not 0 <= listen_port <= 0xFFFF:
             raise RenderError(f"listen port {listen_port} is outside 0..65535")
         lines.append(f"listen_port={listen_port}")
-    lines += ["replace_peers=true", f"public_key={_key(peer_public_key_hex, 'peer public key')}"]
+    peer = _key(peer_public_key_hex, "peer public key")
+    if current_peers is None:
+        lines.append("replace_peers=true")
+    else:
+        for other in sorted({_key(k, "current peer's public key") for k in current_peers} - {peer}):
+            lines += [f"public_key={other}", "remove=true"]
+    lines.append(f"public_key={peer}")
     if endpoint is not None:
         host, port = endpoint
         try:

@@ -131,18 +131,43 @@ class WireguardGo:
             config.endpoint,
             config.keepalive_s,
             list(config.allowed_ips),
+            # update the peer in place: recreating it on every pass (replace_peers) cut the tunnel at
+            # each resync until the client's next handshake, ~15 s a minute on the server's side
+            current_peers=await self._peers(iface),
         )
-        reader, writer = await asyncio.open_unix_connection(str(self.socket(iface)))
+        # a daemon that exits meanwhile (its link deleted, a slow start replaced) resets the socket:
+        # that is a failed pass to retry, not a crash of the agent
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.socket(iface)))
+        except OSError as e:
+            raise DataplaneError(f"cannot reach wireguard-go of {iface}: {e}") from e
         try:
             writer.write(message.encode())
             await writer.drain()
             answer = (await reader.readuntil(b"\n\n")).decode()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+            raise DataplaneError(f"wireguard-go of {iface} dropped the configuration: {e}") from e
         finally:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
         if answer.strip() != "errno=0":
             raise DataplaneError(f"wireguard-go refused the configuration of {iface}: {answer.strip()}")
+
+    async def _peers(self, iface: str) -> list[str]:
+        """Hex public keys of the device's peers now."""
+
+        def read() -> list[str]:
+            dev = WireguardUAPIDevice(self.socket(iface))
+            try:
+                return [key.hex for key in dev.get_config().peers]
+            finally:
+                dev.close()
+
+        try:
+            return await asyncio.to_thread(read)
+        except (OSError, RuntimeError) as e:
+            raise DataplaneError(f"cannot read the peers of wireguard-go {iface}: {e}") from e
 
     async def stats(self, ns: Netns, iface: str) -> PeerStats | None:
         if not await self._alive(iface):
@@ -155,7 +180,10 @@ class WireguardGo:
             finally:
                 dev.close()
 
-        return await asyncio.to_thread(read)
+        try:
+            return await asyncio.to_thread(read)
+        except OSError as e:  # the daemon went away between the check and the read
+            raise DataplaneError(f"cannot read wireguard-go of {iface}: {e}") from e
 
     async def remove(self, ns: Netns, iface: str) -> bool:
         # deleting the TUN link ends the daemon, which removes its socket

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import binascii
 import os
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -177,13 +178,41 @@ async def api_client(kubeconfig: Path | None, context: str | None = None) -> Asy
         await api.close()
 
 
+def _data_to_files(kubeconfig: Mapping[str, Any], directory: Path) -> dict[str, Any]:
+    """A copy of `kubeconfig` whose base64 `*-data` fields are files in `directory` (mode 0600)."""
+    out = dict(kubeconfig)
+    n = 0
+    for section, item in (("clusters", "cluster"), ("users", "user")):
+        entries = []
+        for entry in kubeconfig.get(section) or []:
+            body = dict(entry.get(item) or {})
+            for data in _BASE64_FIELDS[item]:
+                if data in body:
+                    n += 1
+                    path = directory / f"{n}.pem"
+                    path.touch(mode=0o600)
+                    path.write_bytes(base64.b64decode(body.pop(data)))
+                    body[data.removesuffix("-data")] = str(path)
+            entries.append({**entry, item: body})
+        out[section] = entries
+    return out
+
+
 async def client_from_dict(kubeconfig: dict[str, Any], context: str | None = None) -> Any:
-    """An ApiClient for an in-memory kubeconfig (e.g. credentials read from a Secret); caller closes it."""
+    """An ApiClient for an in-memory kubeconfig (e.g. credentials read from a Secret); caller closes it.
+
+    The library writes each `*-data` field to a temporary file that it deletes only at exit and
+    whose descriptor it never closes: one open descriptor and one file on disk (a private key
+    among them) per new credential for the life of the process, i.e. per peering and per renewal.
+    So the fields go to a private directory here, removed once the client has read them (its TLS
+    context is built when the client is)."""
     check_kubeconfig(kubeconfig, context)
-    try:
-        return await config.new_client_from_config_dict(kubeconfig, context=context)
-    except _LOAD_ERRORS as e:
-        raise KubeError(f"invalid kubeconfig: {e}") from e
+    with tempfile.TemporaryDirectory(prefix="gpufed-kubeconfig-") as d:
+        try:
+            files = await asyncio.to_thread(_data_to_files, kubeconfig, Path(d))
+            return await config.new_client_from_config_dict(files, context=context)
+        except (*_LOAD_ERRORS, binascii.Error) as e:
+            raise KubeError(f"invalid kubeconfig: {e}") from e
 
 
 @asynccontextmanager

@@ -150,6 +150,16 @@ def test_masquerade_replaces_the_snat_mirror() -> None:
     assert chain(ruleset, "marks") == chain(GOLDEN, "marks")
 
 
+def test_uapi_set_updates_a_known_peer_in_place_and_removes_the_others() -> None:
+    other = "c2" * 32
+    text = uapi_set(PRIVATE, None, PUBLIC, None, None, [N("10.99.0.2/32")], current_peers=[other.upper(), "b1" * 32])
+    assert text == (
+        f"set=1\nprivate_key={PRIVATE}\npublic_key={other}\nremove=true\npublic_key={'b1' * 32}\n"
+        "replace_allowed_ips=true\nallowed_ip=10.99.0.2/32\n\n"
+    )
+    assert "replace_peers" not in uapi_set(PRIVATE, None, PUBLIC, None, None, [], current_peers=[])
+
+
 @pytest.mark.parametrize("name", ["", "a" * 16, "wg 0", "wg/0", "wg0\n", 'wg"0', ".", "..", "wg:0", "wgö"])
 def test_invalid_interface_name_is_refused(name: str) -> None:
     with pytest.raises(RenderError, match="interface"):

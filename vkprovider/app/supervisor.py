@@ -6,7 +6,10 @@ kubelet ports for each from the configured range (one per pool node; kept while 
 lives); restarts with capped backoff when a process exits while its peering exists (a crash or
 `kill -9` is survived: the new process adopts the nodes and their pods); stopping them when the
 controller stops. When a peering is removed the virtual kubelet sees it itself, deletes its Nodes
-and exits 0; the supervisor then does not restart it.
+and exits 0; the supervisor then does not restart it. A child also ends when the controller dies
+without stopping it (kill -9, OOM): it runs `exit_with_supervisor` first, so the kernel sends it
+SIGTERM (an ordinary stop, which leaves its Nodes and pods for the next process to adopt) instead of
+leaving it running unsupervised on the kubelet ports the restarted controller hands out again.
 
 This is how the local environment runs virtual kubelets; in a real cluster the Helm chart runs them
 as Deployments and this supervisor is off (no --virtual-kubelet-kubeconfig).
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +63,22 @@ NOT_INHERITED = ("GPUFED_METRICS_PORT", "GPUFED_METRICS_HOST")
 
 def child_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+
+
+#: prctl(2) option: the signal this process gets when the thread that forked it exits.
+PR_SET_PDEATHSIG = 1
+
+
+def exit_with_supervisor(supervisor_pid: int) -> None:
+    """Called first thing in a supervised virtual kubelet (`--exit-with-parent`): SIGTERM to this
+    process when its supervisor dies, however it dies. Linux only (a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != supervisor_pid:  # it died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def node_name(provider: str) -> str:
@@ -134,6 +155,7 @@ class Supervisor:
             f"--node-name={node_name(child.provider)}",
             f"--node-address={s.node_address}",
             f"--kubelet-ports={child.ports[0]}-{child.ports[1]}",
+            f"--exit-with-parent={os.getpid()}",
         ]
         if s.context:
             cmd.append(f"--context={s.context}")

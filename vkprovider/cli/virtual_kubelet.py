@@ -10,6 +10,7 @@ import typer
 from peering.kube.client import KubeError
 from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from peering.kube.metrics import MetricsServerError
+from vkprovider.app.supervisor import exit_with_supervisor
 from vkprovider.app.virtual_kubelet import (
     DEFAULT_BURST,
     DEFAULT_QPS,
@@ -109,8 +110,14 @@ def virtual_kubelet(
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
+    exit_with_parent: Annotated[
+        int | None,
+        typer.Option("--exit-with-parent", hidden=True, help="PID of the supervising controller: stop when it dies"),
+    ] = None,
 ) -> None:
     """Run the virtual nodes of a peered provider (the controller starts one process per provider)."""
+    if exit_with_parent is not None:
+        exit_with_supervisor(exit_with_parent)
     configure_logging(log_level)
     if qps <= 0 or burst < 1 or workers < 1:
         raise typer.BadParameter("--qps must be > 0, --burst and --workers >= 1")
