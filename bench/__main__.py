@@ -129,13 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         "--pods",
         type=_sizes,
         default=offload.DEFAULT_SIZES,
-        help="offload: pre-bound burst sizes (default 100,1000,2000)",
+        help="offload: pre-bound burst sizes (default 100,1000; the clusters grow for larger ones, e.g. 2000)",
     )
     p.add_argument(
         "--scheduled-pods",
         type=_sizes_or_none,
         default=offload.DEFAULT_SCHEDULED_SIZES,
-        help="offload: burst sizes through the kube-scheduler (default 1000; 'none' for none)",
+        help="offload: burst sizes through the kube-scheduler (default 500; 'none' for none)",
     )
     p.add_argument(
         "--steady", type=float, default=offload.STEADY_S, help="offload: seconds of footprint sampling per size (10)"
