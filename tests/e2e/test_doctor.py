@@ -29,7 +29,7 @@ def ids(clusters: Clusters) -> Iterator[dict[str, ClusterID]]:
 
 
 def doctor(clusters: Clusters, context: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return gpufed("doctor", "--kubeconfig", str(clusters.kubeconfig), "--context", context, *args, timeout=60)
+    return gpufed("doctor", "--kubeconfig", str(clusters.kubeconfig), "--context", context, *args, timeout=180)
 
 
 def checks(p: subprocess.CompletedProcess[str]) -> dict[tuple[str, str], dict[str, Any]]:
