@@ -454,30 +454,13 @@ async def offload_namespace(
 ) -> tuple[str, str]:
     """Offload VK_NS to gpu-a; (how, twin namespace name)."""
     kc = str(env.merged_kubeconfig)
-    code, _ = await gpufed_cli("offload-namespace", "--help", limit_s=60)
-    if code == 0:
-        how = "gpufed offload-namespace"
-        code, out = await gpufed_cli(
-            "offload-namespace", VK_NS, "--kubeconfig", kc, "--context", CONSUMER,
-            "--selector", f"gpufed.io/remote-cluster-id={ids[PROVIDER]}",
-        )  # fmt: skip
-        if code != 0:
-            raise RuntimeError(f"gpufed offload-namespace failed ({code}):\n{out}")
-    else:
-        how = "TwinNamespace request (no offload-namespace in the CLI)"
-        tenant = f"{TENANT_PREFIX}{ids[CONSUMER]}"
-        with contextlib.suppress(KubeError):
-            await rest.request(
-                provider,
-                "POST",
-                rest.path("gpufed.io/v1alpha1", "twinnamespaces", namespace=tenant),
-                body={
-                    "apiVersion": "gpufed.io/v1alpha1",
-                    "kind": "TwinNamespace",
-                    "metadata": {"name": VK_NS, "namespace": tenant},
-                    "spec": {"namespace": VK_NS},
-                },
-            )
+    how = "gpufed offload-namespace"
+    code, out = await gpufed_cli(
+        "offload-namespace", VK_NS, "--kubeconfig", kc, "--context", CONSUMER,
+        "--selector", f"gpufed.io/remote-cluster-id={ids[PROVIDER]}",
+    )  # fmt: skip
+    if code != 0:
+        raise RuntimeError(f"gpufed offload-namespace failed ({code}):\n{out}")
     return how, await twin_namespace(provider, ids[CONSUMER], VK_NS, PROVIDER)
 
 

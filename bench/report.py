@@ -774,9 +774,145 @@ def missed_targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, s
     return out
 
 
+def _run_of(data: dict[str, Any] | None, n: int, mode: str = "pre-bound") -> dict[str, Any]:
+    for r in (data or {}).get("runs") or []:
+        if r["pods"] == n and _mode(r) == mode:
+            return dict(r)
+    return {}
+
+
+def _foot(data: dict[str, Any] | None, n: int) -> dict[str, Any]:
+    return next((f for f in (data or {}).get("footprint") or [] if f["pods"] == n), {})
+
+
+def _profile_share(data: dict[str, Any] | None, function: str) -> str:
+    prof = (data or {}).get("profile") or {}
+    for row in prof.get("inclusive_gpufed") or []:
+        if row["function"] == function:
+            return f"{row['share']:.0%}"
+    return "—"
+
+
+def _before_after(results: dict[str, dict[str, Any]]) -> str:
+    """The offload figures of the run that profiled (`offload`) against the run after the fixes
+    (`offload-after`, the same part with the fixed code), at the sizes both measured."""
+    before, after = results.get("offload"), results.get("offload-after")
+    if not after:
+        return "No run after the fixes is recorded yet (bench/results/offload-after.json)."
+    rows = [
+        "| N (pre-bound) | virtual: all Running before → after | ratio before → after | virtual kubelet "
+        "CPU s in the burst before → after | steady RSS before → after |",
+        "|---:|---|---|---|---|",
+    ]
+    for r in after.get("runs") or []:
+        b = _run_of(before, r["pods"], _mode(r))
+        if not b:
+            continue
+        vb, va = b["virtual"], r["virtual"]
+        cb = ((vb.get("processes") or {}).get("virtual-kubelet") or {}).get("cpu_s")
+        ca = ((va.get("processes") or {}).get("virtual-kubelet") or {}).get("cpu_s")
+        fb = (_foot(before, r["pods"]).get("virtual-kubelet") or {}).get("rss_mb")
+        fa = (_foot(after, r["pods"]).get("virtual-kubelet") or {}).get("rss_mb")
+        rows.append(
+            f"| {r['pods']} | {_s(vb.get('all_running_s'))} → {_s(va.get('all_running_s'))} | "
+            f"{_s(b['verdicts']['ratio']['value'], '')} → {_s(r['verdicts']['ratio']['value'], '')} | "
+            f"{_s(cb)} → {_s(ca)} | {_s(fb, ' MB')} → {_s(fa, ' MB')} |"
+        )
+    m = after.get("machine") or {}
+    return (
+        f"Before and after (the run after the fixes: {m.get('date', '?')}, load average at start "
+        f"{m.get('loadavg_at_start', '?')}; both runs shared the machine with other work):\n\n" + "\n".join(rows)
+    )
+
+
+def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
+    off = results.get("offload") or {}
+    r = _run_of(off, 1000)
+    b, v = r.get("baseline") or {}, r.get("virtual") or {}
+    vk = ((v.get("processes") or {}).get("virtual-kubelet")) or {}
+    return (
+        "Two different things. **pods/s ≥ 200** cannot be met on this machine by anything: the baseline, "
+        f"kwok's own nodes with no gpufed at all, reached {b.get('pods_per_s', '—')} pods/s at N=1000, because "
+        "the client, two API servers, two etcds and kwok share 2 cores. **The ratio** is the fair figure, and it "
+        "is missed: each offloaded pod costs the API servers about twice the work of a local one (created on the "
+        "consumer through the offloading webhook, then its twin created, scheduled by kwok, watched and its "
+        "status patched back on the consumer, plus the pod's token Secret on the provider), all on the same two "
+        f"cores; creates alone returned after {_s(v.get('create_s'))} vs {_s(b.get('create_s'))} locally. "
+        f"The virtual kubelet itself used {_s(vk.get('cpu_cores'), ' cores')} on average over the burst. "
+        "The py-spy profile of the largest burst (above) showed where that CPU went: "
+        f"`PoolManager.usage` was on the stack in {_profile_share(off, 'vkprovider/app/pools.py:PoolManager.usage')} "
+        "of the samples: every bound pod poked the node-status loop, which re-read the pool's usage, O(pods), "
+        "back to back, so a burst cost O(pods²), with `pod_requests` re-parsing every pod's quantities each time. "
+        "Fixed: reads coalesce to one per 0.25 s, and requests are parsed once per pod generation. "
+        + _before_after(results)
+        + "\n\nWhat remains is API-server work on shared cores, which a virtual kubelet cannot remove: on a "
+        "machine where the API servers have their own cores the ratio is the figure to watch."
+    )
+
+
+def _why_footprint(results: dict[str, dict[str, Any]]) -> str:
+    off = results.get("offload") or {}
+    g = off.get("growth") or {}
+    zero = (_foot(off, 0).get("virtual-kubelet") or {}).get("rss_mb")
+    return (
+        f"The virtual kubelet starts at {_s(zero, ' MB')} and grows by about "
+        f"{g.get('virtual-kubelet_rss_kb_per_pod', '—')} KB per offloaded pod: it keeps every local pod and every "
+        "twin as decoded JSON (two watches), plus token state, so 1000 pods cost it about as much again as the "
+        "process itself. Two fixes from measuring it: kubernetes-asyncio's ~850 generated modules are no longer "
+        "imported (−31 MB per gpufed process at start, peering.kube.library), and watched objects drop "
+        "`metadata.managedFields` before they are cached. The next step, not taken yet, is caching only the "
+        "fields the virtual kubelet reads instead of whole objects."
+    )
+
+
+def _why_pollers(results: dict[str, dict[str, Any]]) -> str:
+    return (
+        "See the api-cost section's list of what is polled. Fixed after the first measurement: the consumer "
+        "controller listed every ResourceSlice once per provider per 10 s resync (O(providers²) reads); it now "
+        "reads them from its watch. Left as they are, by design: the virtual kubelet's `GET /version` health "
+        "probe of its provider every 5 s (a watch alone does not notice a half-open connection; it is the "
+        "provider's heartbeat, like a kubelet's Lease), the provider's quota/limit reads and the consumer's "
+        "per-provider resync (10 s) of the slices' status on the provider, which has no watch there."
+    )
+
+
+def _why_reflection(results: dict[str, dict[str, Any]]) -> str:
+    data = results.get("reflection") or {}
+    m = data.get("machine") or {}
+    kinds = data.get("kinds") or {}
+    local = {k: (r.get("local") or {}).get("p99_ms") for k, r in kinds.items()}
+    return (
+        f"This run's machine had load average {m.get('loadavg_at_start', '?')} at its start (other local "
+        "environments and test sessions on the same 2 cores). The consumer API server's own write-to-watch "
+        f"delay, which involves no gpufed code, had a p99 of {', '.join(f'{k} {v:g} ms' for k, v in local.items())} "
+        "in the same run, and each provider copy is two more API-server round trips (apply on the provider, "
+        "its watch) on the same starved cores. The same part measured 10–12 ms p99 on a quieter run "
+        "(session 18). Nothing in the reflector's own path showed up as the cause; the tail is queueing for CPU."
+    )
+
+
+def _why_gpupool(results: dict[str, dict[str, Any]]) -> str:
+    return (
+        "Part of the gap is the trace itself and the scheduler's order: a greedy placer with no overhead on "
+        "these node shapes, taking Jobs in submission order as the kube-scheduler's queue roughly does, "
+        "reaches only about 0.83 of the ideal (the gpu-pool section computes it). The rest is pod start and "
+        "completion latency across two clusters on a loaded 2-core machine (a Job's GPUs are idle from its "
+        "completion to the next pod's start on them). The targets that are gpufed's own are met: live capacity "
+        "beats the static-slice baseline, and no pod ever sat Pending remotely."
+    )
+
+
 #: Why a target is missed, from the profiles and measurements behind this page (bench.report keeps
 #: the words; the figures come from the results). A missed target without an entry says so.
-EXPLANATIONS: dict[str, str] = {}
+EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
+    "offload.ratio": _why_offload_speed,
+    "offload.vk_pods_per_s": lambda _r: "See offload.ratio: the baseline itself stays far below 200 pods/s here.",
+    "offload.vk_rss_mb": _why_footprint,
+    "offload.footprint_rss": _why_footprint,
+    "api-cost.pollers": _why_pollers,
+    "reflection.p99": _why_reflection,
+    "gpu-pool.utilisation": _why_gpupool,
+}
 
 
 def _missed_section(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -788,7 +924,8 @@ def _missed_section(results: dict[str, dict[str, Any]]) -> list[str]:
     lines += [f"| {key} | {where} | {value} |" for key, where, value in missed]
     lines.append("")
     for key in dict.fromkeys(k for k, _, _ in missed):
-        lines += [f"**{key}.** " + EXPLANATIONS.get(key, "No explanation recorded yet: profile it."), ""]
+        why = EXPLANATIONS.get(key)
+        lines += [f"**{key}.** " + (why(results) if why else "No explanation recorded yet: profile it."), ""]
     return lines
 
 

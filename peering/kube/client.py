@@ -16,6 +16,7 @@ import base64
 import binascii
 import os
 import tempfile
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -204,15 +205,22 @@ async def client_from_dict(kubeconfig: dict[str, Any], context: str | None = Non
     The library writes each `*-data` field to a temporary file that it deletes only at exit and
     whose descriptor it never closes: one open descriptor and one file on disk (a private key
     among them) per new credential for the life of the process, i.e. per peering and per renewal.
-    So the fields go to a private directory here, removed once the client has read them (its TLS
-    context is built when the client is)."""
+    So the fields go to a private directory here instead, which lives exactly as long as the client:
+    upgraded connections (exec, attach, port-forward: `peering.kube.upgrade`) build their TLS
+    context from the configuration's file paths, so the files must outlive the client's creation."""
     check_kubeconfig(kubeconfig, context)
-    with tempfile.TemporaryDirectory(prefix="gpufed-kubeconfig-") as d:
-        try:
-            files = await asyncio.to_thread(_data_to_files, kubeconfig, Path(d))
-            return await config.new_client_from_config_dict(files, context=context)
-        except (*_LOAD_ERRORS, binascii.Error) as e:
-            raise KubeError(f"invalid kubeconfig: {e}") from e
+    tmp = tempfile.TemporaryDirectory(prefix="gpufed-kubeconfig-")
+    try:
+        files = await asyncio.to_thread(_data_to_files, kubeconfig, Path(tmp.name))
+        api = await config.new_client_from_config_dict(files, context=context)
+    except (*_LOAD_ERRORS, binascii.Error) as e:
+        tmp.cleanup()
+        raise KubeError(f"invalid kubeconfig: {e}") from e
+    except BaseException:
+        tmp.cleanup()
+        raise
+    weakref.finalize(api, tmp.cleanup)  # removed with the client (closed and dropped), or at exit
+    return api
 
 
 @asynccontextmanager
