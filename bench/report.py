@@ -869,7 +869,8 @@ def _why_pollers(results: dict[str, dict[str, Any]]) -> str:
     return (
         "See the api-cost section's list of what is polled. Fixed after the first measurement: the consumer "
         "controller listed every ResourceSlice once per provider per 10 s resync (O(providers²) reads); it now "
-        "reads them from its watch. Left as they are, by design: the virtual kubelet's `GET /version` health "
+        "reads them from its watch (not re-measured: the api-cost figures above predate the fix). "
+        "Left as they are, by design: the virtual kubelet's `GET /version` health "
         "probe of its provider every 5 s (a watch alone does not notice a half-open connection; it is the "
         "provider's heartbeat, like a kubelet's Lease), the provider's quota/limit reads and the consumer's "
         "per-provider resync (10 s) of the slices' status on the provider, which has no watch there."
@@ -887,7 +888,8 @@ def _why_reflection(results: dict[str, dict[str, Any]]) -> str:
         f"delay, which involves no gpufed code, had a p99 of {', '.join(f'{k} {v:g} ms' for k, v in local.items())} "
         "in the same run, and each provider copy is two more API-server round trips (apply on the provider, "
         "its watch) on the same starved cores. The same part measured 10–12 ms p99 on a quieter run "
-        "(session 18). Nothing in the reflector's own path showed up as the cause; the tail is queueing for CPU."
+        "(session 18). The reflector was not profiled in this run; the baseline's own tail says the cores "
+        "were queueing, and only a quiet run tells the reflector's share."
     )
 
 

@@ -98,8 +98,8 @@ class PoolManager:
         self._releasing: set[str] = set()
         #: UID -> monotonic time we first saw its twin placed at the provider.
         self._placed_at: dict[str, float] = {}
-        #: uid -> ((generation, resourceVersion without one), its parsed requests).
-        self._requests: dict[str, tuple[tuple[str, str], Mapping[str, Decimal]]] = {}
+        #: uid -> (spec generation, or resourceVersion without one; its parsed requests).
+        self._requests: dict[str, tuple[str, Mapping[str, Decimal]]] = {}
         self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
         provider.slice_listeners.append(self._on_grant)
         if feed is not None:
@@ -149,10 +149,8 @@ class PoolManager:
         """`pod_requests`, parsed once per pod and spec generation (parsing quantities for every
         pod at every node-status read was a fifth of the virtual kubelet's CPU in a burst)."""
         meta = pod["metadata"]
-        key = (
-            str(meta.get("generation", "")),
-            str(meta.get("resourceVersion", "")) if "generation" not in meta else "",
-        )
+        # Pods carry a spec generation (Kubernetes >= 1.33); without one, any change may be a resize.
+        key = str(meta.get("generation") or f"rv:{meta.get('resourceVersion', '')}")
         cached = self._requests.get(meta.get("uid"))
         if cached is not None and cached[0] == key:
             return cached[1]
