@@ -133,7 +133,18 @@ class LeaderElector:
             self._log.warning("leadership not released; others take over when the lease expires", error=str(e))
 
     async def try_acquire_or_renew(self) -> bool:
-        """One attempt; True when this candidate holds the Lease afterwards."""
+        """One attempt; True when this candidate holds the Lease afterwards.
+
+        A write conflict (another writer between our read and our write) is answered by reading
+        again, a few times: the lease we saw is stale, so it says nothing about who holds it now."""
+        for _ in range(3):
+            won = await self._attempt()
+            if won is not None:
+                return won
+        return False
+
+    async def _attempt(self) -> bool | None:
+        """Read and, when free or ours, write the Lease; None on a write conflict."""
         s = self.settings
         now = self.clock()
         wall = time.time()
@@ -151,7 +162,7 @@ class LeaderElector:
                 )
             except KubeError as e:
                 if e.status == 409:  # another candidate created it first
-                    return False
+                    return None
                 raise
             return self._won(created, now)
         spec = lease.get("spec") or {}
@@ -175,7 +186,7 @@ class LeaderElector:
             updated = await rest.request(self.api, "PUT", self._url, body=lease, what="renew leader lease")
         except KubeError as e:
             if e.status == 409:  # someone else wrote it since we read it
-                return False
+                return None
             raise
         return self._won(updated, now)
 

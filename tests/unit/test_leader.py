@@ -93,6 +93,32 @@ async def test_a_leader_that_cannot_renew_steps_down() -> None:
         assert not leader.is_leader
 
 
+class Sniped(FakeApiServer):
+    """Lets another candidate ("b") take the lease between a renewal's read and its write, once."""
+
+    armed = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.armed and request.method == "PUT":
+            self.armed = False
+            self.update("leases", "gpufed", "gpufed-controller", lambda o: o["spec"].update(holderIdentity="b"))
+        return await super().handle(request)
+
+
+async def test_a_renewal_that_conflicts_reads_again_and_names_the_new_holder() -> None:
+    server = Sniped()
+    async with serve(server) as (_server, api):
+        leader = LeaderElector(api, settings("a"), clock=Clock())
+        await leader.acquire()
+        server.armed = True
+        with pytest.raises(LostLeadershipError, match="held by b"):
+            await asyncio.wait_for(leader.hold(), 2)
+        assert not server.armed, "the write raced"
+        lease = server.get("leases", "gpufed", "gpufed-controller")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "b", "b's write was not overwritten"
+        assert not leader.is_leader
+
+
 class Flaky(FakeApiServer):
     """Answers 503 to everything while `broken`."""
 
