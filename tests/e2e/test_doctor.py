@@ -44,25 +44,33 @@ def test_a_fresh_peering_is_healthy_but_has_no_fabric(clusters: Clusters, ids: d
     found = checks(p)
     for name in ("install", "identity", "controller", "webhook"):
         assert found[("", name)]["status"] == "OK", found[("", name)]
-    for name in ("peering", "credentials", "api", "grant", "virtual-nodes", "estimator"):
+    for name in ("peering", "credentials", "grant", "virtual-nodes", "estimator"):
         assert found[(provider, name)]["status"] == "OK", found[(provider, name)]
-    assert "/version answered in" in found[(provider, "api")]["finding"]
+    api = found[(provider, "api")]
+    assert "/version answered in" in api["finding"]
+    # A loaded test machine can take more than the 1 s threshold to answer: that WARN is the check
+    # working, and the only one tolerated here (the forced WARN below proves the check can say it).
+    slow = [api] if api["status"] == "WARN" and api["finding"].startswith("slow: ") else []
+    assert api["status"] == "OK" or slow, api
     assert "nvidia.com/gpu 8/8" in found[(provider, "grant")]["finding"]
     assert "answers GetCapacity" in found[(provider, "estimator")]["finding"]
     tunnel = found[(provider, "tunnel")]
     assert tunnel["status"] == "WARN"
     assert tunnel["finding"] == "no network fabric: pods cannot reach each other across clusters"
     assert "gpufed network connect --kubeconfig" in tunnel["fix"]
-    assert [c for c in found.values() if c["status"] != "OK"] == [tunnel]
+    not_ok = sorted((c for c in found.values() if c["status"] != "OK"), key=lambda c: str(c["name"]))
+    assert not_ok == [*slow, tunnel]  # "api" sorts before "tunnel"
 
     table = doctor(clusters, "consumer")
     assert table.returncode == 0, out(table)
     print("\n" + table.stdout)  # the sample output of the report
     assert "no network fabric" in table.stdout and "WARN" in table.stdout
 
-    only = doctor(clusters, "consumer", "--remote-cluster-id", provider, "-o", "json")
+    only = doctor(clusters, "consumer", "--remote-cluster-id", provider, "--slow-api-ms", "0.001", "-o", "json")
     assert only.returncode == 0, out(only)
     assert {k[0] for k in checks(only)} == {"", provider}
+    api = checks(only)[(provider, "api")]
+    assert api["status"] == "WARN" and api["finding"].startswith("slow: GET https://"), api
 
 
 def test_the_provider_side_of_the_peering_is_healthy(clusters: Clusters, ids: dict[str, ClusterID]) -> None:

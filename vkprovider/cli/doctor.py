@@ -17,6 +17,7 @@ from rich.table import Table
 from peering.ids import parse_cluster_id
 from vkprovider.app.doctor import (
     DEFAULT_CHECK_TIMEOUT_S,
+    DEFAULT_SLOW_API_MS,
     DEFAULT_UNDERLAY_MTU,
     THIS_CLUSTER,
     DoctorError,
@@ -70,6 +71,10 @@ def doctor(
     underlay_mtu: Annotated[
         int, typer.Option("--underlay-mtu", help="MTU of the network between the gateways, to judge the tunnel MTU")
     ] = DEFAULT_UNDERLAY_MTU,
+    slow_api_ms: Annotated[
+        float,
+        typer.Option("--slow-api-ms", help="a provider API round trip slower than this many ms is a WARN"),
+    ] = DEFAULT_SLOW_API_MS,
 ) -> None:
     """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
     tunnel, webhook, estimator) and say what is wrong and how to fix it."""
@@ -78,6 +83,8 @@ def doctor(
         raise fail("--timeout must be a positive number of seconds", code=2)
     if not 576 <= underlay_mtu <= 65535:
         raise fail("--underlay-mtu must be 576..65535", code=2)
+    if slow_api_ms <= 0:
+        raise fail("--slow-api-ms must be a positive number of milliseconds", code=2)
     if remote_cluster_id is not None:
         try:
             parse_cluster_id(remote_cluster_id)
@@ -89,6 +96,7 @@ def doctor(
         remote_cluster_id=remote_cluster_id,
         check_timeout_s=timeout,
         underlay_mtu=underlay_mtu,
+        slow_api_ms=slow_api_ms,
     )
     report = run_op(run_doctor(settings), (DoctorError,))
     if output == "json":
