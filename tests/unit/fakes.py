@@ -528,7 +528,7 @@ async def serve(server: FakeApiServer | None = None) -> AsyncIterator[tuple[Fake
         await runner.cleanup()
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 1.5, what: str = "") -> None:
+async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     """Poll `predicate` until it holds; AssertionError (naming `what`) after `timeout` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -193,7 +193,7 @@ async def started(fake: FakeApiServer | None = None, *, seeded: bool = True, **s
         opts: dict[str, Any] = {"port": 0, "debounce_s": 0.02, "heartbeat_s": 0.3, **settings}
         est = EstimatorServer(api, EstimatorServerSettings(**opts))
         async with running(est.run()) as task:
-            await until(lambda: est.ready.is_set() or task.done(), timeout=1.5, what="estimator ready")
+            await until(lambda: est.ready.is_set() or task.done(), what="estimator ready")
             if task.done():
                 task.result()
             yield Running(server, api, est)
@@ -310,7 +310,7 @@ async def test_a_client_without_certificate_is_refused_by_the_handshake() -> Non
         )
         try:
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await call(pb.CapacityRequest(), timeout=2)
+                await call(pb.CapacityRequest(), timeout=10)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         finally:
             await channel.close()

@@ -46,7 +46,7 @@ async def test_returns_when_the_virtual_node_becomes_ready() -> None:
             node["status"]["conditions"][0]["status"] = "True"
 
         server.update("nodes", "", f"gpufed-{PROVIDER}", ready)
-        await asyncio.wait_for(task, 3)
+        await asyncio.wait_for(task, 10)
         assert report.lines == [f"done virtual node gpufed-{PROVIDER} Ready"]
 
 

@@ -220,6 +220,8 @@ async def test_endpoint_slices_follow_their_service_and_are_translated() -> None
         assert remote_slice["endpoints"][0]["addresses"] == ["10.244.3.4"]
         assert "nodeName" not in remote_slice["endpoints"][0]
         assert remote_slice["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] == "reflection.gpufed.io"
+        # The Service has its own reflector: it may land just after the slice.
+        await until(lambda: p.remote_obj("services", "web") is not None, what="service reflected")
         svc = p.remote_obj("services", "web")
         assert svc is not None and svc["spec"]["type"] == "ClusterIP" and "selector" not in svc["spec"]
 
