@@ -747,14 +747,14 @@ class _Doctor:
     # ---- this cluster
 
     async def install(self) -> list[Check]:
-        missing = []
-        for kind in KINDS:
-            crd = f"{kind.plural}.{GROUP}"
-            if await _get(self.api, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") is None:
-                missing.append(f"CRD {crd}")
+        wanted = {
+            f"CRD {k.plural}.{GROUP}": f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{k.plural}.{GROUP}"
+            for k in KINDS
+        }
         for role in (CONSUMER_WORKLOADS_ROLE, CONSUMER_CONTROL_ROLE):
-            if await _get(self.api, rest.path("rbac.authorization.k8s.io/v1", "clusterroles", role)) is None:
-                missing.append(f"ClusterRole {role}")
+            wanted[f"ClusterRole {role}"] = rest.path("rbac.authorization.k8s.io/v1", "clusterroles", role)
+        found = await asyncio.gather(*(_get(self.api, path) for path in wanted.values()))  # side by side
+        missing = [what for what, obj in zip(wanted, found, strict=True) if obj is None]
         return [judge_install(missing, fix_flags=self.s.flags)]
 
     async def lease(self) -> dict[str, Any] | None:
