@@ -52,12 +52,17 @@ test-e2e: venv binaries deps
 
 # The fault drills (docs/reliability.md) stop API servers, compact etcd and cut tunnels, so they get
 # clusters of their own (state in .cache/drills, ports from 19000) rather than the e2e session's.
-# The figures they print go to .cache/drills/results.jsonl.
+# Their figures go to .cache/drill-results.jsonl (outside the state directory, which the session's
+# clean-up removes), one JSON line per drill, and are printed at the end.
+DRILL_RESULTS ?= $(CURDIR)/.cache/drill-results.jsonl
 test-drills: venv binaries deps
+	@mkdir -p $(dir $(DRILL_RESULTS)) && rm -f $(DRILL_RESULTS)
 	GPUFED_E2E_DIR=$${GPUFED_DRILLS_DIR:-$(CURDIR)/.cache/drills} \
 	GPUFED_E2E_BASE_PORT=$${GPUFED_DRILLS_BASE_PORT:-19000} \
-	GPUFED_DRILL_RESULTS=$${GPUFED_DRILL_RESULTS:-$(CURDIR)/.cache/drills/results.jsonl} \
-	$(VENV)/bin/pytest tests/e2e/drills $(PYTEST_ARGS)
+	GPUFED_DRILL_RESULTS=$(DRILL_RESULTS) \
+	$(VENV)/bin/pytest tests/e2e/drills $(PYTEST_ARGS); status=$$?; \
+	echo "drill figures ($(DRILL_RESULTS)):"; cat $(DRILL_RESULTS) 2>/dev/null || echo "  none recorded"; \
+	exit $$status
 
 test: lint typecheck test-unit test-e2e test-drills
 
