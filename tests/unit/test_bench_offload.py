@@ -3,6 +3,7 @@ missed-targets section of docs/benchmarks.md, and the plots drawn from a results
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,22 @@ def test_the_page_shows_every_figure_against_its_target_and_lists_what_was_misse
     assert "## Missed targets and why" in page
     for key in missed:
         assert f"**{key}.**" in page
+
+
+def test_the_run_after_the_fixes_is_set_beside_the_profiled_run() -> None:
+    rs = results()
+    assert "No run after the fixes is recorded yet" in report.render(rs, {})
+    after = copy.deepcopy(rs["offload"])
+    after["part"] = "offload-after"
+    after["machine"]["loadavg_at_start"] = [0.5, 0.5, 0.5]
+    for r in after["runs"]:
+        r["virtual"]["all_running_s"] /= 2
+        r["virtual"]["processes"]["virtual-kubelet"]["cpu_s"] /= 4
+    page = report.render({**rs, "offload-after": after}, {})
+    assert "load average at start [1, 1, 1]" in page and "load average at start [0.5, 0.5, 0.5]" in page
+    assert "| 1000 pre-bound | 50 s → 25 s | " in page, "all Running before -> after at the size both measured"
+    assert "| 1000 scheduled | 50 s → 25 s | " in page
+    assert "| 5 s → 1.25 s |" in page, "the virtual kubelet's CPU seconds in the burst"
 
 
 def test_plots_are_drawn_from_the_results(tmp_path: Path) -> None:
