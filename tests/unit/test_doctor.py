@@ -692,6 +692,9 @@ def test_cli_bad_usage_exits_2(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--output must be table or json" in res.output
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "--timeout", "0"])
     assert res.exit_code == 2 and "--timeout must be" in res.output
+    for bad in ("0", "nan"):
+        res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "--slow-api-ms", bad])
+        assert res.exit_code == 2 and "--slow-api-ms must be a positive number" in res.output, bad
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "--remote-cluster-id", "Bad_ID"])
     assert res.exit_code == 2 and "invalid cluster ID" in " ".join(res.output.split())
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc)])

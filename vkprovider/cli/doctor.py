@@ -79,11 +79,11 @@ def doctor(
     """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
     tunnel, webhook, estimator) and say what is wrong and how to fix it."""
     check_output(output)
-    if timeout <= 0:
+    if not timeout > 0:  # also NaN
         raise fail("--timeout must be a positive number of seconds", code=2)
     if not 576 <= underlay_mtu <= 65535:
         raise fail("--underlay-mtu must be 576..65535", code=2)
-    if slow_api_ms <= 0:
+    if not slow_api_ms > 0:  # also NaN
         raise fail("--slow-api-ms must be a positive number of milliseconds", code=2)
     if remote_cluster_id is not None:
         try:
