@@ -868,13 +868,26 @@ def _why_footprint(results: dict[str, dict[str, Any]]) -> str:
     )
 
 
+#: api-cost at 5 providers before the consumer controller read its ResourceSlices from its watch
+#: (run of 2026-11-22 07:44 UTC): its lists/s on the consumer, and gpufed's requests/s per provider.
+_BEFORE_SLICE_FIX = {"consumer_controller_lists_per_s": 0.444, "gpufed_rps_per_provider": 1.447}
+
+
 def _why_pollers(results: dict[str, dict[str, Any]]) -> str:
+    data = results.get("api-cost") or {}
+    last = (data.get("phases") or [{}])[-1]
+    ctl = ((last.get("servers") or {}).get("consumer") or {}).get("controller") or {}
+    window = float(last.get("window_s") or 0)
+    lists = round(ctl.get("by_verb", {}).get("list", 0) / window, 3) if window else None
+    per_provider = ((data.get("growth") or {}).get("gpufed_rps_per_provider") or {}).get("many")
+    before = _BEFORE_SLICE_FIX
     return (
         "See the api-cost section's list of what is polled. Fixed after the first measurement: the consumer "
         "controller listed every ResourceSlice once per provider per 10 s resync (O(providers²) reads); it now "
-        "reads them from its watch. Re-measured after the fix (the run above): at 5 providers the consumer "
-        "controller makes no list of ResourceSlices at all (before: 0.444 lists/s, one every 0.21 s) and gpufed "
-        "as a whole makes 1.257 requests/s per provider (before: 1.447). "
+        f"reads them from its watch. In the run above, with {last.get('providers', '?')} providers, the consumer "
+        f"controller made {_s(lists, ' lists/s')} (before the fix: {before['consumer_controller_lists_per_s']}) "
+        f"and gpufed as a whole {_s(per_provider, ' requests/s')} per provider "
+        f"(before: {before['gpufed_rps_per_provider']}). "
         "Left as they are, by design: the virtual kubelet's `GET /version` health "
         "probe of its provider every 5 s (a watch alone does not notice a half-open connection; it is the "
         "provider's heartbeat, like a kubelet's Lease), the provider's quota/limit reads and the consumer's "
@@ -975,9 +988,9 @@ def render(results: dict[str, dict[str, Any]], figures: dict[str, list[str]] | N
         "",
         "How long it takes: `make bench` at the default sizes (offload 100 and 1000 pre-bound, 500 scheduled; "
         "all five parts) took 18 min 4 s on a fresh clone of 2026-11-22 on the 2-core development machine, "
-        "venv created, Kubernetes binaries already built (a cold build adds about 10 min). The offload, "
-        "reflection, fabric, gpu-pool and api-cost figures below are that run's; the `offload` tables at "
-        "2000 pods and the profile are from the earlier run that found the fixes (see each table's date).",
+        "venv created, Kubernetes binaries already built (a cold build adds about 10 min). Each section "
+        "below gives the date of the run it shows; the `offload` tables (to 2000 pods) and the profile are "
+        "from the run that found the fixes, the offload run after them is in its before/after table.",
         "",
         "How the offload part measures: N pods, each requesting 10m CPU / 16Mi, created concurrently with "
         "kubernetes-asyncio, either pre-bound with `spec.nodeName` (so the scheduler is not part of either path) or "

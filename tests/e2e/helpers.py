@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from peering.ids import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
@@ -140,3 +141,19 @@ def deployment(name: str, namespace: str, replicas: int, **spec: Any) -> dict[st
             },
         },
     }
+
+
+def processes(*needles: str) -> dict[int, str]:
+    """pid -> command line (arguments joined by spaces) of the live processes whose command line
+    contains every needle."""
+    found: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if cmd and all(n in cmd for n in needles):
+            found[int(d.name)] = cmd
+    return found

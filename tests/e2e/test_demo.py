@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import REPO, Clusters
-from tests.e2e.helpers import leftovers
+from tests.e2e.helpers import leftovers, processes
 from vkprovider.app.demo import APP, DEFAULT_NAMESPACE, Demo, DemoSettings, Narrator
 from vkprovider.localenv.podnet import NS_PREFIX, missing_requirements
 
@@ -31,17 +31,7 @@ pytestmark = pytest.mark.timeout(900)
 
 def _gateway_agents(kubeconfig: Path) -> list[int]:
     """Pids of `gpufed gateway` processes that point at this environment."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"vkprovider.cli\x00gateway\x00" in cmdline and str(kubeconfig).encode() in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    return sorted(processes("vkprovider.cli gateway ", str(kubeconfig)))
 
 
 def test_make_demo_tells_the_whole_story_and_cleans_up(clusters: Clusters) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import apicost
+from bench import apicost, report
 from bench.apicost import AuditEvent
 from vkprovider.localenv.launcher import CONTROLLER
 
@@ -231,3 +231,22 @@ def test_consumer_gets_kubelet_ports_for_every_provider(tmp_path: Path) -> None:
     assert "--kubelet-ports=16320-16334" in cmd  # 3 per provider, after the 6 clusters' blocks (16200-16319)
     gpu1 = env._command(env.topology.cluster("gpu-1"), CONTROLLER)
     assert "--kubelet-ports=16230-16239" in gpu1  # providers keep the launcher's range
+
+
+def test_the_pollers_explanation_reads_the_run_after_the_fix() -> None:
+    results = {
+        "api-cost": {
+            "phases": [
+                {"providers": 1, "window_s": 45.0, "servers": {}},
+                {
+                    "providers": 5,
+                    "window_s": 45.0,
+                    "servers": {"consumer": {"controller": {"by_verb": {"get": 60, "list": 9}}}},
+                },
+            ],
+            "growth": {"gpufed_rps_per_provider": {"one": 1.3, "many": 1.25}},
+        }
+    }
+    text = report._why_pollers(results)
+    assert "with 5 providers, the consumer controller made 0.2 lists/s (before the fix: 0.444)" in text
+    assert "1.25 requests/s per provider (before: 1.447)" in text

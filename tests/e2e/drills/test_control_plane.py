@@ -42,7 +42,7 @@ import pytest
 from peering.ids import REMOTE_CLUSTER_LABEL, ClusterID
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, PodRecord, Snapshot, record, running
-from tests.e2e.helpers import deployment, eventually, offload, peered_session
+from tests.e2e.helpers import deployment, eventually, offload, peered_session, processes
 from vkprovider.localenv import launcher
 from vkprovider.localenv.kwokcfg import EXIT_CODE_ANNOTATION
 
@@ -113,18 +113,7 @@ def drills(clusters: Clusters) -> Iterator[Drills]:
 
 def pids_of(clusters: Clusters, *needles: str) -> list[int]:
     """Processes of this environment (their command line names its state directory) matching all needles."""
-    state = str(clusters.env.state_dir).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if state in cmdline and all(n.encode() in cmdline for n in needles):
-            found.append(int(entry.name))
-    return found
+    return sorted(processes(str(clusters.env.state_dir), *needles))
 
 
 def virtual_kubelet(d: Drills, provider: str) -> int:

@@ -58,7 +58,7 @@ from peering.ids import ClusterID
 from peering.models import GROUP, KINDS
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, Snapshot, record
-from tests.e2e.helpers import cluster_id, eventually, gpufed, offload, out, peer, unpeer
+from tests.e2e.helpers import cluster_id, eventually, gpufed, offload, out, peer, processes, unpeer
 from vkprovider.localenv import launcher
 from vkprovider.localenv.podnet import PodNetwork, missing_requirements
 
@@ -140,28 +140,13 @@ class Drill:
 GPU: dict[str, Any] = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
 
 
-def _processes(*needles: str) -> dict[int, str]:
-    """pid -> command line of the live processes whose command line contains every needle."""
-    found: dict[int, str] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if cmd and all(n in cmd for n in needles):
-            found[int(d.name)] = cmd
-    return found
-
-
 def _ppid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 def _virtual_kubelets(clusters: Clusters, provider: ClusterID) -> dict[int, str]:
-    return _processes("virtual-kubelet", f"--provider-cluster-id={provider}", str(clusters.env.state_dir))
+    return processes("virtual-kubelet", f"--provider-cluster-id={provider}", str(clusters.env.state_dir))
 
 
 def _in_namespaces(pids: dict[int, str], namespaces: list[str]) -> dict[int, str]:
@@ -342,7 +327,7 @@ async def _restart_agent(drill: Drill, key: str, context: str, ns: str, *, adopt
         drill.restarted.pop(key, None)
         await drill.net.start_agent(key, peer_id, context, ns)
         return
-    daemons = _in_namespaces(_processes(str(drill.clusters.env.binary("wireguard-go"))), [ns])
+    daemons = _in_namespaces(processes(str(drill.clusters.env.binary("wireguard-go"))), [ns])
     assert len(daemons) == 1, f"one wireguard-go in {ns}: {daemons}"
     agent = [
         "nsenter", f"--target={next(iter(daemons))}", "--mount", "--",
@@ -508,7 +493,7 @@ async def test_peer_unpeer_cycles_leave_nothing(drill: Drill) -> None:
     before = await asyncio.to_thread(_objects, clusters)
     if before - first:
         print("created by the first peering with gpu-b and kept:", *sorted(before - first), sep="\n  ")
-    processes = set(_processes(state))
+    pids_before = set(processes(state))
     topo = clusters.topology
     cgw, pgw = await net.add_peering(1, topo.gateway_endpoint("consumer"), topo.gateway_endpoint("gpu-b"))
     baseline = {ns: _dataplane(ns) for ns in (cgw, pgw)}
@@ -516,12 +501,12 @@ async def test_peer_unpeer_cycles_leave_nothing(drill: Drill) -> None:
 
     def leftovers() -> list[str]:
         found = sorted(_objects(clusters) - before)
-        found += [f"process {pid}: {cmd}" for pid, cmd in _processes(state).items() if pid not in processes]
+        found += [f"process {pid}: {cmd}" for pid, cmd in processes(state).items() if pid not in pids_before]
         for ns in (cgw, pgw):
             for k, now in _dataplane(ns).items():
                 found += [f"{ns}: {k} + {line}" for line in sorted(now - baseline[ns][k])]
                 found += [f"{ns}: {k} - {line}" for line in sorted(baseline[ns][k] - now)]
-        wireguard = _in_namespaces(_processes(str(clusters.env.binary("wireguard-go"))), [cgw, pgw])
+        wireguard = _in_namespaces(processes(str(clusters.env.binary("wireguard-go"))), [cgw, pgw])
         found += [f"wireguard-go {pid}: {cmd}" for pid, cmd in wireguard.items()]
         return found
 
