@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
+from peering import defaults
 from peering.gpuagent import labels as gl
 from peering.gpuagent.nvml import GPUReader, NodeGPUReport
 from peering.ids import GPU_HEALTH_ANNOTATION, GPU_SOURCE_ANNOTATION
@@ -39,7 +40,7 @@ from peering.kube.client import KubeError
 log = structlog.get_logger()
 
 #: Seconds between readings.
-DEFAULT_INTERVAL_S = 30.0
+DEFAULT_INTERVAL_S = defaults.GPU_AGENT_INTERVAL_S
 
 PUBLISHES = Counter(
     "gpufed_gpu_agent_publishes_total",

@@ -26,9 +26,10 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 
-#: Address the metrics server listens on when only a port is given: every interface, as a scrape
-#: target must be reachable from Prometheus (pass a host to narrow it).
-DEFAULT_HOST = "0.0.0.0"  # noqa: S104 -- a scrape target is meant to be reachable
+from peering import defaults
+
+#: Address the metrics server listens on when only a port is given (peering.defaults says why).
+DEFAULT_HOST = defaults.METRICS_HOST
 
 
 class MetricsServerError(Exception):

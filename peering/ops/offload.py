@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from peering import defaults
 from peering.ids import (
     IDENTITY_CONFIGMAP,
     NAMESPACE_OFFLOADING,
@@ -41,7 +42,7 @@ from peering.kube import rest
 from peering.kube.client import KubeError, api_client
 from peering.models import API_VERSION, GROUP, NamespaceOffloading, NamespaceOffloadingSpec, NodeSelectorRequirement
 
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25
 PLURAL = NamespaceOffloading.plural
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from peering import grants
+from peering import defaults, grants
 from peering.handshake import fingerprint
 from peering.ids import (
     CONSUMER_LABEL,
@@ -48,7 +48,7 @@ from peering.kube.client import KubeError, api_client
 from peering.models import API_VERSION, ResourceSliceSpec
 from peering.quantity import parse
 
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25
 
 

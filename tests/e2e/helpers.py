@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,22 +13,53 @@ from typing import Any
 from peering.ids import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
 from tests.e2e.conftest import REPO, Clusters
 
+GPUFED = (sys.executable, "-m", "vkprovider.cli")
+GPUFED_ENV = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+
 
 def gpufed(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "vkprovider.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        [*GPUFED, *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO, env=GPUFED_ENV
     )
 
 
-def peer(clusters: Clusters, provider: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def gpufed_timed(*args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], list[tuple[float, str]]]:
+    """`gpufed` with stdout and stderr merged and each line stamped with the seconds since the start,
+    so that a slow run shows which step the time went to. Killed after `timeout` (returncode -9, and
+    a last line saying so)."""
+    started = time.monotonic()
+    lines: list[tuple[float, str]] = []
+    with subprocess.Popen(
+        [*GPUFED, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=GPUFED_ENV
+    ) as proc:
+        assert proc.stdout is not None
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                lines.append((time.monotonic() - started, line.rstrip("\n")))
+        finally:
+            timer.cancel()
+        code = proc.wait()
+    if code == -9:
+        lines.append((time.monotonic() - started, f"(killed after {timeout:.0f} s)"))
+    text = "".join(f"{line}\n" for _, line in lines)
+    return subprocess.CompletedProcess(proc.args, code, text, ""), lines
+
+
+def slow_steps(lines: list[tuple[float, str]], over_s: float) -> list[str]:
+    """The lines of a `gpufed_timed` run that came more than `over_s` after the line before."""
+    found, last = [], 0.0
+    for at, line in lines:
+        if at - last > over_s:
+            found.append(f"+{at - last:.1f}s at {at:.1f}s: {line.strip()}")
+        last = at
+    return found
+
+
+def peer_args(clusters: Clusters, provider: str, *extra: str) -> tuple[str, ...]:
     kc = str(clusters.kubeconfig)
-    return gpufed(
+    return (
         "peer",
         "--kubeconfig",
         kc,
@@ -41,11 +73,27 @@ def peer(clusters: Clusters, provider: str, *extra: str) -> subprocess.Completed
     )
 
 
-def unpeer(clusters: Clusters, provider: str) -> subprocess.CompletedProcess[str]:
+def unpeer_args(clusters: Clusters, provider: str) -> tuple[str, ...]:
     kc = str(clusters.kubeconfig)
-    return gpufed(
-        "unpeer", "--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", provider
+    return (
+        "unpeer",
+        "--kubeconfig",
+        kc,
+        "--context",
+        "consumer",
+        "--remote-kubeconfig",
+        kc,
+        "--remote-context",
+        provider,
     )
+
+
+def peer(clusters: Clusters, provider: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return gpufed(*peer_args(clusters, provider, *extra))
+
+
+def unpeer(clusters: Clusters, provider: str) -> subprocess.CompletedProcess[str]:
+    return gpufed(*unpeer_args(clusters, provider))
 
 
 def cluster_id(clusters: Clusters, context: str) -> ClusterID:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -68,3 +70,52 @@ def test_controller_estimator_flags_are_checked_before_anything_starts(tmp_path:
     assert res.exit_code == 2 and "is not host:port" in " ".join(res.output.split())
     res = runner.invoke(app, [*base, "--estimator-port", "70000"])
     assert res.exit_code == 2 and "--estimator-port must be 1..65535" in " ".join(res.output.split())
+
+
+#: What only the verb that needs it may load: the HTTP and Kubernetes clients, the CRD models, the
+#: composition roots, the controllers and the data plane.
+WORKING_PARTS = ("aiohttp", "pydantic", "kubernetes_asyncio", "grpc", "cryptography", "structlog", "prometheus_client")
+WORKING_PACKAGES = (
+    "vkprovider.app",
+    "vkprovider.node",
+    "vkprovider.localenv",
+    "peering.kube",
+    "peering.ops",
+    "netfabric",
+)
+
+START_PROBE = """
+import json, sys
+import vkprovider.cli
+from vkprovider.cli import app
+import typer.main
+typer.main.get_command(app)  # every verb's click command built, as for `gpufed --help`
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_cli_starts_without_loading_the_parts_that_do_the_work() -> None:
+    """Every gpufed process imports vkprovider.cli: a verb's flags must not pull in every other
+    verb's machinery (that cost ~1.5 s of each `gpufed peer` and each virtual kubelet's start)."""
+    proc = subprocess.run([sys.executable, "-c", START_PROBE], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "vkprovider.cli.peer" in loaded and "vkprovider.cli.controller" in loaded, "the probe saw no verbs"
+    heavy = [
+        m
+        for m in loaded
+        if m.split(".")[0] in WORKING_PARTS or any(m == p or m.startswith(p + ".") for p in WORKING_PACKAGES)
+    ]
+    assert heavy == [], f"importing the CLI loaded {heavy}"
+
+
+def test_a_verb_loads_its_parts_when_it_runs(tmp_path: Path) -> None:
+    """The other side of the lazy imports: a verb that runs finds what it needs (a missing import
+    inside a verb would only show when the verb runs)."""
+    for verb in (["peer"], ["unpeer"], ["info"], ["offload-namespace", "ns"], ["unoffload-namespace", "ns"], ["pool"]):
+        extra = ["--remote-kubeconfig", str(tmp_path / "none")] if verb[0] in ("peer", "unpeer") else []
+        res = runner.invoke(app, [*verb, "--kubeconfig", str(tmp_path / "none"), *extra])
+        # a NameError or ImportError in the verb would also exit 1 under CliRunner: the exception tells
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (verb, res.output, res.exception)
+        said = " ".join(res.output.split())
+        assert "error:" in said and str(tmp_path / "none") in said, (verb, said)

@@ -10,7 +10,8 @@ import sys
 
 PROBE = """
 import json, resource, sys
-import vkprovider.cli  # what every `gpufed` process imports
+import vkprovider.cli  # what every `gpufed` process imports, then what its verb imports:
+import vkprovider.app.controller, vkprovider.app.virtual_kubelet, vkprovider.app.doctor, vkprovider.app.demo
 from peering.kube import library
 out = {"lazy": not library.fully_loaded(), "modules": sum(m.startswith("kubernetes_asyncio") for m in sys.modules)}
 from kubernetes_asyncio import client

@@ -38,6 +38,7 @@ from peering.kube.client import KubeError, api_client
 from peering.kube.leader import LeaderElector, LeaderSettings, LostLeadershipError
 from peering.kube.metrics import MetricsServer
 from peering.models import GROUP, KINDS
+from vkprovider import defaults
 from vkprovider.app.supervisor import Supervisor, SupervisorSettings
 from vkprovider.app.workloads import Workloads, WorkloadSettings
 from vkprovider.node.csrapprove import ServingCSRApprover
@@ -52,7 +53,7 @@ class PreflightError(Exception):
 #: ServiceAccount (deploy/rbac/virtual-kubelet.yaml binds both).
 VIRTUAL_KUBELET_USERS = ("gpufed:virtual-kubelet", "system:serviceaccount:gpufed:gpufed-virtual-kubelet")
 #: Default port range for the kubelet APIs of the virtual kubelets the controller starts.
-DEFAULT_KUBELET_PORTS = (10250, 10259)
+DEFAULT_KUBELET_PORTS = defaults.KUBELET_PORTS
 
 
 @dataclass(frozen=True)

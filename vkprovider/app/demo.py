@@ -49,6 +49,7 @@ from peering.ids import (
     twin_namespace,
 )
 from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from vkprovider import defaults
 from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment
 from vkprovider.localenv.podnet import PodNetwork, PodNetworkError, leftover_namespaces, missing_requirements
 
@@ -59,7 +60,7 @@ COMMAND_TIMEOUT_S = 180.0
 #: Width the gpufed CLI renders its tables to (rich reads COLUMNS when not on a terminal).
 COLUMNS = 150
 #: The namespace the demo offloads.
-DEFAULT_NAMESPACE = "team-a"
+DEFAULT_NAMESPACE = defaults.DEMO_NAMESPACE
 CONSUMER = "consumer"
 A100 = "NVIDIA-A100-SXM4-40GB"
 #: (provider context, extra `gpufed peer` flags, what it is asked for).

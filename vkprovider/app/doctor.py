@@ -69,6 +69,7 @@ from peering.kube import rest
 from peering.kube.client import KubeError, api_client, client_from_dict
 from peering.models import API_VERSION, GROUP, KINDS, split_endpoint
 from peering.quantity import QuantityError, parse
+from vkprovider import defaults
 from vkprovider.webhook.server import WEBHOOK_CONFIGURATION
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -78,15 +79,15 @@ FAIL: Status = "FAIL"
 _RANK: dict[Status, int] = {OK: 0, WARN: 1, FAIL: 2}
 
 #: Seconds one check may take (each check has its own budget).
-DEFAULT_CHECK_TIMEOUT_S = 10.0
+DEFAULT_CHECK_TIMEOUT_S = defaults.DOCTOR_CHECK_TIMEOUT_S
 #: A client certificate with less than this left is a WARN.
 DEFAULT_EXPIRY_WARNING = dt.timedelta(days=7)
 #: A tunnel whose last WireGuard handshake is older than this is a FAIL (WireGuard's REJECT_AFTER_TIME).
 DEFAULT_HANDSHAKE_STALE_S = HANDSHAKE_STALE_S
 #: A provider API round trip slower than this (ms) is a WARN.
-DEFAULT_SLOW_API_MS = 1000.0
+DEFAULT_SLOW_API_MS = defaults.DOCTOR_SLOW_API_MS
 #: Underlay MTU assumed when judging a tunnel's MTU (standard Ethernet; jumbo-frame networks say so).
-DEFAULT_UNDERLAY_MTU = 1500
+DEFAULT_UNDERLAY_MTU = defaults.DOCTOR_UNDERLAY_MTU
 #: The controller's leader Lease (namespace gpufed), read when present.
 CONTROLLER_LEASE = "gpufed-controller"
 #: Fixes of checks that time out or fail before they could say more.

@@ -45,6 +45,7 @@ from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from peering.kube.metrics import serving
 from peering.kube.watch import watch
 from peering.models import API_VERSION
+from vkprovider import defaults
 from vkprovider.app.pools import PoolManager, PoolSettings
 from vkprovider.forge.tokens import DEFAULT_REFRESH_FRACTION
 from vkprovider.node.kubeletapi import DEFAULT_STREAM_IDLE_S
@@ -57,10 +58,9 @@ from vkprovider.remote.streaming import RemoteStreaming
 from vkprovider.remote.tokens import PodTokens, TokenSettings
 from vkprovider.remote.translate import IPTranslator
 
-#: Client budget towards each API server: a kubelet runs with 50 QPS / burst 100; one virtual
-#: kubelet stands for a whole provider, so it gets more (it is still bounded).
-DEFAULT_QPS = 200.0
-DEFAULT_BURST = 400
+#: Client budget towards each API server (vkprovider.defaults says why).
+DEFAULT_QPS = defaults.VIRTUAL_KUBELET_QPS
+DEFAULT_BURST = defaults.VIRTUAL_KUBELET_BURST
 #: Seconds between checks for the provider credentials while they do not exist yet.
 CREDENTIALS_POLL_S = 2.0
 

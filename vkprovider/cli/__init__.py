@@ -1,6 +1,13 @@
 """The `gpufed` command line: one module per verb group; flags map onto settings here and only here.
 
 This is the only place that configures logging.
+
+Every `gpufed` process, the controller's virtual kubelets and every short command alike, starts by
+importing this package, and it declares every verb. So the verb modules import at their top only
+typer, rich and the `defaults` modules (the values their flags show); the parts that do the work
+(aiohttp, pydantic models, the Kubernetes client, the controllers) are imported inside the verb
+that runs. `gpufed peer` loads what a peering needs, not the controller, the doctor and the local
+environment too (tests/unit/test_cli.py holds the start to that).
 """
 
 from __future__ import annotations

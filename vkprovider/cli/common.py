@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import structlog
 import typer
 from rich.console import Console
 
@@ -21,6 +20,8 @@ LEVELS = ("debug", "info", "warning", "error")
 
 def configure_logging(level: str = "info", *, json_logs: bool | None = None) -> None:
     """Console logs on a TTY, JSON lines otherwise (in a cluster or a log file); fixed keys."""
+    import structlog  # only the long-running verbs log: a short command does not load it
+
     if level not in LEVELS:
         raise typer.BadParameter(f"--log-level must be one of {', '.join(LEVELS)}")
     if json_logs is None:

@@ -1,4 +1,7 @@
-"""`gpufed controller`: flags and GPUFED_* variables -> ControllerSettings -> `vkprovider.app.controller.run`."""
+"""`gpufed controller`: flags and GPUFED_* variables -> ControllerSettings -> `vkprovider.app.controller.run`.
+
+The controller is imported when the command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
@@ -8,23 +11,9 @@ from typing import Annotated
 
 import typer
 
-from peering.controllers.identity import IdentityError
-from peering.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
-from peering.kube.client import KubeError
-from peering.kube.leader import LostLeadershipError
-from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
-from vkprovider.app.controller import (
-    DEFAULT_KUBELET_PORTS,
-    ControllerSettings,
-    EstimatorSettings,
-    LeaderElectionSettings,
-    PreflightError,
-    VirtualKubeletsSettings,
-    WebhookSettings,
-    run,
-)
-from vkprovider.app.workloads import WorkloadSettings
+from peering.defaults import METRICS_HOST
 from vkprovider.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
+from vkprovider.defaults import KUBELET_PORTS
 
 
 def controller(
@@ -76,7 +65,7 @@ def controller(
         typer.Option(
             "--kubelet-ports", envvar="GPUFED_KUBELET_PORTS", help="port range FIRST-LAST for their kubelet APIs"
         ),
-    ] = f"{DEFAULT_KUBELET_PORTS[0]}-{DEFAULT_KUBELET_PORTS[1]}",
+    ] = f"{KUBELET_PORTS[0]}-{KUBELET_PORTS[1]}",
     node_address: Annotated[
         str, typer.Option("--node-address", envvar="GPUFED_NODE_ADDRESS", help="address virtual nodes publish")
     ] = "127.0.0.1",
@@ -126,7 +115,7 @@ def controller(
         ),
     ] = None,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
+    metrics_host: MetricsHost = METRICS_HOST,
     estimator_address: Annotated[
         str | None,
         typer.Option(
@@ -137,6 +126,21 @@ def controller(
     ] = None,
 ) -> None:
     """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
+    from peering.controllers.identity import IdentityError
+    from peering.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
+    from peering.kube.client import KubeError
+    from peering.kube.leader import LostLeadershipError
+    from vkprovider.app.controller import (
+        ControllerSettings,
+        EstimatorSettings,
+        LeaderElectionSettings,
+        PreflightError,
+        VirtualKubeletsSettings,
+        WebhookSettings,
+        run,
+    )
+    from vkprovider.app.workloads import WorkloadSettings
+
     configure_logging(log_level)
     first, last = parse_ports(kubelet_ports)
     estimator = EstimatorSettings(port=estimator_port, host=estimator_host, address=estimator_address)

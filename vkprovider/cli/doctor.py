@@ -1,13 +1,14 @@
 """`gpufed doctor`: flags -> `vkprovider.app.doctor`, the report as a rich table or JSON on stdout.
 
 Exit codes: 0 when every check is OK or WARN, 1 when any FAILs or the cluster cannot be read
-(a one-line error, no traceback), 2 on bad usage.
+(a one-line error, no traceback), 2 on bad usage. The doctor is imported when the command runs,
+not with the CLI (vkprovider.cli says why).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,22 +16,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from peering.ids import parse_cluster_id
-from vkprovider.app.doctor import (
-    DEFAULT_CHECK_TIMEOUT_S,
-    DEFAULT_SLOW_API_MS,
-    DEFAULT_UNDERLAY_MTU,
-    THIS_CLUSTER,
-    DoctorError,
-    DoctorSettings,
-    Report,
-)
-from vkprovider.app.doctor import doctor as run_doctor
 from vkprovider.cli.common import Context, Kubeconfig, Output, check_output, fail, run_op
+from vkprovider.defaults import DOCTOR_CHECK_TIMEOUT_S, DOCTOR_SLOW_API_MS, DOCTOR_UNDERLAY_MTU
+
+if TYPE_CHECKING:
+    from vkprovider.app.doctor import Report
 
 _COLOR = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
 
 
 def render(report: Report, console: Console) -> None:
+    from vkprovider.app.doctor import THIS_CLUSTER
+
     roles = {p.cluster_id: p.role for p in report.peers}
     t = Table(title=f"gpufed doctor: cluster {report.cluster_id or '?'} ({report.api_server})")
     for col in ("peer", "check", "status", "finding", "fix"):
@@ -67,17 +64,20 @@ def doctor(
     output: Output = "table",
     timeout: Annotated[
         float, typer.Option("--timeout", help="seconds each check may take (they run side by side)")
-    ] = DEFAULT_CHECK_TIMEOUT_S,
+    ] = DOCTOR_CHECK_TIMEOUT_S,
     underlay_mtu: Annotated[
         int, typer.Option("--underlay-mtu", help="MTU of the network between the gateways, to judge the tunnel MTU")
-    ] = DEFAULT_UNDERLAY_MTU,
+    ] = DOCTOR_UNDERLAY_MTU,
     slow_api_ms: Annotated[
         float,
         typer.Option("--slow-api-ms", help="a provider API round trip slower than this many ms is a WARN"),
-    ] = DEFAULT_SLOW_API_MS,
+    ] = DOCTOR_SLOW_API_MS,
 ) -> None:
     """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
     tunnel, webhook, estimator) and say what is wrong and how to fix it."""
+    from vkprovider.app.doctor import DoctorError, DoctorSettings
+    from vkprovider.app.doctor import doctor as run_doctor
+
     check_output(output)
     if not timeout > 0:  # also NaN
         raise fail("--timeout must be a positive number of seconds", code=2)

@@ -1,4 +1,7 @@
-"""`gpufed gpu-agent`: flags and GPUFED_* variables -> GPUAgentSettings -> `peering.gpuagent.agent.GPUAgent`."""
+"""`gpufed gpu-agent`: flags and GPUFED_* variables -> GPUAgentSettings -> `peering.gpuagent.agent.GPUAgent`.
+
+The agent is imported when the command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,7 @@ from typing import Annotated
 
 import typer
 
-from peering.gpuagent.agent import DEFAULT_INTERVAL_S, GPUAgent, GPUAgentError, GPUAgentSettings
-from peering.gpuagent.nvml import NvmlReader
-from peering.kube.client import KubeError, api_client
-from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
-from peering.kube.metrics import MetricsServerError, serving
+from peering.defaults import GPU_AGENT_INTERVAL_S, METRICS_HOST
 from vkprovider.cli.common import MetricsHost, MetricsPort, configure_logging, serve
 
 #: A Node name: an RFC 1123 subdomain.
@@ -38,10 +37,10 @@ def gpu_agent(
     interval_s: Annotated[
         float,
         typer.Option("--interval-s", envvar="GPUFED_GPU_AGENT_INTERVAL_S", help="seconds between NVML readings"),
-    ] = DEFAULT_INTERVAL_S,
+    ] = GPU_AGENT_INTERVAL_S,
     once: Annotated[bool, typer.Option("--once", help="read and publish once, then exit")] = False,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
+    metrics_host: MetricsHost = METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Publish this node's GPU model, memory, MIG layout, driver and health as labels and annotations."""
@@ -50,6 +49,11 @@ def gpu_agent(
         raise typer.BadParameter(f"--node must be a Kubernetes node name (lowercase RFC 1123), got {node!r}")
     if not interval_s >= 1:
         raise typer.BadParameter(f"--interval-s must be at least 1 second (got {interval_s:g})")
+    from peering.gpuagent.agent import GPUAgent, GPUAgentError, GPUAgentSettings
+    from peering.gpuagent.nvml import NvmlReader
+    from peering.kube.client import KubeError, api_client
+    from peering.kube.metrics import MetricsServerError, serving
+
     settings = GPUAgentSettings(node=node, interval_s=interval_s, once=once)
 
     async def run() -> None:

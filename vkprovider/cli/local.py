@@ -1,7 +1,8 @@
 """`gpufed local up|down|status|demo`: the local multi-cluster environment.
 
 Flags and GPUFED_* environment variables map onto `LocalSettings` and the topology here; the work
-is done by `vkprovider.localenv.launcher` (and, for `demo`, the story in `vkprovider.app.demo`).
+is done by `vkprovider.localenv.launcher` (and, for `demo`, the story in `vkprovider.app.demo`),
+imported when a command runs, not with the CLI (vkprovider.cli says why).
 """
 
 from __future__ import annotations
@@ -11,22 +12,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import structlog
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from vkprovider.app.demo import DEFAULT_NAMESPACE, DemoSettings, run_demo
-from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment, LocalSettings
-from vkprovider.localenv.topology import (
-    DEFAULT_BASE_PORT,
-    DEFAULT_JOB_SECONDS,
-    Topology,
-    default_topology,
-    load_topology,
-)
+from vkprovider.defaults import DEMO_NAMESPACE, LOCAL_BASE_PORT, LOCAL_JOB_SECONDS
+
+if TYPE_CHECKING:
+    import structlog
+
+    from vkprovider.localenv.launcher import LocalSettings
+    from vkprovider.localenv.topology import Topology
 
 app = typer.Typer(help="Local Kubernetes clusters with kwok GPU nodes, built from source.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -63,6 +61,8 @@ BinDir = Annotated[
 
 
 def _settings(state_dir: Path | None, bin_dir: Path | None, timeout: float | None = None) -> LocalSettings:
+    from vkprovider.localenv.launcher import LocalSettings
+
     s = LocalSettings(
         state_dir=(state_dir or _default_state_dir()).resolve(),
         bin_dir=(bin_dir or _default_bin_dir()).resolve(),
@@ -76,6 +76,8 @@ def _settings(state_dir: Path | None, bin_dir: Path | None, timeout: float | Non
 
 def _running_topology(settings: LocalSettings) -> Topology:
     """The topology recorded by `up` in the state directory, else the default one."""
+    from vkprovider.localenv.topology import Topology, default_topology
+
     try:
         state = json.loads((settings.state_dir / "state.json").read_text())
         return Topology.model_validate(state["topology"])
@@ -84,6 +86,8 @@ def _running_topology(settings: LocalSettings) -> Topology:
 
 
 def _log() -> structlog.stdlib.BoundLogger:
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -106,11 +110,14 @@ def up(
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
     topology: Annotated[Path | None, typer.Option(help="Topology YAML (default: consumer, gpu-a, gpu-b)")] = None,
-    base_port: Annotated[int, typer.Option(help="First loopback port; each cluster takes 10")] = DEFAULT_BASE_PORT,
-    job_seconds: Annotated[float, typer.Option(help="How long Job pods run on kwok nodes")] = DEFAULT_JOB_SECONDS,
+    base_port: Annotated[int, typer.Option(help="First loopback port; each cluster takes 10")] = LOCAL_BASE_PORT,
+    job_seconds: Annotated[float, typer.Option(help="How long Job pods run on kwok nodes")] = LOCAL_JOB_SECONDS,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for everything to be healthy")] = 240.0,
 ) -> None:
     """Start (or complete) the local clusters and wait until every apiserver and node is ready."""
+    from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment
+    from vkprovider.localenv.topology import default_topology, load_topology
+
     log = _log()
     try:
         topo = load_topology(topology) if topology else default_topology(base_port=base_port, job_seconds=job_seconds)
@@ -126,6 +133,8 @@ def up(
 @app.command()
 def down(state_dir: StateDir = None, bin_dir: BinDir = None) -> None:
     """Stop every process of the local clusters and remove their state."""
+    from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment
+
     log = _log()
     settings = _settings(state_dir, bin_dir)
     try:
@@ -141,6 +150,8 @@ def status(
     output: Annotated[str, typer.Option("-o", "--output", help="table or json")] = "table",
 ) -> None:
     """Show each local cluster: components, version, nodes, GPUs. Exit 1 when any is unhealthy."""
+    from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment
+
     settings = _settings(state_dir, bin_dir)
     env = LocalEnvironment(settings, _running_topology(settings))
     try:
@@ -193,7 +204,7 @@ def status(
 def demo(
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
-    namespace: Annotated[str, typer.Option(help="The consumer namespace to offload")] = DEFAULT_NAMESPACE,
+    namespace: Annotated[str, typer.Option(help="The consumer namespace to offload")] = DEMO_NAMESPACE,
     keep: Annotated[
         bool, typer.Option("--keep", help="Do not clean up: leave the peerings, the namespace and its workloads")
     ] = False,
@@ -202,10 +213,14 @@ def demo(
     ] = False,
     base_port: Annotated[
         int, typer.Option(help="First loopback port, when no environment runs in the state directory yet")
-    ] = DEFAULT_BASE_PORT,
+    ] = LOCAL_BASE_PORT,
 ) -> None:
     """The whole story, narrated and timed: clusters, peering (network included), offloading, a GPU Job,
     a Deployment and Service reached through the tunnels, the pool, clean-up. Exit 1 when a step fails."""
+    from vkprovider.app.demo import DemoSettings, run_demo
+    from vkprovider.localenv.launcher import LocalEnvironment
+    from vkprovider.localenv.topology import default_topology
+
     settings = _settings(state_dir, bin_dir)
     running = (settings.state_dir / "state.json").exists()
     env = LocalEnvironment(settings, _running_topology(settings) if running else default_topology(base_port=base_port))

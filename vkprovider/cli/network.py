@@ -1,22 +1,19 @@
 """`gpufed network connect | disconnect | status | expose` and `gpufed gateway`: flags ->
-`netfabric.ops` / `netfabric.controllers.gateway`, with rich progress and tables."""
+`netfabric.ops` / `netfabric.controllers.gateway`, with rich progress and tables.
+
+The operations are imported when a command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from netfabric import ops
-from netfabric.controllers.gateway import GatewayAgent, GatewaySettings
-from netfabric.drivers.netns import DataplaneError
-from peering.kube.client import KubeError, api_client
-from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
-from peering.kube.metrics import MetricsServerError, serving
-from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError
+from peering.defaults import METRICS_HOST, OPERATION_TIMEOUT_S
 from vkprovider.cli.common import (
     Context,
     Kubeconfig,
@@ -32,6 +29,9 @@ from vkprovider.cli.common import (
     run_op,
     serve,
 )
+
+if TYPE_CHECKING:
+    from netfabric.ops import NetworkOptions
 
 app = typer.Typer(help="The WireGuard fabric between peered clusters.", no_args_is_help=True)
 
@@ -64,7 +64,9 @@ def network_options(
     masquerade: bool,
     driver: str,
     wait_s: float = 0.0,
-) -> ops.NetworkOptions:
+) -> NetworkOptions:
+    from netfabric import ops
+
     if driver not in ("auto", "kernel", "wireguard-go"):
         raise fail("--driver must be auto, kernel or wireguard-go", code=2)
     if not 0 <= mtu <= 9000 or 0 < mtu < 1280:
@@ -81,6 +83,9 @@ def network_options(
 
 
 def _run(coro: Any) -> Any:
+    from peering.kube.client import KubeError
+    from peering.ops.peer import PeerError
+
     return run_op(coro, (PeerError, KubeError))
 
 
@@ -97,9 +102,12 @@ def connect(
     masquerade: Masquerade = False,
     driver: Driver = "auto",
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="wait until both gateways report Connected")] = False,
-    timeout: Timeout = DEFAULT_TIMEOUT_S,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
 ) -> None:
     """Configure the tunnel between the consumer (--kubeconfig) and the provider (--remote-kubeconfig)."""
+    from netfabric import ops
+    from peering.ops.peer import ClusterRef
+
     opts = network_options(
         gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver, timeout if wait else 0.0
     )
@@ -126,6 +134,9 @@ def disconnect(
     remote_context: RemoteContext = None,
 ) -> None:
     """Remove the tunnel's objects on both sides (the gateways tear their data plane down)."""
+    from netfabric import ops
+    from peering.ops.peer import ClusterRef
+
     _run(
         ops.disconnect(
             ClusterRef(kubeconfig, context, "consumer"),
@@ -136,6 +147,9 @@ def disconnect(
 
 
 async def network_status(kubeconfig: Path, context: str | None) -> list[dict[str, Any]]:
+    from netfabric import ops
+    from peering.kube.client import api_client
+
     async with api_client(kubeconfig, context) as api:
         return await ops.status(api)
 
@@ -188,6 +202,8 @@ def expose(
     context: Context = None,
 ) -> None:
     """Make one of this cluster's non-pod addresses reachable from peers' pods (external CIDR)."""
+    from netfabric import ops
+    from peering.kube.client import api_client
 
     async def go() -> dict[str, Any]:
         async with api_client(kubeconfig, context) as api:
@@ -224,10 +240,15 @@ def gateway(
     ] = Path("wireguard-go"),
     probe_interval: Annotated[float, typer.Option("--probe-interval", help="seconds between tunnel probes")] = 2.0,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
+    metrics_host: MetricsHost = METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run one peering's gateway: WireGuard, prefix NAT, routes, and the Connection status."""
+    from netfabric.controllers.gateway import GatewayAgent, GatewaySettings
+    from netfabric.drivers.netns import DataplaneError
+    from peering.kube.client import KubeError, api_client
+    from peering.kube.metrics import MetricsServerError, serving
+
     configure_logging(log_level)
     settings = GatewaySettings(name=name, netns=netns, wireguard_go=wireguard_go, probe_interval_s=probe_interval)
 

@@ -1,21 +1,28 @@
-"""`gpufed offload-namespace`, `gpufed unoffload-namespace`: flags -> `peering.ops.offload`, with progress."""
+"""`gpufed offload-namespace`, `gpufed unoffload-namespace`: flags -> `peering.ops.offload`, with progress.
+
+The operations are imported when a command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from peering.kube.client import KubeError
-from peering.ops import offload as ops
-from peering.ops.offload import DEFAULT_TIMEOUT_S, OffloadError, OffloadRequest
+from peering.defaults import OPERATION_TIMEOUT_S
 from vkprovider.cli.common import Context, Kubeconfig, Report, Timeout, console, run_op
+
+if TYPE_CHECKING:
+    from peering.ops.offload import OffloadResult, UnoffloadResult
 
 Namespace = Annotated[str, typer.Argument(help="the consumer namespace")]
 
 
 def _run(coro: Any) -> Any:
+    from peering.kube.client import KubeError
+    from peering.ops.offload import OffloadError
+
     return run_op(coro, (OffloadError, KubeError))
 
 
@@ -48,9 +55,12 @@ def offload_namespace(
             "'gpufed.io/remote-cluster-id in (a,b)'; repeat to require several (all must match)",
         ),
     ] = None,
-    timeout: Timeout = DEFAULT_TIMEOUT_S,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
 ) -> None:
     """Extend NAMESPACE to the peered providers: twin namespaces there, and pods placed per --pod-strategy."""
+    from peering.ops import offload as ops
+    from peering.ops.offload import OffloadRequest
+
     req = OffloadRequest(
         kubeconfig=kubeconfig,
         namespace=namespace,
@@ -61,7 +71,7 @@ def offload_namespace(
         selectors=tuple(selector or ()),
         timeout_s=timeout,
     )
-    result: ops.OffloadResult = _run(ops.offload(req, Report()))
+    result: OffloadResult = _run(ops.offload(req, Report()))
     table = Table(title=f"namespace {result.namespace} (pods: {result.pod_strategy}): {result.phase}")
     for col in ("provider", "twin namespace", "phase", "message"):
         table.add_column(col)
@@ -86,10 +96,12 @@ def unoffload_namespace(
             "bare pods are not recreated",
         ),
     ] = False,
-    timeout: Timeout = DEFAULT_TIMEOUT_S,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
 ) -> None:
     """Make NAMESPACE local again: remove its twin namespaces on every provider and its offloading."""
-    result: ops.UnoffloadResult = _run(
+    from peering.ops import offload as ops
+
+    result: UnoffloadResult = _run(
         ops.unoffload(kubeconfig, context, namespace, Report(), force=force, timeout_s=timeout)
     )
     if result.removed:

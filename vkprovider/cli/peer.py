@@ -1,33 +1,32 @@
-"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `peering.ops.peer`, with rich progress."""
+"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `peering.ops.peer`, with rich progress.
+
+The operations are imported when a command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
-from netfabric import ops as network_ops
-from netfabric.ops import NetworkStep
-from peering.kube.client import KubeError
-from peering.models import GPU_RESOURCE
-from peering.ops import peer as ops
-from peering.ops.peer import DEFAULT_TIMEOUT_S, ClusterRef, PeerError, PeerRequest, Step
-from vkprovider.app.peersteps import VirtualNodeReady
+from peering.defaults import OPERATION_TIMEOUT_S
 from vkprovider.cli import network as net
 from vkprovider.cli.common import Context, Kubeconfig, Output, Report, Timeout, check_output, console, fail, run_op
+
+if TYPE_CHECKING:
+    from peering.ops.peer import Step
 
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
 RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
 
-#: Steps later layers add to `peer` (network after authentication, virtual node after the grant).
-AFTER_AUTH: list[Step] = []
-AFTER_GRANT: list[Step] = []
-
 
 def _run(coro: Any) -> Any:
+    from peering.kube.client import KubeError
+    from peering.ops.peer import PeerError
+
     return run_op(coro, (PeerError, KubeError))
 
 
@@ -49,7 +48,7 @@ def peer(
             "--remote-api-server", help="provider API URL as the consumer reaches it [default: from its kubeconfig]"
         ),
     ] = None,
-    timeout: Timeout = DEFAULT_TIMEOUT_S,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
     no_network: Annotated[
         bool, typer.Option("--no-network", help="control plane only: no tunnel (`gpufed network connect` later)")
     ] = False,
@@ -62,7 +61,13 @@ def peer(
 ) -> None:
     """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig), negotiate a slice and
     configure the network fabric."""
-    after_auth = list(AFTER_AUTH)
+    from netfabric.ops import NetworkStep
+    from peering.models import GPU_RESOURCE
+    from peering.ops import peer as ops
+    from peering.ops.peer import ClusterRef, PeerRequest
+    from vkprovider.app.peersteps import VirtualNodeReady
+
+    after_auth: list[Step] = []  # the network, when asked for, once the consumer is authenticated
     if not no_network:
         opts = net.network_options(gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver)
         after_auth.append(NetworkStep(opts))
@@ -77,7 +82,7 @@ def peer(
         timeout_s=timeout,
         provider_api_server=remote_api_server,
     )
-    after_grant = [*AFTER_GRANT, VirtualNodeReady(timeout)]
+    after_grant: list[Step] = [VirtualNodeReady(timeout)]
     result = _run(ops.peer(req, Report(), after_auth=after_auth, after_grant=after_grant))
     table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
     table.add_column("resource")
@@ -98,9 +103,13 @@ def unpeer(
     remote_kubeconfig: RemoteKubeconfig,
     context: Context = None,
     remote_context: RemoteContext = None,
-    timeout: Timeout = DEFAULT_TIMEOUT_S,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
 ) -> None:
     """Remove everything a peering created on both clusters, the network fabric included."""
+    from netfabric import ops as network_ops
+    from peering.ops import peer as ops
+    from peering.ops.peer import ClusterRef
+
     consumer = ClusterRef(kubeconfig, context, "consumer")
     provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
     _run(network_ops.disconnect(consumer, provider, Report()))
@@ -113,6 +122,9 @@ def info(
     output: Output = "table",
 ) -> None:
     """This cluster's peerings: phase, requested vs granted, used vs granted per resource."""
+    from peering.ops import peer as ops
+    from peering.ops.peer import ClusterRef
+
     check_output(output)
     data = _run(ops.info(ClusterRef(kubeconfig, context, "cluster")))
     data["connections"] = _run(net.network_status(kubeconfig, context))

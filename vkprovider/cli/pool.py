@@ -1,4 +1,7 @@
-"""`gpufed pool`: GPUs per provider and product, and the GPU demand waiting in this cluster."""
+"""`gpufed pool`: GPUs per provider and product, and the GPU demand waiting in this cluster.
+
+The report is imported when the command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from peering.kube.client import KubeError
-from vkprovider.app.pool_report import pool as pool_report
 from vkprovider.cli.common import Context, Kubeconfig, Output, check_output, run_op
 
 
@@ -19,6 +20,9 @@ def _n(v: object) -> str:
 
 def pool(kubeconfig: Kubeconfig, context: Context = None, output: Output = "table") -> None:
     """GPUs per provider and product — total, granted, in use, free, largest placeable — and pending demand."""
+    from peering.kube.client import KubeError
+    from vkprovider.app.pool_report import pool as pool_report
+
     check_output(output)
     console = Console()  # the report is the command's output: stdout, like -o json
     data = run_op(pool_report(kubeconfig, context), (KubeError, OSError))

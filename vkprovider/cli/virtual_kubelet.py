@@ -1,4 +1,7 @@
-"""`gpufed virtual-kubelet`: flags and GPUFED_* variables -> VirtualKubeletSettings -> app.virtual_kubelet.run."""
+"""`gpufed virtual-kubelet`: flags and GPUFED_* variables -> VirtualKubeletSettings -> app.virtual_kubelet.run.
+
+The virtual kubelet is imported when the command runs, not with the CLI (vkprovider.cli says why).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +10,9 @@ from typing import Annotated
 
 import typer
 
-from peering.kube.client import KubeError
-from peering.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
-from peering.kube.metrics import MetricsServerError
-from vkprovider.app.supervisor import exit_with_supervisor
-from vkprovider.app.virtual_kubelet import (
-    DEFAULT_BURST,
-    DEFAULT_QPS,
-    VirtualKubeletError,
-    VirtualKubeletSettings,
-    run,
-)
+from peering.defaults import METRICS_HOST
 from vkprovider.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
-from vkprovider.node.pods import DEFAULT_UNPLACED_TIMEOUT_S, PodSettings
-from vkprovider.node.servingcert import ServingCertSettings
+from vkprovider.defaults import UNPLACED_TIMEOUT_S, VIRTUAL_KUBELET_BURST, VIRTUAL_KUBELET_QPS
 
 
 def virtual_kubelet(
@@ -77,7 +69,7 @@ def virtual_kubelet(
             envvar="GPUFED_UNPLACED_TIMEOUT",
             help="seconds a pod may stay unplaced at the provider before it is failed back (0: never)",
         ),
-    ] = DEFAULT_UNPLACED_TIMEOUT_S,
+    ] = UNPLACED_TIMEOUT_S,
     tls_cert_file: Annotated[
         Path | None,
         typer.Option(
@@ -96,8 +88,10 @@ def virtual_kubelet(
             "--serving-cert-lifetime", envvar="GPUFED_SERVING_CERT_LIFETIME", help="seconds (CSR certificates; >= 600)"
         ),
     ] = 7 * 24 * 3600,
-    qps: Annotated[float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")] = DEFAULT_QPS,
-    burst: Annotated[int, typer.Option("--burst", envvar="GPUFED_BURST", help="request burst")] = DEFAULT_BURST,
+    qps: Annotated[
+        float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")
+    ] = VIRTUAL_KUBELET_QPS,
+    burst: Annotated[int, typer.Option("--burst", envvar="GPUFED_BURST", help="request burst")] = VIRTUAL_KUBELET_BURST,
     workers: Annotated[int, typer.Option("--workers", envvar="GPUFED_WORKERS", help="concurrent pod reconciles")] = 32,
     consumer_api_server: Annotated[
         str | None,
@@ -108,7 +102,7 @@ def virtual_kubelet(
         ),
     ] = None,
     metrics_port: MetricsPort = None,
-    metrics_host: MetricsHost = DEFAULT_METRICS_HOST,
+    metrics_host: MetricsHost = METRICS_HOST,
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
     exit_with_parent: Annotated[
         int | None,
@@ -116,6 +110,8 @@ def virtual_kubelet(
     ] = None,
 ) -> None:
     """Run the virtual nodes of a peered provider (the controller starts one process per provider)."""
+    from vkprovider.app.supervisor import exit_with_supervisor
+
     if exit_with_parent is not None:
         exit_with_supervisor(exit_with_parent)
     configure_logging(log_level)
@@ -134,6 +130,12 @@ def virtual_kubelet(
     ports = (kubelet_port, kubelet_port) if kubelet_port is not None else parse_ports(kubelet_ports or "10250-10253")
     if serving_cert_lifetime < 600:
         raise typer.BadParameter("--serving-cert-lifetime must be >= 600 seconds (the CSR API's minimum)")
+    from peering.kube.client import KubeError
+    from peering.kube.metrics import MetricsServerError
+    from vkprovider.app.virtual_kubelet import VirtualKubeletError, VirtualKubeletSettings, run
+    from vkprovider.node.pods import PodSettings
+    from vkprovider.node.servingcert import ServingCertSettings
+
     serving = ServingCertSettings(
         source="files" if tls_cert_file is not None else "csr",
         cert_file=tls_cert_file,

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from vkprovider import defaults
 
 #: Default pod CIDR of every local cluster (deliberately the same everywhere).
 DEFAULT_POD_CIDR = "10.244.0.0/16"
@@ -28,11 +29,11 @@ GATEWAY_PORT = 51820
 #: Default service CIDR of every local cluster (deliberately the same everywhere).
 DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 #: First loopback port handed out; each cluster gets a block of `PORTS_PER_CLUSTER`.
-DEFAULT_BASE_PORT = 17000
+DEFAULT_BASE_PORT = defaults.LOCAL_BASE_PORT
 #: Ports reserved per cluster (see `ClusterPorts`).
 PORTS_PER_CLUSTER = 20
 #: Seconds a Job's pod runs on a kwok node before it completes with exit code 0.
-DEFAULT_JOB_SECONDS = 5.0
+DEFAULT_JOB_SECONDS = defaults.LOCAL_JOB_SECONDS
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"

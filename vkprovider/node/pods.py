@@ -47,6 +47,7 @@ from peering.kube import events, rest
 from peering.kube.client import KubeError
 from peering.kube.queue import WorkQueue
 from peering.kube.watch import watch
+from vkprovider import defaults
 from vkprovider.forge.pods import (
     TERMINAL_PHASES,
     failed_back_status,
@@ -62,7 +63,7 @@ PROVIDER_FAILED = "ProviderFailed"
 UNPLACED_TIMEOUT = "ProviderPendingTimeout"
 COMPONENT = "gpufed-virtual-kubelet"
 #: Seconds a twin may stay unplaced (Pending on no node) at the provider before the pod is failed back.
-DEFAULT_UNPLACED_TIMEOUT_S = 120.0
+DEFAULT_UNPLACED_TIMEOUT_S = defaults.UNPLACED_TIMEOUT_S
 
 Key = tuple[str, str]
 

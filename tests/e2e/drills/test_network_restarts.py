@@ -58,7 +58,20 @@ from peering.ids import ClusterID
 from peering.models import GROUP, KINDS
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, Snapshot, record
-from tests.e2e.helpers import cluster_id, eventually, gpufed, offload, out, peer, processes, unpeer
+from tests.e2e.helpers import (
+    cluster_id,
+    eventually,
+    gpufed,
+    gpufed_timed,
+    offload,
+    out,
+    peer,
+    peer_args,
+    processes,
+    slow_steps,
+    unpeer,
+    unpeer_args,
+)
 from vkprovider.localenv import launcher
 from vkprovider.localenv.podnet import PodNetwork, missing_requirements
 
@@ -70,6 +83,8 @@ CUT_S = 30.0
 #: Peer/unpeer cycles without, then with, the data plane.
 CYCLES = int(os.environ.get("GPUFED_DRILL_CYCLES", "20"))
 NETWORK_CYCLES = 3
+#: A step of `gpufed peer`/`unpeer` that takes longer than this is named in the cycle's progress line.
+SLOW_STEP_S = 5.0
 #: Replicas of the offloaded GPU Deployment the drills watch.
 REPLICAS = 3
 #: What the leftover diff compares (events excluded: they expire on their own).
@@ -459,6 +474,10 @@ def _objects(clusters: Clusters) -> set[str]:
     return found
 
 
+def _stamped(lines: list[tuple[float, str]]) -> str:
+    return "\n".join(f"{at:6.1f}s {line}" for at, line in lines)
+
+
 def _open_files(pid: int) -> int:
     return sum(1 for _ in Path(f"/proc/{pid}/fd").iterdir())
 
@@ -479,7 +498,9 @@ def _dataplane(ns: str) -> dict[str, set[str]]:
     }
 
 
-@pytest.mark.timeout(900)
+# ~6 min on a quiet 2-core machine (~15 s a cycle, ~20 s with the network); CI's machines have been
+# up to 2.5x slower, and the cycles' progress lines say where the time went.
+@pytest.mark.timeout(1800)
 async def test_peer_unpeer_cycles_leave_nothing(drill: Drill) -> None:
     clusters, net = drill.clusters, drill.net
     provider = drill.ids["gpu-b"]
@@ -515,8 +536,9 @@ async def test_peer_unpeer_cycles_leave_nothing(drill: Drill) -> None:
     for i in range(CYCLES + NETWORK_CYCLES):
         with_network = i >= CYCLES
         started = time.monotonic()
-        p = peer(clusters, "gpu-b")
-        assert p.returncode == 0, f"cycle {i}: {out(p)}"
+        p, peer_lines = gpufed_timed(*peer_args(clusters, "gpu-b"))
+        peered = time.monotonic()
+        assert p.returncode == 0, f"cycle {i}: {_stamped(peer_lines)}"
         assert _virtual_kubelets(clusters, provider), f"cycle {i}: no virtual kubelet for gpu-b"
         if with_network:
             await net.start_agent(f"c1-{i}", provider, "consumer", cgw)
@@ -530,8 +552,9 @@ async def test_peer_unpeer_cycles_leave_nothing(drill: Drill) -> None:
 
             await _wait(f"cycle {i}: the tunnel to gpu-b Connected", connected, 90)
         unpeering = time.monotonic()
-        u = unpeer(clusters, "gpu-b")
-        assert u.returncode == 0 and "nothing left on either side" in out(u), f"cycle {i}: {out(u)}"
+        u, unpeer_lines = gpufed_timed(*unpeer_args(clusters, "gpu-b"))
+        unpeered = time.monotonic()
+        assert u.returncode == 0 and "nothing left on either side" in out(u), f"cycle {i}: {_stamped(unpeer_lines)}"
         if with_network:
             keys = (f"c1-{i}", f"p1-{i}")
 
@@ -549,6 +572,17 @@ async def test_peer_unpeer_cycles_leave_nothing(drill: Drill) -> None:
         assert left == [], f"cycle {i}: left after unpeer:\n  " + "\n  ".join(left)
         clean_s.append(time.monotonic() - unpeering)
         cycle_s.append(time.monotonic() - started)
+        # progress, so that a slow or stuck run shows how far it got and which step the time went to
+        slow = [f"peer {x}" for x in slow_steps(peer_lines, SLOW_STEP_S)]
+        slow += [f"unpeer {x}" for x in slow_steps(unpeer_lines, SLOW_STEP_S)]
+        print(
+            f"cycle {i}{' (with network)' if with_network else ''}: peer {peered - started:.1f}s,"
+            f" unpeer {unpeered - unpeering:.1f}s, clean {time.monotonic() - unpeered:.1f}s,"
+            f" total {cycle_s[-1]:.1f}s",
+            *slow,
+            sep="\n  slow step: ",
+            flush=True,
+        )
         if i == 0:
             for c in ("consumer", "gpu-b"):
                 fds[c] = _open_files(await _controller_pid(clusters, c))

@@ -1,0 +1,17 @@
+"""Defaults of peering's knobs that `gpufed --help` shows, in a module that imports nothing.
+
+The CLI declares its flags at import time; taking their defaults from here lets every `gpufed`
+command start without loading the modules that use them (aiohttp, pydantic models, the Kubernetes
+client: about a second of a short command's start). Those modules re-export the values under their
+own names (`peering.ops.peer.DEFAULT_TIMEOUT_S`, ...); nothing here is read anywhere else.
+"""
+
+from __future__ import annotations
+
+#: Seconds `gpufed peer`, `unpeer`, `network connect` and `offload-namespace` may take in all.
+OPERATION_TIMEOUT_S = 120.0
+#: Address the metrics server listens on when only a port is given: every interface, as a scrape
+#: target must be reachable from Prometheus (pass a host to narrow it).
+METRICS_HOST = "0.0.0.0"  # noqa: S104 -- a scrape target is meant to be reachable
+#: Seconds between the GPU agent's NVML readings.
+GPU_AGENT_INTERVAL_S = 30.0
