@@ -6,7 +6,8 @@ Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), le
   with the subject `peering.handshake` fixes, and an Ed25519 signature by this cluster's identity
   key over challenge + CSR, published in `status.answer`;
 - turning the certificate the provider issued (copied into `spec.certificate`) into a kubeconfig
-  Secret `gpufed/gpufed-remote-<provider>`, after checking it belongs to the key generated here;
+  Secret `gpufed/gpufed-remote-<provider>`, after checking it belongs to the key generated here
+  (these Secrets are watched: a current one is not read again, a change is reconciled at once);
 - mirroring the consumer's ResourceSlices for that provider (namespace `gpufed`) into its tenant
   namespace on the provider with those credentials, copying the provider's decision back into the
   local status, and deleting mirrors whose local slice is gone.
@@ -29,7 +30,7 @@ import asyncio
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import structlog
 import yaml
@@ -144,6 +145,11 @@ class ConsumerRole:
         #: them all per provider per resync cost O(providers^2) reads: `make bench`'s api-cost part).
         self._slice_cache: dict[str, dict[str, Any]] = {}
         self._slices_synced = False
+        #: Our credentials Secrets by name (label PROVIDER_LABEL, namespace gpufed), from a watch:
+        #: every reconcile checks them, and a GET each time was a read per provider every few
+        #: seconds. Trusted only when it says the Secret is current; anything else is read first.
+        self._secret_cache: dict[str, dict[str, Any]] = {}
+        self._secrets_synced = False
 
     def _on_fc(self, kind: str, obj: dict[str, Any]) -> None:
         self.queue.add(obj["metadata"]["name"])
@@ -158,6 +164,33 @@ class ConsumerRole:
         provider = (obj.get("spec") or {}).get("providerClusterId")
         if provider:
             self.queue.add(str(provider))
+
+    def _on_secret(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        if kind == "DELETED":
+            self._secret_cache.pop(str(name), None)
+        else:
+            self._secret_cache[str(name)] = obj
+        provider = (meta.get("labels") or {}).get(PROVIDER_LABEL)
+        if provider:  # e.g. someone deleted our credentials: the ForeignCluster says so now, not at a resync
+            self.queue.add(str(provider))
+
+    def _on_secrets_synced(self) -> None:
+        self._secrets_synced = True
+
+    async def watch_secrets(self) -> None:
+        """Keep the credentials Secrets' cache (part of `run`)."""
+        await watch(
+            self.api,
+            rest.path("v1", "secrets", namespace=SYSTEM_NAMESPACE),
+            self._on_secret,
+            what="credentials secrets",
+            params={"labelSelector": PROVIDER_LABEL},
+            on_synced=self._on_secrets_synced,
+        )
 
     async def run(self) -> None:
         try:
@@ -174,6 +207,7 @@ class ConsumerRole:
                         on_synced=self._on_slices_synced,
                     )
                 )
+                tg.create_task(self.watch_secrets())
                 tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
         finally:
             await self.remotes.close()
@@ -277,13 +311,22 @@ class ConsumerRole:
         conds = status["conditions"]
         secret_name = remote_kubeconfig_secret(provider)
         secret_path = rest.path("v1", "secrets", secret_name, namespace=SYSTEM_NAMESPACE)
+
+        def current(secret: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+            return (
+                secret is not None
+                and (secret.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
+                and ((secret.get("metadata") or {}).get("annotations") or {}).get("gpufed.io/server")
+                == spec.api_server_url
+            )
+
+        cached = self._secret_cache.get(secret_name) if self._secrets_synced else None
+        if current(cached):
+            return cached
+        # Not known to be current (not cached yet, or the watch lags behind our own write): the API
+        # server decides before anything is written or refused.
         existing = await rest.get(self.api, secret_path)
-        if (
-            existing is not None
-            and (existing.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
-            and ((existing.get("metadata") or {}).get("annotations") or {}).get("gpufed.io/server")
-            == spec.api_server_url
-        ):
+        if current(existing):
             return existing
         pending = await rest.get(
             self.api, rest.path("v1", "secrets", pending_key_secret(provider), namespace=SYSTEM_NAMESPACE)
@@ -341,6 +384,7 @@ class ConsumerRole:
                 },
             },
         )
+        self._secret_cache[secret_name] = secret  # until the watch brings it (or a later version)
         if pending is not None:
             await rest.delete(
                 self.api,

@@ -233,7 +233,7 @@ def test_consumer_gets_kubelet_ports_for_every_provider(tmp_path: Path) -> None:
     assert "--kubelet-ports=16230-16239" in gpu1  # providers keep the launcher's range
 
 
-def test_the_pollers_explanation_reads_the_run_after_the_fix() -> None:
+def test_the_pollers_explanation_reads_the_run_after_the_fixes() -> None:
     results = {
         "api-cost": {
             "phases": [
@@ -241,12 +241,23 @@ def test_the_pollers_explanation_reads_the_run_after_the_fix() -> None:
                 {
                     "providers": 5,
                     "window_s": 45.0,
-                    "servers": {"consumer": {"controller": {"by_verb": {"get": 60, "list": 9}}}},
+                    "servers": {
+                        "consumer": {
+                            "controller": {
+                                "by_verb": {"get": 60, "list": 9},
+                                "top_resources": [
+                                    {"resource": "foreignclusters.gpufed.io", "rps": 0.444},
+                                    {"resource": "secrets", "rps": 0.222},
+                                ],
+                            }
+                        }
+                    },
                 },
             ],
             "growth": {"gpufed_rps_per_provider": {"one": 1.3, "many": 1.25}},
         }
     }
     text = report._why_pollers(results)
-    assert "with 5 providers, the consumer controller made 0.2 lists/s (before the fix: 0.444)" in text
-    assert "1.25 requests/s per provider (before: 1.447)" in text
+    assert "with 5 providers, the consumer controller made 0.2 lists/s (before the first fix: 0.444)" in text
+    assert "and 0.222 Secret reads/s (before the second: 0.711;" in text  # the Secrets' rate, not the FCs'
+    assert "1.25 requests/s per provider (before the first fix: 1.447; before the second: 1.257)" in text
