@@ -3,7 +3,7 @@
 The CLI declares its flags at import time; taking their defaults from here lets every `gpufed`
 command start without loading the modules that use them (aiohttp, pydantic models, the Kubernetes
 client: about a second of a short command's start). Those modules re-export the values under their
-own names (`peering.ops.peer.DEFAULT_TIMEOUT_S`, ...); nothing here is read anywhere else.
+own names (`peering.ops.peer.DEFAULT_TIMEOUT_S`, ...); they and the CLI are this module's only readers.
 """
 
 from __future__ import annotations

@@ -57,35 +57,18 @@ def slow_steps(lines: list[tuple[float, str]], over_s: float) -> list[str]:
     return found
 
 
-def peer_args(clusters: Clusters, provider: str, *extra: str) -> tuple[str, ...]:
+def _pair_args(verb: str, clusters: Clusters, provider: str) -> tuple[str, ...]:
+    """`gpufed VERB` between the consumer and `provider`, both contexts of the environment's kubeconfig."""
     kc = str(clusters.kubeconfig)
-    return (
-        "peer",
-        "--kubeconfig",
-        kc,
-        "--context",
-        "consumer",
-        "--remote-kubeconfig",
-        kc,
-        "--remote-context",
-        provider,
-        *extra,
-    )
+    return (verb, "--kubeconfig", kc, "--context", "consumer", "--remote-kubeconfig", kc, "--remote-context", provider)
+
+
+def peer_args(clusters: Clusters, provider: str, *extra: str) -> tuple[str, ...]:
+    return (*_pair_args("peer", clusters, provider), *extra)
 
 
 def unpeer_args(clusters: Clusters, provider: str) -> tuple[str, ...]:
-    kc = str(clusters.kubeconfig)
-    return (
-        "unpeer",
-        "--kubeconfig",
-        kc,
-        "--context",
-        "consumer",
-        "--remote-kubeconfig",
-        kc,
-        "--remote-context",
-        provider,
-    )
+    return _pair_args("unpeer", clusters, provider)
 
 
 def peer(clusters: Clusters, provider: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -6,16 +6,11 @@ never refused because the watch lags behind the role's own write. Against the in
 from __future__ import annotations
 
 import base64
-import datetime as dt
 from typing import Any
 
 import pytest
 import structlog
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.x509.oid import NameOID
 
 from peering.controllers.consumer import ConsumerRole
 from peering.controllers.identity import Identity
@@ -23,27 +18,12 @@ from peering.ids import PROVIDER_LABEL, SYSTEM_NAMESPACE, ClusterID, pending_key
 from peering.kube import rest
 from peering.models import API_VERSION, ForeignClusterSpec
 from tests.unit.fakes import FakeApiServer, running, serve, until
+from tests.unit.test_doctor import certificate
 
 CONSUMER = ClusterID("cons-creds-0001")
 PROVIDER = ClusterID("prov-creds-0001")
 SECRET = remote_kubeconfig_secret(PROVIDER)
 SECRET_PATH = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/secrets/{SECRET}"
-
-
-def _cert_for(key: ec.EllipticCurvePrivateKey, cn: str = "x") -> str:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def _b64(data: str | bytes) -> str:
@@ -53,10 +33,7 @@ def _b64(data: str | bytes) -> str:
 def _handshake_done(server: FakeApiServer) -> dict[str, Any]:
     """What the handshake leaves on the consumer: the CSR's key in the pending Secret and the issued
     certificate in the ForeignCluster (as `gpufed peer` copies it there)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    cert_pem, key_pem = certificate(1, CONSUMER)
     server.create(
         "secrets",
         {
@@ -72,8 +49,8 @@ def _handshake_done(server: FakeApiServer) -> dict[str, Any]:
                 "clusterId": PROVIDER,
                 "roles": ["Provider"],
                 "apiServerUrl": "https://provider.example:6443",
-                "certificate": _cert_for(key, CONSUMER),
-                "caData": _cert_for(ec.generate_private_key(ec.SECP256R1()), "ca"),
+                "certificate": cert_pem.decode(),
+                "caData": certificate(1, "ca")[0].decode(),
             },
         },
         api_version=API_VERSION,
