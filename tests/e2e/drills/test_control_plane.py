@@ -134,7 +134,13 @@ def component(clusters: Clusters, cluster: str, name: str) -> int:
 
 def gone(pid: int) -> bool:
     # _proc_start_time also reaps the launcher's own children.
-    return launcher._proc_start_time(pid) is None or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    if launcher._proc_start_time(pid) is None:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # reaped by its parent (e.g. the controller's supervisor) since the line above
+        return True
+    return stat[stat.rindex(")") + 2 :].split()[0] == "Z"  # a zombie: exited, not yet reaped
 
 
 def stop(pid: int, sig: signal.Signals = signal.SIGKILL, timeout: float = 90) -> None:
