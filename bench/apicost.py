@@ -63,11 +63,11 @@ from bench.offload import (
     peer,
     twin_namespace,
 )
-from peering.kube import rest
-from peering.kube.client import api_client
-from vkprovider.app.supervisor import PORTS_PER_VIRTUAL_KUBELET
-from vkprovider.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
-from vkprovider.localenv.topology import PORTS_PER_CLUSTER, ClusterSpec, Topology
+from gpufed.app.supervisor import PORTS_PER_VIRTUAL_KUBELET
+from gpufed.kube import rest
+from gpufed.kube.client import api_client
+from gpufed.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
+from gpufed.localenv.topology import PORTS_PER_CLUSTER, ClusterSpec, Topology
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench-apicost"

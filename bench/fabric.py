@@ -49,6 +49,14 @@ from typing import Any
 from wireguard_tools import WireguardKey
 
 from bench.offload import percentile
+from gpufed.apis.models import (
+    DEFAULT_EXTERNAL_CIDR,
+    CIDRPair,
+    GatewaySpec,
+    NetworkConfigSpec,
+    RemoteNetworkSpec,
+    split_endpoint,
+)
 from netfabric import plan as plans
 from netfabric.drivers import nft
 from netfabric.drivers.netns import (
@@ -64,14 +72,6 @@ from netfabric.drivers.netns import (
 from netfabric.drivers.wireguard import TunnelConfig, WireguardGo
 from netfabric.ipam import DEFAULT_MTU, mtu_for
 from netfabric.render import INTERFACE_PREFIX, GatewayPlan, allowed_ips, interface_name, nft_ruleset
-from peering.models import (
-    DEFAULT_EXTERNAL_CIDR,
-    CIDRPair,
-    GatewaySpec,
-    NetworkConfigSpec,
-    RemoteNetworkSpec,
-    split_endpoint,
-)
 
 DEFAULT_SECONDS = 5.0
 DEFAULT_RUNS = 3

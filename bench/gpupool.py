@@ -72,13 +72,13 @@ from bench.offload import (
     twin_namespace,
     until,
 )
-from peering.ids import CAPACITY_ANNOTATION, POOL_ANNOTATION
-from peering.kube import rest
-from peering.kube.client import KubeError, api_client
-from peering.kube.watch import watch
-from vkprovider.localenv.kwokcfg import RUN_DURATION_ANNOTATION
-from vkprovider.localenv.launcher import CONTROLLER, LocalEnvironment
-from vkprovider.localenv.topology import Topology, default_topology
+from gpufed.apis.wire import CAPACITY_ANNOTATION, POOL_ANNOTATION
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError, api_client
+from gpufed.kube.watch import watch
+from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
+from gpufed.localenv.launcher import CONTROLLER, LocalEnvironment
+from gpufed.localenv.topology import Topology, default_topology
 
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench-gpupool"
 #: Three clusters x 20 ports from here: 16100-16159 (the offload/reflection environment has 16000-16039).

@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
-from peering.ids import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
-from peering.kube import rest
-from peering.kube.client import KubeError, api_client
-from peering.kube.watch import watch
-from vkprovider.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
-from vkprovider.localenv.topology import Topology
+from gpufed import PACKAGES
+from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError, api_client
+from gpufed.kube.watch import watch
+from gpufed.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
+from gpufed.localenv.topology import Topology
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench"
@@ -134,11 +135,11 @@ def max_pods(topology: Topology) -> int:
 
 
 async def gpufed_cli(*args: str, limit_s: float = 300) -> tuple[int, str]:
-    """Run `python -m vkprovider.cli ARGS` as a user would; (exit code, stdout + stderr)."""
+    """Run `python -m gpufed.cli ARGS` as a user would; (exit code, stdout + stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "vkprovider.cli",
+        "gpufed.cli",
         *args,
         cwd=REPO,
         env={**os.environ, "COLUMNS": "200"},
@@ -582,7 +583,7 @@ def profile_summary(raw: str, top: int = 12) -> dict[str, Any]:
     def rows(counter: Counter[str]) -> list[dict[str, Any]]:
         return [{"function": f, "samples": c, "share": round(c / total, 3)} for f, c in counter.most_common(top)]
 
-    ours = Counter({f: c for f, c in inclusive.items() if f.startswith(("vkprovider/", "peering/", "netfabric/"))})
+    ours = Counter({f: c for f, c in inclusive.items() if f.startswith(tuple(f"{p}/" for p in PACKAGES))})
     return {"samples": total, "self": rows(own), "inclusive_gpufed": rows(ours)}
 
 

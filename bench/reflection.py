@@ -24,10 +24,10 @@ from typing import Any
 
 from bench import offload
 from bench.offload import CONSUMER, PROVIDER, VK_NS, percentile
-from peering.kube import rest
-from peering.kube.client import api_client
-from peering.kube.watch import watch
-from vkprovider.localenv.launcher import LocalEnvironment
+from gpufed.kube import rest
+from gpufed.kube.client import api_client
+from gpufed.kube.watch import watch
+from gpufed.localenv.launcher import LocalEnvironment
 
 SEQ = "bench.gpufed.io/seq"
 DEFAULT_RATE = 20.0

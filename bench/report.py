@@ -843,7 +843,7 @@ def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
         f"cores; creates alone returned after {_s(v.get('create_s'))} vs {_s(b.get('create_s'))} locally. "
         f"The virtual kubelet itself used {_s(vk.get('cpu_cores'), ' cores')} on average over the burst. "
         "The py-spy profile of the largest burst (above) showed where that CPU went: "
-        f"`PoolManager.usage` was on the stack in {_profile_share(off, 'vkprovider/app/pools.py:PoolManager.usage')} "
+        f"`PoolManager.usage` was on the stack in {_profile_share(off, 'gpufed/app/pools.py:PoolManager.usage')} "
         "of the samples: every bound pod poked the node-status loop, which re-read the pool's usage, O(pods), "
         "back to back, so a burst cost O(pods²), with `pod_requests` re-parsing every pod's quantities each time. "
         "Fixed: reads coalesce to one per 0.25 s, and requests are parsed once per pod generation. "
@@ -862,7 +862,7 @@ def _why_footprint(results: dict[str, dict[str, Any]]) -> str:
         f"{g.get('virtual-kubelet_rss_kb_per_pod', '—')} KB per offloaded pod: it keeps every local pod and every "
         "twin as decoded JSON (two watches), plus token state, so 1000 pods cost it about as much again as the "
         "process itself. Two fixes from measuring it: kubernetes-asyncio's ~850 generated modules are no longer "
-        "imported (−31 MB per gpufed process at start, peering.kube.library), and watched objects drop "
+        "imported (−31 MB per gpufed process at start, gpufed.kube.library), and watched objects drop "
         "`metadata.managedFields` before they are cached. The next step, not taken yet, is caching only the "
         "fields the virtual kubelet reads instead of whole objects."
     )

@@ -24,11 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from wireguard_tools import WireguardKey
 
-from netfabric import plan as plans
-from netfabric.ipam import IPAMError
-from peering.ids import MANAGED_BY, MANAGED_BY_LABEL, SYSTEM_NAMESPACE
-from peering.kube import rest
-from peering.models import (
+from gpufed.apis.models import (
     API_VERSION,
     NETWORK_CONFIG,
     CIDRPair,
@@ -36,6 +32,10 @@ from peering.models import (
     RemoteNetworkSpec,
     split_endpoint,
 )
+from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, SYSTEM_NAMESPACE
+from gpufed.kube import rest
+from netfabric import plan as plans
+from netfabric.ipam import IPAMError
 from peering.ops.peer import ClusterRef, PeerError, Peers, Reporter
 from peering.ops.peer import connect as connect_clusters
 

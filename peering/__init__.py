@@ -1,3 +1,4 @@
-"""Peering: cluster identity, the authenticated handshake, CRD models and the domain-free
-Kubernetes plumbing (`peering.kube`) that every other part builds on.
+"""Trust and tenancy between two clusters: the authenticated handshake (`handshake`), grant decisions
+(`grants`), the offload pod-security policy (`podsecurity`), the reconcilers of both roles
+(`controllers`) and the operator's peering and offloading commands (`ops`).
 """

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 
-from peering.models import GPU_PRODUCT_LABEL, SLICE_RESOURCES
-from peering.models import GPU_RESOURCE as GPU
-from peering.quantity import format_quantity, parse
+from gpufed.apis.models import GPU_PRODUCT_LABEL, SLICE_RESOURCES
+from gpufed.apis.models import GPU_RESOURCE as GPU
+from gpufed.apis.quantity import format_quantity, parse
 
 RESOURCES = SLICE_RESOURCES
 

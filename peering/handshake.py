@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
-from peering.ids import ClusterID
+from gpufed.apis.wire import ClusterID
 
 PROTOCOL = b"gpufed.io/peering/v1"
 NONCE_BYTES = 32

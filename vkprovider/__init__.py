@@ -1,4 +1,4 @@
-"""gpufed's virtual-kubelet side: CLI, composition root, the provider-agnostic virtual-kubelet
-machinery (`node`), the provider for peered clusters (`remote`), pure translators (`forge`), and the
-local multi-cluster environment used by the demo and the tests (`localenv`).
+"""The virtual kubelet: provider-agnostic node machinery (`node`), the kubelet HTTPS API (`kubelet`),
+SPDY/3.1 (`spdy`), pure translators (`forge`), the provider for peered clusters (`remote`) and the
+offloading admission webhook (`webhook`). Its process is composed in `gpufed.app.virtual_kubelet`.
 """

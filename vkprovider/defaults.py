@@ -3,7 +3,7 @@
 The CLI declares its flags at import time; taking their defaults from here lets every `gpufed`
 command start without loading the parts that use them (the controller, the virtual kubelet, the
 doctor, the local environment). Those modules re-export the values under their own names
-(`vkprovider.app.controller.DEFAULT_KUBELET_PORTS`, ...).
+(`gpufed.app.controller.DEFAULT_KUBELET_PORTS`, ...).
 """
 
 from __future__ import annotations

@@ -37,17 +37,7 @@ import structlog
 from prometheus_client import Gauge
 from pydantic import ValidationError
 
-from netfabric import plan as plans
-from netfabric.drivers import nft
-from netfabric.drivers.netns import DataplaneError, Netns, clear_routes, link_mtu, route_device, set_link, set_routes
-from netfabric.drivers.wireguard import KernelWireGuard, PeerStats, TunnelConfig, TunnelDriver, WireguardGo
-from netfabric.ipam import DEFAULT_MTU, IPAMError, mtu_for
-from netfabric.render import RenderError, allowed_ips, interface_name, mark_for, nft_ruleset, table_name
-from peering.ids import SYSTEM_NAMESPACE
-from peering.kube import rest
-from peering.kube.client import KubeError
-from peering.kube.watch import watch
-from peering.models import (
+from gpufed.apis.models import (
     API_VERSION,
     NETWORK_CONFIG,
     GatewaySpec,
@@ -55,6 +45,16 @@ from peering.models import (
     RemoteNetworkSpec,
     split_endpoint,
 )
+from gpufed.apis.wire import SYSTEM_NAMESPACE
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.watch import watch
+from netfabric import plan as plans
+from netfabric.drivers import nft
+from netfabric.drivers.netns import DataplaneError, Netns, clear_routes, link_mtu, route_device, set_link, set_routes
+from netfabric.drivers.wireguard import KernelWireGuard, PeerStats, TunnelConfig, TunnelDriver, WireguardGo
+from netfabric.ipam import DEFAULT_MTU, IPAMError, mtu_for
+from netfabric.render import RenderError, allowed_ips, interface_name, mark_for, nft_ruleset, table_name
 
 log = structlog.get_logger()
 

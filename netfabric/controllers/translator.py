@@ -16,12 +16,12 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from gpufed.apis.models import API_VERSION, NETWORK_CONFIG, NetworkConfigSpec, RemoteNetworkSpec
+from gpufed.apis.wire import SYSTEM_NAMESPACE
+from gpufed.kube import rest
+from gpufed.kube.watch import watch
 from netfabric.plan import remapper
 from netfabric.remap import Remapper
-from peering.ids import SYSTEM_NAMESPACE
-from peering.kube import rest
-from peering.kube.watch import watch
-from peering.models import API_VERSION, NETWORK_CONFIG, NetworkConfigSpec, RemoteNetworkSpec
 
 log = structlog.get_logger()
 

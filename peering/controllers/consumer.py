@@ -40,11 +40,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client import Gauge
 from pydantic import ValidationError
 
-from peering import handshake
-from peering.controllers import status as st_
-from peering.controllers.identity import Identity
-from peering.controllers.remotes import Remotes
-from peering.ids import (
+from gpufed.apis.models import API_VERSION, ForeignClusterSpec, ResourceSliceSpec
+from gpufed.apis.quantity import QuantityError, parse
+from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PROVIDER_LABEL,
@@ -55,13 +53,15 @@ from peering.ids import (
     remote_kubeconfig_secret,
     tenant_namespace,
 )
-from peering.kube import rest
-from peering.kube.client import KubeError
-from peering.kube.metrics import GaugeMap, StateGauge
-from peering.kube.queue import WorkQueue
-from peering.kube.watch import watch
-from peering.models import API_VERSION, ForeignClusterSpec, ResourceSliceSpec
-from peering.quantity import QuantityError, parse
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.metrics import GaugeMap, StateGauge
+from gpufed.kube.queue import WorkQueue
+from gpufed.kube.watch import watch
+from peering import handshake
+from peering.controllers import status as st_
+from peering.controllers.identity import Identity
+from peering.controllers.remotes import Remotes
 
 #: Seconds between polls of the provider for a slice's decision while it is not settled.
 DEFAULT_PENDING_POLL_S = 1.0

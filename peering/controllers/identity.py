@@ -22,8 +22,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from peering.handshake import fingerprint, public_key_pem
-from peering.ids import (
+from gpufed.apis.wire import (
     IDENTITY_CONFIGMAP,
     IDENTITY_SECRET,
     MANAGED_BY,
@@ -33,8 +32,9 @@ from peering.ids import (
     default_cluster_id,
     parse_cluster_id,
 )
-from peering.kube import rest
-from peering.kube.client import KubeError
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from peering.handshake import fingerprint, public_key_pem
 
 
 class IdentityError(Exception):

@@ -37,9 +37,8 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from peering.controllers import status as st_
-from peering.controllers.remotes import Remotes
-from peering.ids import (
+from gpufed.apis.models import API_VERSION, NamespaceOffloadingSpec, NodeSelector
+from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAMESPACE_OFFLOADING,
@@ -57,11 +56,12 @@ from peering.ids import (
     tenant_namespace,
     twin_namespace,
 )
-from peering.kube import events, rest
-from peering.kube.client import KubeError
-from peering.kube.queue import WorkQueue
-from peering.kube.watch import watch
-from peering.models import API_VERSION, NamespaceOffloadingSpec, NodeSelector
+from gpufed.kube import events, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.queue import WorkQueue
+from gpufed.kube.watch import watch
+from peering.controllers import status as st_
+from peering.controllers.remotes import Remotes
 
 FINALIZER = "gpufed.io/offloading"
 KIND = "NamespaceOffloading"

@@ -49,12 +49,16 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from peering import grants, handshake, podsecurity
-from peering.controllers import status as st_
-from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
-from peering.controllers.identity import Identity
-from peering.grants import NodeInfo, PodLoad
-from peering.ids import (
+from gpufed.apis.models import (
+    API_VERSION,
+    GPU_RESOURCE,
+    OffloadPodSecurity,
+    ResourceSliceSpec,
+    TenantSpec,
+    TwinNamespaceSpec,
+)
+from gpufed.apis.quantity import format_quantity, parse
+from gpufed.apis.wire import (
     CONSUMER_CONTROL_ROLE,
     CONSUMER_LABEL,
     CONSUMER_WORKLOADS_ROLE,
@@ -71,20 +75,16 @@ from peering.ids import (
     tenant_namespace,
     twin_namespace,
 )
-from peering.kube import events, rest
-from peering.kube.client import KubeError
-from peering.kube.metrics import StateGauge
-from peering.kube.queue import WorkQueue
-from peering.kube.watch import watch
-from peering.models import (
-    API_VERSION,
-    GPU_RESOURCE,
-    OffloadPodSecurity,
-    ResourceSliceSpec,
-    TenantSpec,
-    TwinNamespaceSpec,
-)
-from peering.quantity import format_quantity, parse
+from gpufed.kube import events, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.metrics import StateGauge
+from gpufed.kube.queue import WorkQueue
+from gpufed.kube.watch import watch
+from peering import grants, handshake, podsecurity
+from peering.controllers import status as st_
+from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
+from peering.controllers.identity import Identity
+from peering.grants import NodeInfo, PodLoad
 
 #: Seconds between full re-evaluations of a tenant even when nothing was seen to change.
 DEFAULT_RESYNC_S = 30.0

@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from peering.ids import SYSTEM_NAMESPACE, ClusterID, remote_kubeconfig_secret
-from peering.kube import rest
-from peering.kube.client import KubeError, client_from_dict
+from gpufed.apis.wire import SYSTEM_NAMESPACE, ClusterID, remote_kubeconfig_secret
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError, client_from_dict
 
 
 class Remotes:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from peering.kube import rest
-from peering.models import API_VERSION
+from gpufed.apis.models import API_VERSION
+from gpufed.kube import rest
 
 
 def now() -> str:

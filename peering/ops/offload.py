@@ -30,17 +30,17 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from peering import defaults
-from peering.ids import (
+from gpufed.apis.models import API_VERSION, GROUP, NamespaceOffloading, NamespaceOffloadingSpec, NodeSelectorRequirement
+from gpufed.apis.wire import (
     IDENTITY_CONFIGMAP,
     NAMESPACE_OFFLOADING,
     SYSTEM_NAMESPACE,
     TYPE_LABEL,
     VIRTUAL_NODE_TYPE,
 )
-from peering.kube import rest
-from peering.kube.client import KubeError, api_client
-from peering.models import API_VERSION, GROUP, NamespaceOffloading, NamespaceOffloadingSpec, NodeSelectorRequirement
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError, api_client
+from peering import defaults
 
 DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from peering import defaults, grants
-from peering.handshake import fingerprint
-from peering.ids import (
+from gpufed.apis.models import API_VERSION, ResourceSliceSpec
+from gpufed.apis.quantity import parse
+from gpufed.apis.wire import (
     CONSUMER_LABEL,
     IDENTITY_CONFIGMAP,
     PROVIDER_LABEL,
@@ -43,10 +43,10 @@ from peering.ids import (
     ClusterID,
     parse_cluster_id,
 )
-from peering.kube import rest
-from peering.kube.client import KubeError, api_client
-from peering.models import API_VERSION, ResourceSliceSpec
-from peering.quantity import parse
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError, api_client
+from peering import defaults, grants
+from peering.handshake import fingerprint
 
 DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from peering.kube.client import api_client
-from vkprovider.localenv.launcher import LocalEnvironment, LocalSettings
-from vkprovider.localenv.topology import Topology, default_topology
+from gpufed.kube.client import api_client
+from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
+from gpufed.localenv.topology import Topology, default_topology
 
 REPO = Path(__file__).resolve().parents[2]
 #: Parallel sessions (e.g. two worktrees) set GPUFED_E2E_BASE_PORT and GPUFED_E2E_DIR apart.

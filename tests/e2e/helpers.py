@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from peering.ids import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
+from gpufed.apis.wire import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
 from tests.e2e.conftest import REPO, Clusters
 
-GPUFED = (sys.executable, "-m", "vkprovider.cli")
+GPUFED = (sys.executable, "-m", "gpufed.cli")
 GPUFED_ENV = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
 
 

@@ -23,13 +23,13 @@ import pytest
 import typer
 import yaml
 
-from peering.ids import ClusterID
-from peering.kube.client import api_client
-from peering.kube.leader import LeaderElector, LeaderSettings
+from gpufed.apis.wire import ClusterID
+from gpufed.app.workloads import VIRTUAL_KUBELET, Workloads, WorkloadSettings
+from gpufed.cli import app as cli_app
+from gpufed.kube.client import api_client
+from gpufed.kube.leader import LeaderElector, LeaderSettings
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, peered_session
-from vkprovider.app.workloads import VIRTUAL_KUBELET, Workloads, WorkloadSettings
-from vkprovider.cli import app as cli_app
 from vkprovider.forge import workloads as forge
 
 pytestmark = pytest.mark.e2e
@@ -70,9 +70,9 @@ VALUE_SETS: list[tuple[str, list[str]]] = [
 
 #: Grants only the in-cluster controller needs, and the module whose code uses each.
 IN_CLUSTER: dict[tuple[str, str], str] = {
-    ("coordination.k8s.io", "leases"): "peering/kube/leader.py",
-    ("apps", "deployments"): "vkprovider/app/workloads.py",
-    ("", "services"): "vkprovider/app/workloads.py",
+    ("coordination.k8s.io", "leases"): "gpufed/kube/leader.py",
+    ("apps", "deployments"): "gpufed/app/workloads.py",
+    ("", "services"): "gpufed/app/workloads.py",
 }
 
 #: A stand-in for the Prometheus Operator's CRD, so ServiceMonitors can be dry-run too.

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from gpufed.localenv.demo import APP, DEFAULT_NAMESPACE, Demo, DemoSettings, Narrator
+from gpufed.localenv.podnet import NS_PREFIX, missing_requirements
 from tests.e2e.conftest import REPO, Clusters
 from tests.e2e.helpers import leftovers, processes
-from vkprovider.app.demo import APP, DEFAULT_NAMESPACE, Demo, DemoSettings, Narrator
-from vkprovider.localenv.podnet import NS_PREFIX, missing_requirements
 
 pytestmark = pytest.mark.timeout(900)
 
 
 def _gateway_agents(kubeconfig: Path) -> list[int]:
     """Pids of `gpufed gateway` processes that point at this environment."""
-    return sorted(processes("vkprovider.cli gateway ", str(kubeconfig)))
+    return sorted(processes("gpufed.cli gateway ", str(kubeconfig)))
 
 
 def test_make_demo_tells_the_whole_story_and_cleans_up(clusters: Clusters) -> None:
@@ -39,7 +39,7 @@ def test_make_demo_tells_the_whole_story_and_cleans_up(clusters: Clusters) -> No
     env = {**os.environ, "COLUMNS": "200", "PATH": f"{os.environ.get('PATH', '/usr/bin:/bin')}:/usr/sbin:/sbin"}
     env.pop("KUBECONFIG", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "vkprovider.cli", "local", "demo",
+        [sys.executable, "-m", "gpufed.cli", "local", "demo",
          "--state-dir", str(clusters.env.state_dir), "--bin-dir", str(clusters.env.settings.bin_dir)],
         capture_output=True, text=True, timeout=840, check=False, cwd=REPO, env=env,
     )  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from peering.ids import ClusterID
+from gpufed.apis.wire import ClusterID
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import gpufed, out, peered_session
 

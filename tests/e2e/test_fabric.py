@@ -33,8 +33,8 @@ import pytest
 from wireguard_tools import WireguardKey
 from wireguard_tools.wireguard_uapi import WireguardUAPIDevice
 
+from gpufed.apis.wire import ClusterID
 from netfabric.render import interface_name
-from peering.ids import ClusterID
 from tests.e2e.conftest import REPO, Clusters
 from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
 
@@ -154,7 +154,7 @@ class Fabric:
         ns = self.ns("cgw") if context == "consumer" else self.ns("pgw")
         log = (self.logs / f"gateway-{context}.log").open("ab")
         self.agents[context] = subprocess.Popen(
-            [sys.executable, "-m", "vkprovider.cli", "gateway", "--name", peer, "--kubeconfig",
+            [sys.executable, "-m", "gpufed.cli", "gateway", "--name", peer, "--kubeconfig",
              str(self.clusters.kubeconfig), "--context", context, "--netns", ns,
              "--wireguard-go", str(self.clusters.env.binary("wireguard-go")), "--probe-interval", "1"],
             stdout=log,

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from peering.capacity import PodShape
-from peering.estimator.client import EstimatorClient, EstimatorError, from_provider
-from peering.ids import ClusterID
-from peering.kube.client import client_from_dict
+from gpufed.apis.wire import ClusterID
+from gpufed.kube.client import client_from_dict
+from gpufed.localenv import launcher
+from gpupool.capacity import PodShape
+from gpupool.estimator.client import EstimatorClient, EstimatorError, from_provider
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
-from vkprovider.localenv import launcher
 
 pytestmark = pytest.mark.e2e
 

@@ -35,7 +35,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from prometheus_client.parser import text_string_to_metric_families
 
-from peering.ids import ClusterID
+from gpufed.apis.wire import ClusterID
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, out, peered_session
 

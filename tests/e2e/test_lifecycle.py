@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from gpufed.localenv import launcher
+from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment, LocalSettings
+from gpufed.localenv.pki import ensure_pki
+from gpufed.localenv.topology import Topology
 from tests.e2e.conftest import REPO, Clusters
-from vkprovider.localenv import launcher
-from vkprovider.localenv.launcher import LocalEnvError, LocalEnvironment, LocalSettings
-from vkprovider.localenv.pki import ensure_pki
-from vkprovider.localenv.topology import Topology
 
 SOLO_BASE_PORT = 18100
 

@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
-from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.localenv import kwokcfg
 from tests.e2e.conftest import Clusters
-from vkprovider.localenv import kwokcfg
 
 EXPECTED_VERSION = re.search(
     r"k8s.io/kubernetes (v[0-9.]+)", (Path(__file__).resolve().parents[2] / "deploy/local/go.mod").read_text()

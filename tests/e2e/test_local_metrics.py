@@ -9,10 +9,10 @@ import subprocess
 from decimal import Decimal
 from typing import Any
 
-from peering.quantity import parse
+from gpufed.apis.quantity import parse
+from gpufed.localenv import kwokcfg, metricsserver
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually
-from vkprovider.localenv import kwokcfg, metricsserver
 
 #: metrics-server needs two scrapes (10 s apart) of a pod before it reports it.
 METRICS_WAIT_S = 90

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from peering.ids import ClusterID
+from gpufed.apis.wire import ClusterID
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import deployment, eventually, offload, peered_session
 

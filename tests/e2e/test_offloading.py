@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from peering.ids import CONSUMER_LABEL, OFFLOADING_LABEL, REMOTE_CLUSTER_LABEL, TWIN_OF_LABEL, ClusterID
+from gpufed.apis.wire import CONSUMER_LABEL, OFFLOADING_LABEL, REMOTE_CLUSTER_LABEL, TWIN_OF_LABEL, ClusterID
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, out, peered_session
 

@@ -20,8 +20,8 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from gpufed.apis.wire import CONSUMER_LABEL
 from peering import handshake
-from peering.ids import CONSUMER_LABEL
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import cluster_id, eventually, gpufed, leftovers, out, peer, unpeer
 

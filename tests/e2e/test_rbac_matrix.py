@@ -19,7 +19,7 @@ The consumer identity's real credentials are exercised in tests/e2e/test_peering
 (`kubectl auth can-i` / real requests); here it is one identity among the others.
 
 The virtual node's `system:node:<name>` identity: the kubelet-serving certificate a virtual
-kubelet obtains (vkprovider.node.servingcert) carries that subject, but its extended key usage is
+kubelet obtains (vkprovider.kubelet.servingcert) carries that subject, but its extended key usage is
 server auth only, so the API server never accepts it as a client certificate; the test checks the
 certificate the virtual node's kubelet API serves, rather than SARs for an identity nobody can present.
 """
@@ -37,8 +37,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from peering.handshake import CONSUMER_GROUP, consumer_user
-from peering.ids import (
+from gpufed.apis.wire import (
     ESTIMATOR_CONFIGMAP,
     ESTIMATOR_TLS_SECRET,
     IDENTITY_CONFIGMAP,
@@ -52,7 +51,8 @@ from peering.ids import (
     tenant_namespace,
     twin_namespace,
 )
-from peering.kube import rest
+from gpufed.kube import rest
+from peering.handshake import CONSUMER_GROUP, consumer_user
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
 
@@ -133,23 +133,23 @@ MATRIX: list[Row] = [
     ("controller", C, "delete", RB, "{ns}", "gpufed-reflection", ALLOW, "peering/controllers/offloading.py"),
     ("controller", C, "bind", CR, "", "gpufed-virtual-kubelet-reflection", ALLOW, "offloading.py: binds it"),
     ("controller", C, "watch", "nodes", "", "", ALLOW, "offloading.py (virtual nodes), provider.py (capacity)"),
-    ("controller", C, "get", CRD, "", "tenants.gpufed.io", ALLOW, "vkprovider/app/controller.py: preflight"),
-    ("controller", C, "get", CR, "", "gpufed-consumer-workloads", ALLOW, "vkprovider/app/controller.py: preflight"),
+    ("controller", C, "get", CRD, "", "tenants.gpufed.io", ALLOW, "gpufed/app/controller.py: preflight"),
+    ("controller", C, "get", CR, "", "gpufed-consumer-workloads", ALLOW, "gpufed/app/controller.py: preflight"),
     ("controller", C, "create", MWC, "", "", ALLOW, "vkprovider/webhook/server.py: first registration"),
     ("controller", C, "patch", MWC, "", "gpufed-offloading", ALLOW, "vkprovider/webhook/server.py"),
-    ("controller", C, "update", "secrets", "gpufed", "gpufed-webhook-tls", ALLOW, "peering/kube/servingtls.py"),
-    ("controller", C, "watch", CSR, "", "", ALLOW, "vkprovider/node/csrapprove.py"),
+    ("controller", C, "update", "secrets", "gpufed", "gpufed-webhook-tls", ALLOW, "gpufed/kube/servingtls.py"),
+    ("controller", C, "watch", CSR, "", "", ALLOW, "vkprovider/kubelet/csrapprove.py"),
     ("controller", C, "update", "certificatesigningrequests/approval.certificates.k8s.io", "", "x", ALLOW,
-     "vkprovider/node/csrapprove.py, peering/controllers/provider.py"),
+     "vkprovider/kubelet/csrapprove.py, peering/controllers/provider.py"),
     ("controller", C, "approve", SIGNERS, "", "kubernetes.io/kubelet-serving", ALLOW, "node/csrapprove.py"),
-    ("controller", C, "watch", "foreignclusters" + GF, "", "", ALLOW, "vkprovider/app/supervisor.py"),
-    ("controller", C, "create", "events", "{ns}", "", ALLOW, "peering/kube/events.py"),
+    ("controller", C, "watch", "foreignclusters" + GF, "", "", ALLOW, "gpufed/app/supervisor.py"),
+    ("controller", C, "create", "events", "{ns}", "", ALLOW, "gpufed/kube/events.py"),
     ("controller", P, "watch", "tenants" + GF, "", "", ALLOW, "peering/controllers/provider.py"),
     ("controller", P, "patch", "tenants/status" + GF, "", "{consumer}", ALLOW, "peering/controllers/status.py"),
     ("controller", P, "patch", "resourceslices/status" + GF, "{tenant}", "x", ALLOW, "provider.py: grants"),
     ("controller", P, "patch", "twinnamespaces/status" + GF, "{tenant}", "{ns}", ALLOW, "provider.py: twins"),
     ("controller", P, "list", "twinnamespaces" + GF, "{tenant}", "", ALLOW, "peering/controllers/provider.py"),
-    ("controller", P, "watch", "pods", "", "", ALLOW, "provider.py, peering/estimator/server.py: load"),
+    ("controller", P, "watch", "pods", "", "", ALLOW, "provider.py, gpupool/estimator/server.py: load"),
     ("controller", P, "create", "namespaces", "", "", ALLOW, "provider.py: tenant and twin namespaces"),
     ("controller", P, "patch", "namespaces", "", "{twin}", ALLOW, "provider.py: tenant and twin namespaces"),
     ("controller", P, "delete", "namespaces", "", "{twin}", ALLOW, "provider.py: twins nobody asks for"),
@@ -163,10 +163,10 @@ MATRIX: list[Row] = [
     ("controller", P, "create", CSR, "", "", ALLOW, "provider.py: the consumer's client certificate"),
     ("controller", P, "approve", SIGNERS, "", "kubernetes.io/kube-apiserver-client", ALLOW, "provider.py"),
     ("controller", P, "get", "configmaps", "gpufed", "kube-root-ca.crt", ALLOW, "provider.py: the CA it publishes"),
-    ("controller", P, "patch", "configmaps", "gpufed", ESTIMATOR_CONFIGMAP, ALLOW, "peering/estimator/server.py"),
-    ("controller", P, "get", "secrets", "gpufed", ESTIMATOR_TLS_SECRET, ALLOW, "peering/kube/servingtls.py"),
+    ("controller", P, "patch", "configmaps", "gpufed", ESTIMATOR_CONFIGMAP, ALLOW, "gpupool/estimator/server.py"),
+    ("controller", P, "get", "secrets", "gpufed", ESTIMATOR_TLS_SECRET, ALLOW, "gpufed/kube/servingtls.py"),
     ("controller", P, "watch", "configmaps", "kube-system", EXT_AUTH, ALLOW, "estimator/server.py: client CA"),
-    ("controller", P, "create", "events", "{tenant}", "", ALLOW, "peering/kube/events.py"),
+    ("controller", P, "create", "events", "{tenant}", "", ALLOW, "gpufed/kube/events.py"),
     ("controller", C, "create", "namespaces", "", "", ALLOW, "identity.py: gpufed; provider.py: tenants, twins"),
     # Twin namespaces are named at run time: RBAC cannot narrow namespace deletion (provider.py deletes
     # only namespaces labelled with the consumer, with a UID precondition).
@@ -204,7 +204,7 @@ MATRIX: list[Row] = [
     ("virtual-kubelet", C, "watch", "pods", "", "", ALLOW, "node/pods.py: spec.nodeName=<its node>"),
     ("virtual-kubelet", C, "patch", "pods/status", "{ns}", "x", ALLOW, "node/pods.py"),
     ("virtual-kubelet", C, "delete", "pods", "{ns}", "x", ALLOW, "node/pods.py: grace 0"),
-    ("virtual-kubelet", C, "create", "events", "{ns}", "", ALLOW, "peering/kube/events.py"),
+    ("virtual-kubelet", C, "create", "events", "{ns}", "", ALLOW, "gpufed/kube/events.py"),
     ("virtual-kubelet", C, "get", "secrets", "{ns}", "x", ALLOW, "remote/provider.py: a pod's references"),
     ("virtual-kubelet", C, "get", "configmaps", "{ns}", "x", ALLOW, "remote/provider.py: a pod's references"),
     ("virtual-kubelet", C, "watch", "secrets", "{ns}", "", ALLOW, "remote/reflection.py"),
@@ -271,8 +271,8 @@ MATRIX: list[Row] = [
     ("gateway", C, "get", "nodes", "", "{node}", DENY, "nodes"),
     ("gateway", C, "get", "pods", "gpufed", "", DENY, "pods"),
     # ---------------------------------------------------------------- the GPU node agent (providers)
-    ("gpu-agent", P, "get", "nodes", "", "{node}", ALLOW, "peering/gpuagent/agent.py"),
-    ("gpu-agent", P, "patch", "nodes", "", "{node}", ALLOW, "peering/gpuagent/agent.py: labels, annotations"),
+    ("gpu-agent", P, "get", "nodes", "", "{node}", ALLOW, "gpupool/agent/agent.py"),
+    ("gpu-agent", P, "patch", "nodes", "", "{node}", ALLOW, "gpupool/agent/agent.py: labels, annotations"),
     ("gpu-agent", P, "list", "nodes", "", "", DENY, "only its own node, by name"),
     ("gpu-agent", P, "patch", "nodes/status", "", "{node}", DENY, "node status (capacity is the kubelet's)"),
     ("gpu-agent", P, "delete", "nodes", "", "{node}", DENY, "node deletion"),
@@ -285,7 +285,7 @@ MATRIX: list[Row] = [
     ("consumer", P, "delete", "resourceslices" + GF, "{tenant}", "x", ALLOW, "peering/controllers/consumer.py"),
     ("consumer", P, "patch", "twinnamespaces" + GF, "{tenant}", "{ns}", ALLOW, "peering/controllers/offloading.py"),
     ("consumer", P, "watch", "twinnamespaces" + GF, "{tenant}", "", ALLOW, "vkprovider/remote/provider.py"),
-    ("consumer", P, "get", "configmaps", "gpufed", ESTIMATOR_CONFIGMAP, ALLOW, "peering/estimator/client.py"),
+    ("consumer", P, "get", "configmaps", "gpufed", ESTIMATOR_CONFIGMAP, ALLOW, "gpupool/estimator/client.py"),
     ("consumer", P, "create", "pods", "{twin}", "", ALLOW, "vkprovider/remote/provider.py: twins"),
     ("consumer", P, "patch", "pods", "{twin}", "x", ALLOW, "vkprovider/remote/provider.py"),
     ("consumer", P, "delete", "pods", "{twin}", "x", ALLOW, "vkprovider/remote/provider.py"),

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from peering.ids import ClusterID
-from peering.kube import rest
-from peering.kube.client import client_from_dict
+from gpufed.apis.wire import ClusterID
+from gpufed.kube import rest
+from gpufed.kube.client import client_from_dict
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import gpufed, out, peered_session
 from tests.unit import provider_conformance as conf

@@ -45,10 +45,10 @@ from typing import Any
 import pytest
 import yaml
 
-from peering.ids import CONSUMER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SYSTEM_NAMESPACE, TENANT_PREFIX
+from gpufed.apis.wire import CONSUMER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SYSTEM_NAMESPACE, TENANT_PREFIX
+from gpufed.localenv.demo import DemoSettings, run_demo
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import leftovers
-from vkprovider.app.demo import DemoSettings, run_demo
 
 pytestmark = pytest.mark.timeout(1200)
 

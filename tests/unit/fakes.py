@@ -31,7 +31,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from peering.ids import ORIGIN_UID_LABEL
+from gpufed.apis.wire import ORIGIN_UID_LABEL
 from vkprovider.forge.pods import TERMINAL_PHASES, local_status
 from vkprovider.node.provider import NodeState, Notify, ProviderError, Twin
 

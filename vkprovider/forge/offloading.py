@@ -22,7 +22,7 @@ Invariants:
   ValueError naming the part, never another exception (the webhook answers it with 400).
 
 Does not: decide which namespaces are offloaded (the webhook's cache of NamespaceOffloadings does),
-or validate the selector (the CRD schema and `peering.models.NodeSelector` do).
+or validate the selector (the CRD schema and `gpufed.apis.models.NodeSelector` do).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from peering.ids import TYPE_LABEL, VIRTUAL_NODE_TAINT, VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TYPE
+from gpufed.apis.wire import TYPE_LABEL, VIRTUAL_NODE_TAINT, VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TYPE
 
 STRATEGIES = ("Local", "Remote", "LocalAndRemote")
 #: The toleration pods that may run on virtual nodes receive.

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from peering.ids import (
+from gpufed.apis.models import GPU_PRODUCT_LABEL
+from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     ORIGIN_CLUSTER_LABEL,
@@ -41,7 +42,6 @@ from peering.ids import (
     VIRTUAL_NODE_TAINT_KEY,
     VIRTUAL_NODE_TYPE_LABELS,
 )
-from peering.models import GPU_PRODUCT_LABEL
 from vkprovider.forge import tokens
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -34,10 +34,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 
-from peering.capacity import Bucket, ProductCapacity, Snapshot
-from peering.ids import POOL_ANNOTATION, POOL_PRODUCT_LABEL
-from peering.models import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
-from peering.quantity import format_quantity
+from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
+from gpufed.apis.quantity import format_quantity
+from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
+from gpupool.capacity import Bucket, ProductCapacity, Snapshot
 
 Resources = Mapping[str, Decimal]
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from peering.ids import ORIGIN_NODE_LABEL
+from gpufed.apis.wire import ORIGIN_NODE_LABEL
 from vkprovider.forge.pods import (
     ROOT_CA_CONFIGMAP,
     SA_TOKEN_SECRET_TYPE,

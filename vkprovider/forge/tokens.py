@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from peering.ids import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
 from vkprovider.forge import pods
 
 #: Data key of the i-th token source.

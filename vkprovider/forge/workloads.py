@@ -11,7 +11,7 @@ the Services' selectors pointing at those pods, the peer passed to the named con
 environment variable, and an owner reference to the peering's object (garbage collection removes
 the workload with its peering). A client-side gateway gets no Service.
 
-Does not: read templates from disk or talk to an API server (vkprovider.app.workloads does).
+Does not: read templates from disk or talk to an API server (gpufed.app.workloads does).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from peering.ids import MANAGED_BY, MANAGED_BY_LABEL, REMOTE_CLUSTER_LABEL
+from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, REMOTE_CLUSTER_LABEL
 
 COMPONENT_LABEL = "gpufed.io/component"
 #: Kinds a template may hold: (apiVersion, kind).

@@ -32,12 +32,12 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
-from peering.ids import VIRTUAL_NODE_EXCLUSION_LABELS, VIRTUAL_NODE_TAINT
-from peering.kube import rest
-from peering.kube.client import KubeError
-from peering.kube.metrics import GaugeMap
-from peering.kube.watch import watch
-from peering.quantity import QuantityError, parse
+from gpufed.apis.quantity import QuantityError, parse
+from gpufed.apis.wire import VIRTUAL_NODE_EXCLUSION_LABELS, VIRTUAL_NODE_TAINT
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.metrics import GaugeMap
+from gpufed.kube.watch import watch
 from vkprovider.node.provider import NodeProvider, NodeState
 
 LEASE_DURATION_S = 40

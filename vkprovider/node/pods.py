@@ -43,10 +43,10 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from peering.kube import events, rest
-from peering.kube.client import KubeError
-from peering.kube.queue import WorkQueue
-from peering.kube.watch import watch
+from gpufed.kube import events, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.queue import WorkQueue
+from gpufed.kube.watch import watch
 from vkprovider import defaults
 from vkprovider.forge.pods import (
     TERMINAL_PHASES,

@@ -20,7 +20,7 @@ every implementation (fakes included):
   patch of its status subresource (`{"status": {...}}`), in local terms (IPs translated).
 - `NodeProvider.node_state()` is what the virtual node advertises now; it raises nothing: an
   unhealthy provider is a NodeState with ready False and the reason.
-- `StreamingProvider` serves the kubelet API (`vkprovider.node.kubeletapi`) for pods bound to the
+- `StreamingProvider` serves the kubelet API (`vkprovider.kubelet.server`) for pods bound to the
   node, always given the LOCAL pod (the API checked it is bound to this node): `container_logs`
   is an async iterator of raw log bytes (errors before the first chunk: `ProviderError` with
   reason `NotFound` or `InvalidInput`); `exec_in_container` / `attach_to_container` run until the

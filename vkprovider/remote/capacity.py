@@ -28,8 +28,8 @@ from typing import Any
 import structlog
 from prometheus_client import Gauge
 
-from peering.capacity import Placement, Snapshot, shape_of
-from peering.estimator.client import EstimatorClient, EstimatorError, from_provider
+from gpupool.capacity import Placement, Snapshot, shape_of
+from gpupool.estimator.client import EstimatorClient, EstimatorError, from_provider
 
 #: Backoff (s) between reconnects of a broken stream: doubles up to the cap.
 RETRY_S = 1.0

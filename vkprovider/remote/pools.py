@@ -9,7 +9,7 @@ grant, and what the consumer's pods hold — `usage`, supplied by whoever sees e
 A draining pool (one that is no longer wanted, e.g. its product left the provider, but still has
 pods) advertises only what its pods hold: nothing new is scheduled there.
 
-Does not: start or stop pools (vkprovider.app.pools), or talk to any API itself.
+Does not: start or stop pools (gpufed.app.pools), or talk to any API itself.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from peering.ids import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
+from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
 from vkprovider.forge.pools import Pool, advertise
 from vkprovider.node.provider import NodeState, Notify, Twin
 from vkprovider.remote.capacity import CapacityFeed

@@ -43,10 +43,9 @@ from typing import Any
 
 import structlog
 
-from peering import podsecurity
-from peering.capacity import Placement
-from peering.grants import pod_requests
-from peering.ids import (
+from gpufed.apis.models import API_VERSION, GPU_RESOURCE, OffloadPodSecurity
+from gpufed.apis.quantity import parse
+from gpufed.apis.wire import (
     ORIGIN_CLUSTER_LABEL,
     ORIGIN_NODE_LABEL,
     ORIGIN_UID_LABEL,
@@ -54,11 +53,12 @@ from peering.ids import (
     ClusterID,
     tenant_namespace,
 )
-from peering.kube import events, rest
-from peering.kube.client import KubeError
-from peering.kube.watch import watch
-from peering.models import API_VERSION, GPU_RESOURCE, OffloadPodSecurity
-from peering.quantity import parse
+from gpufed.kube import events, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.watch import watch
+from gpupool.capacity import Placement
+from peering import podsecurity
+from peering.grants import pod_requests
 from vkprovider.forge import podpolicy, reflection
 from vkprovider.forge import pods as forge
 from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin

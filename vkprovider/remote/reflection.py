@@ -41,12 +41,12 @@ from typing import Any
 
 import structlog
 
-from peering.ids import NAMESPACE_OFFLOADING
-from peering.kube import events, rest
-from peering.kube.client import KubeError
-from peering.kube.queue import WorkQueue
-from peering.kube.watch import watch
-from peering.models import API_VERSION
+from gpufed.apis.models import API_VERSION
+from gpufed.apis.wire import NAMESPACE_OFFLOADING
+from gpufed.kube import events, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.queue import WorkQueue
+from gpufed.kube.watch import watch
 from vkprovider.forge import reflection as forge
 from vkprovider.forge.pods import Target
 from vkprovider.forge.tokens import TOKEN_FOR_POD_LABEL

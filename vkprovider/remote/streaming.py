@@ -4,8 +4,8 @@ Owns the StreamingProvider half of a peered provider: every call is made to the 
 server with the peering's credentials (the consumer's identity there, limited to its twin
 namespaces), on the twin of the local pod (`twin_ref`):
 - logs: `GET pods/<twin>/log` with the same options, the body streamed through as it arrives;
-- exec / attach: `POST pods/<twin>/exec|attach` upgraded to SPDY/3.1 (`peering.kube.upgrade`),
-  then the remote-command protocol (`vkprovider.node.streams`) pumps the caller's streams and the
+- exec / attach: `POST pods/<twin>/exec|attach` upgraded to SPDY/3.1 (`gpufed.kube.upgrade`),
+  then the remote-command protocol (`vkprovider.kubelet.streams`) pumps the caller's streams and the
   remote outcome (exit code) comes back as an `ExecResult`;
 - port-forward: `POST pods/<twin>/portforward`, one upgraded connection per forwarded client
   connection (kubectl opens one stream pair per TCP connection);
@@ -29,11 +29,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from peering.kube import rest
-from peering.kube.client import KubeError
-from peering.kube.upgrade import open_upgraded
-from peering.quantity import parse
-from vkprovider.node import streams
+from gpufed.apis.quantity import parse
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.upgrade import open_upgraded
+from vkprovider.kubelet import streams
 from vkprovider.node.provider import (
     INVALID_INPUT,
     NOT_FOUND,
@@ -45,7 +45,7 @@ from vkprovider.node.provider import (
     PodUsage,
     ProviderError,
 )
-from vkprovider.node.spdy import Session
+from vkprovider.spdy.session import Session
 
 TwinRef = Callable[[Mapping[str, Any]], tuple[str, str]]
 METRICS_API = "metrics.k8s.io/v1beta1"

@@ -32,9 +32,9 @@ from typing import Any
 
 import structlog
 
-from peering.ids import ORIGIN_CLUSTER_LABEL
-from peering.kube import rest
-from peering.kube.client import KubeError
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
 from vkprovider.forge import pods as forge
 from vkprovider.forge import tokens as tf
 from vkprovider.node.provider import ProviderError

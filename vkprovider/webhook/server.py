@@ -49,18 +49,18 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from peering.ids import (
+from gpufed.apis.models import API_VERSION
+from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAMESPACE_OFFLOADING,
     OFFLOADING_LABEL,
     SYSTEM_NAMESPACE,
 )
-from peering.kube import rest, servingtls
-from peering.kube.client import KubeError
-from peering.kube.servingtls import TLSMaterial
-from peering.kube.watch import watch
-from peering.models import API_VERSION
+from gpufed.kube import rest, servingtls
+from gpufed.kube.client import KubeError
+from gpufed.kube.servingtls import TLSMaterial
+from gpufed.kube.watch import watch
 from vkprovider.forge.offloading import STRATEGIES, mutate
 
 WEBHOOK_CONFIGURATION = "gpufed-offloading"

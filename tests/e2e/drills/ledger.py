@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peering.ids import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE, ClusterID
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE, ClusterID
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import cluster_id
 

@@ -39,12 +39,12 @@ from typing import Any
 
 import pytest
 
-from peering.ids import REMOTE_CLUSTER_LABEL, ClusterID
+from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, ClusterID
+from gpufed.localenv import launcher
+from gpufed.localenv.kwokcfg import EXIT_CODE_ANNOTATION
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, PodRecord, Snapshot, record, running
 from tests.e2e.helpers import deployment, eventually, offload, peered_session, processes
-from vkprovider.localenv import launcher
-from vkprovider.localenv.kwokcfg import EXIT_CODE_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.drill, pytest.mark.timeout(900)]
 

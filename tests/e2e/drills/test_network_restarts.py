@@ -26,7 +26,7 @@ duplicated or resurrected) and each recording its recovery time (`ledger.record`
   `spec.authGeneration` + `gpufed peer`, docs/operations.md): pods keep running, and after the
   virtual kubelet restart that makes it use the new certificate, pods, logs and new pods work.
 
-The clusters run one module-scoped peering consumer ↔ gpu-a with the data plane (vkprovider.localenv
+The clusters run one module-scoped peering consumer ↔ gpu-a with the data plane (gpufed.localenv
 .podnet: gateway namespaces, gpufed's own gateway agents, wireguard-go) and one offloaded namespace
 with a 3-replica GPU Deployment. Without root, /dev/net/tun, ip, nft, ping, unshare or wireguard-go
 the module FAILS saying what is missing (CI has them). GPUFED_DRILL_CYCLES overrides the 20 cycles.
@@ -53,9 +53,11 @@ from typing import Any
 
 import pytest
 
+from gpufed.apis.models import GROUP, KINDS
+from gpufed.apis.wire import ClusterID
+from gpufed.localenv import launcher
+from gpufed.localenv.podnet import PodNetwork, missing_requirements
 from netfabric.render import INTERFACE_PREFIX
-from peering.ids import ClusterID
-from peering.models import GROUP, KINDS
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, Snapshot, record
 from tests.e2e.helpers import (
@@ -72,8 +74,6 @@ from tests.e2e.helpers import (
     unpeer,
     unpeer_args,
 )
-from vkprovider.localenv import launcher
-from vkprovider.localenv.podnet import PodNetwork, missing_requirements
 
 # the module fixture (peering, namespaces, agents) counts against its first and last test
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(600)]
@@ -226,7 +226,7 @@ async def drill(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) ->
     net = PodNetwork(
         wireguard_go=wireguard_go,
         kubeconfig=clusters.kubeconfig,
-        gpufed=[sys.executable, "-m", "vkprovider.cli"],
+        gpufed=[sys.executable, "-m", "gpufed.cli"],
         logs=tmp_path_factory.mktemp("drill-gateways"),
     )
     namespace = f"drill-net-{net.tag}"
@@ -346,7 +346,7 @@ async def _restart_agent(drill: Drill, key: str, context: str, ns: str, *, adopt
     assert len(daemons) == 1, f"one wireguard-go in {ns}: {daemons}"
     agent = [
         "nsenter", f"--target={next(iter(daemons))}", "--mount", "--",
-        sys.executable, "-m", "vkprovider.cli", "gateway", "--name", peer_id,
+        sys.executable, "-m", "gpufed.cli", "gateway", "--name", peer_id,
         "--kubeconfig", str(drill.clusters.kubeconfig), "--context", context, "--netns", ns,
         "--wireguard-go", str(drill.clusters.env.binary("wireguard-go")), "--probe-interval", "1",
     ]  # fmt: skip

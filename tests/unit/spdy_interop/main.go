@@ -1,4 +1,4 @@
-// Command spdyinterop is the Go side of tests/unit/test_spdy.py's interop tests: a
+// Command spdyinterop is the Go side of tests/unit/vkprovider/spdy/test_session.py's interop tests: a
 // github.com/moby/spdystream peer (what Kubernetes speaks) over a loopback TCP socket.
 //
 //	spdyinterop server           listen on 127.0.0.1, print "LISTEN <port>", serve one connection

@@ -1,0 +1,330 @@
+"""`PoolManager`: the pool nodes of one provider inside one virtual-kubelet process.
+
+Owns, for one provider: which pool nodes run (`forge.pools.plan_pools` over the products of the
+live capacity snapshot and the grant; nodes of this provider that already exist are adopted, and
+those no longer wanted keep running as *draining* pools — advertising only what their pods hold —
+until no pod is bound to them, then their Node is deleted); per pool a `PoolView`, a
+`NodeController`, a `PodController`, a `ServingCertManager` and a `KubeletAPI` on its own port from
+the process's range; the consumer's usage per pool (what `PoolView.node_state` advertises against)
+and waking every pool's node controller when pods, twins, the grant or the capacity change, so a
+bound pod lowers the pool's allocatable within milliseconds.
+
+The shared `RemoteProvider` runs here once: it fans twin notifications out to every pool's
+controller (each ignores twins of other pools).
+
+Does not: compute what a pool advertises (forge.pools) or talk to the estimator (remote.capacity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import structlog
+
+from gpufed.apis.models import GPU_PRODUCT_LABEL
+from gpufed.apis.wire import POOL_PRODUCT_LABEL, REMOTE_CLUSTER_LABEL
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from peering.grants import pod_requests
+from vkprovider.forge.pods import is_terminal
+from vkprovider.forge.pools import Pool, plan_pools
+from vkprovider.kubelet.server import DEFAULT_STREAM_IDLE_S, KubeletAPI, KubeletAPISettings
+from vkprovider.kubelet.servingcert import ServingCertManager, ServingCertSettings, ServingTLS
+from vkprovider.node.node import NodeController, NodeSettings
+from vkprovider.node.pods import PodController, PodSettings
+from vkprovider.node.provider import StreamingProvider
+from vkprovider.remote.capacity import FIRST_SNAPSHOT_WAIT_S, CapacityFeed
+from vkprovider.remote.pools import PoolView, Usage
+from vkprovider.remote.provider import RemoteProvider
+
+#: Seconds between checks whether draining pools are empty (changes also trigger one).
+REPLAN_S = 10.0
+#: A pod placed at the provider counts as in flight until a capacity snapshot arrives this long
+#: after we saw it placed: the estimator sees the placement about when we do, then debounces 0.2 s.
+SNAPSHOT_LAG_S = 0.2
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    #: Address the pool nodes publish and their kubelet APIs listen on.
+    node_address: str
+    #: First and last kubelet port of this process (one per pool node).
+    kubelet_ports: tuple[int, int]
+    listen_address: str | None = None
+    #: One pool per GPU product when the provider has several (else one node for all of it).
+    per_product: bool = True
+    version: str = "v0.0.0-gpufed"
+    owner_references: tuple[Mapping[str, Any], ...] = ()
+    pods: PodSettings = field(default_factory=PodSettings)
+    serving_cert: ServingCertSettings = field(default_factory=ServingCertSettings)
+    stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_S
+
+
+@dataclass
+class Running:
+    view: PoolView
+    node: NodeController
+    pods: PodController
+    port: int
+    task: asyncio.Task[None]
+
+
+class PoolManager:
+    def __init__(
+        self,
+        api: Any,
+        provider: RemoteProvider,
+        feed: CapacityFeed | None,
+        streaming: StreamingProvider,
+        settings: PoolSettings,
+    ) -> None:
+        self.api = api
+        self.provider = provider
+        self.feed = feed
+        self.streaming = streaming
+        self.settings = settings
+        self.pools: dict[str, Running] = {}
+        self.ready = asyncio.Event()
+        self._replan = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+        #: UIDs of pods about to stop holding resources (no longer counted as held).
+        self._releasing: set[str] = set()
+        #: UID -> monotonic time we first saw its twin placed at the provider.
+        self._placed_at: dict[str, float] = {}
+        #: uid -> (spec generation, or resourceVersion without one; its parsed requests).
+        self._requests: dict[str, tuple[str, Mapping[str, Decimal]]] = {}
+        self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
+        provider.slice_listeners.append(self._on_grant)
+        if feed is not None:
+            feed.listeners.append(self._on_capacity)
+
+    # ---- usage and wake-ups
+
+    def usage(self, node: str) -> Usage:
+        total: dict[str, Decimal] = {}
+        here: dict[str, Decimal] = {}
+        in_flight: list[Mapping[str, Decimal]] = []
+        seen: set[str] = set()
+        for name, running in list(self.pools.items()):
+            for pod in running.pods.bound_pods():
+                uid = pod["metadata"].get("uid")
+                seen.add(uid)
+                if is_terminal(pod) or running.pods.finished(pod):
+                    self._releasing.discard(uid)
+                    continue
+                if uid in self._releasing:
+                    continue
+                req = self._requests_of(pod)
+                for r, v in req.items():
+                    total[r] = total.get(r, Decimal(0)) + v
+                if name != node:
+                    continue
+                for r, v in req.items():
+                    here[r] = here.get(r, Decimal(0)) + v
+                meta = pod["metadata"]
+                twin = running.view.twin(meta["namespace"], meta["name"])
+                if twin is None or twin.unplaced_since is not None:
+                    in_flight.append(req)
+                    continue
+                # Placed, but the snapshot may not show it yet: until one arrives well after the
+                # placement, its GPUs would count twice (held here, and free in the histogram).
+                placed = self._placed_at.setdefault(uid, time.monotonic())
+                if self.feed is not None and self.feed.received_at < placed + SNAPSHOT_LAG_S:
+                    in_flight.append(req)
+        self._releasing &= seen
+        for gone in self._placed_at.keys() - seen:
+            del self._placed_at[gone]
+        for gone in self._requests.keys() - seen:
+            del self._requests[gone]
+        return Usage(total, here, tuple(in_flight))
+
+    def _requests_of(self, pod: Mapping[str, Any]) -> Mapping[str, Decimal]:
+        """`pod_requests`, parsed once per pod and spec generation (parsing quantities for every
+        pod at every node-status read was a fifth of the virtual kubelet's CPU in a burst)."""
+        meta = pod["metadata"]
+        # Pods carry a spec generation (Kubernetes >= 1.33); without one, any change may be a resize.
+        key = str(meta.get("generation") or f"rv:{meta.get('resourceVersion', '')}")
+        cached = self._requests.get(meta.get("uid"))
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        req = pod_requests(pod)
+        self._requests[meta.get("uid")] = (key, req)
+        return req
+
+    async def _release(self, node: str, pod: Mapping[str, Any]) -> None:
+        """Before a pod's resources are freed in the scheduler's eyes (terminal, deleted), advertise
+        the node without them: the scheduler never sees the pod gone while the node still offers
+        what the pod held on top of what the provider can place (capacity capping stays a bound)."""
+        self._releasing.add(pod["metadata"]["uid"])
+        running = self.pools.get(node)
+        if running is not None:
+            try:
+                await running.node.sync()
+            except KubeError as e:
+                self._log.warning("node not re-advertised before a pod ended", node=node, error=str(e))
+
+    def _poke(self) -> None:
+        for running in self.pools.values():
+            running.node.poke()
+
+    def _on_grant(self) -> None:
+        self._replan.set()
+        self._poke()
+
+    def _on_capacity(self) -> None:
+        self._replan.set()
+        self._poke()
+
+    def _broadcast(self, namespace: str, name: str) -> None:
+        for running in list(self.pools.values()):
+            running.view.notify(namespace, name)
+        self._poke()
+
+    # ---- pools
+
+    def _free_port(self) -> int | None:
+        used = {r.port for r in self.pools.values()}
+        first, last = self.settings.kubelet_ports
+        return next((p for p in range(first, last + 1) if p not in used), None)
+
+    def _start(self, pool: Pool, draining: bool) -> None:
+        assert self._tg is not None
+        port = self._free_port()
+        if port is None:
+            first, last = self.settings.kubelet_ports
+            self._log.error(
+                "no kubelet port left for another pool node; it is not served",
+                node=pool.node,
+                ports=f"{first}-{last}",
+            )
+            return
+        s = self.settings
+        self.provider.pool_products[pool.node] = pool.product
+        view = PoolView(self.provider, self.feed, pool, self.usage)
+        view.draining = draining
+        node = NodeController(
+            self.api,
+            view,
+            NodeSettings(
+                name=pool.node,
+                address=s.node_address,
+                kubelet_port=port,
+                owner_references=s.owner_references,
+                version=s.version,
+            ),
+        )
+        pods = PodController(self.api, view, pool.node, s.pods)
+        pods.listeners.append(self._poke)
+        pods.releasing = functools.partial(self._release, pool.node)
+        tls = ServingTLS()
+        certs = ServingCertManager(self.api, pool.node, s.node_address, tls, s.serving_cert)
+        kubelet = KubeletAPI(
+            self.api,
+            KubeletAPISettings(
+                node=pool.node,
+                host=s.listen_address or s.node_address,
+                port=port,
+                stream_idle_timeout_s=s.stream_idle_timeout_s,
+            ),
+            pods,
+            self.streaming,
+            tls,
+        )
+
+        async def serve() -> None:
+            async with asyncio.TaskGroup() as tg:
+                for part in (node.run(), pods.run(), certs.run(), kubelet.run()):
+                    tg.create_task(part)
+
+        task = self._tg.create_task(serve())
+        self.pools[pool.node] = Running(view, node, pods, port, task)
+        self._log.info(
+            "pool node started", node=pool.node, product=pool.product or "(all)", port=port, draining=draining
+        )
+
+    async def _stop(self, name: str, *, delete: bool) -> None:
+        running = self.pools.pop(name)
+        running.task.cancel()
+        await asyncio.wait([running.task])  # its CancelledError is not ours (ours still propagates)
+        self.provider.pool_products.pop(name, None)
+        if delete:
+            with contextlib.suppress(KubeError):
+                await running.node.remove()
+            self._log.info("drained pool node removed", node=name)
+
+    def _wanted(self) -> list[Pool]:
+        grant = self.provider.grant()
+        snapshot = self.feed.last_snapshot if self.feed is not None else None
+        products = snapshot.gpu_products() if snapshot is not None else []
+        return plan_pools(self.provider.settings.node, products, grant.gpu_product, self.settings.per_product)
+
+    async def _existing(self) -> list[Pool]:
+        """Nodes of this provider from an earlier run (adopted: their pods keep running)."""
+        nodes = await rest.list_items(
+            self.api,
+            "/api/v1/nodes",
+            params={"labelSelector": f"{REMOTE_CLUSTER_LABEL}={self.provider.settings.provider}"},
+        )
+        out = []
+        for n in nodes:
+            labels = n["metadata"].get("labels") or {}
+            product = labels.get(GPU_PRODUCT_LABEL) if POOL_PRODUCT_LABEL in labels else None
+            out.append(Pool(n["metadata"]["name"], product))
+        return out
+
+    async def reconcile(self, existing: list[Pool]) -> None:
+        wanted = {p.node: p for p in self._wanted()}
+        for pool in wanted.values():
+            running = self.pools.get(pool.node)
+            if running is not None and running.view.pool != pool:
+                await self._stop(pool.node, delete=False)  # the product changed: serve it anew
+                running = None
+            if running is None:
+                self._start(pool, draining=False)
+            else:
+                running.view.draining = False
+        for pool in existing:
+            if pool.node not in self.pools:
+                self._start(pool, draining=True)
+        for name, running in list(self.pools.items()):
+            if name in wanted:
+                continue
+            if not running.view.draining:
+                running.view.draining = True
+                running.node.poke()
+                self._log.info("pool node draining", node=name)
+            if running.pods.ready.is_set() and not running.pods.bound_pods():
+                await self._stop(name, delete=True)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tg.create_task(self.provider.run(self._broadcast))
+            if self.feed is not None:
+                tg.create_task(self.feed.run())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FIRST_SNAPSHOT_WAIT_S):
+                        await self.feed.first.wait()
+            await self.provider.slices_synced.wait()
+            existing = await self._existing()
+            while True:
+                self._replan.clear()
+                await self.reconcile(existing)
+                existing = []
+                self.ready.set()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(REPLAN_S):  # not wait_for: see NodeController._status_loop
+                        await self._replan.wait()
+
+    async def remove_nodes(self) -> None:
+        """Unpeer: delete every pool node (their pods go with the peering)."""
+        for running in self.pools.values():
+            with contextlib.suppress(KubeError):
+                await running.node.remove()

@@ -1,0 +1,275 @@
+"""`gpufed virtual-kubelet`: the virtual nodes backed by one peered provider.
+
+Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
+the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
+clear log line), the provider client (same budget), and under one TaskGroup: one `RemoteProvider`,
+one `Reflection` (started and stopped per twin namespace by the provider's TwinNamespace watch),
+the `CapacityFeed` of the provider's capacity estimator (unless capacity is static), and the
+`PoolManager` running one node + pod controller + kubelet API per GPU pool node; with a metrics
+port, the Prometheus metrics of all of them (`gpufed.kube.metrics`, from the start, so /healthz
+answers while credentials are awaited). The Nodes are
+owned by the provider's ForeignCluster: when that is deleted (unpeer) this process removes them and
+exits; an ordinary stop (SIGTERM, crash, kill -9) leaves the Nodes and their pods in place for the
+next start to adopt.
+
+Does not: pick ports or restart itself (the controller's supervisor does, or a Deployment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ipaddress
+import urllib.parse
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from gpufed.apis.models import API_VERSION
+from gpufed.apis.wire import (
+    CAPACITY_ANNOTATION,
+    GPU_POOLS_ANNOTATION,
+    IDENTITY_CONFIGMAP,
+    SYSTEM_NAMESPACE,
+    ClusterID,
+    remote_kubeconfig_secret,
+)
+from gpufed.app.pools import PoolManager, PoolSettings
+from gpufed.kube import rest
+from gpufed.kube.budget import set_budget
+from gpufed.kube.client import api_client, client_from_dict
+from gpufed.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from gpufed.kube.metrics import serving
+from gpufed.kube.watch import watch
+from netfabric.controllers.translator import LiveRemapper
+from vkprovider import defaults
+from vkprovider.forge.tokens import DEFAULT_REFRESH_FRACTION
+from vkprovider.kubelet.server import DEFAULT_STREAM_IDLE_S
+from vkprovider.kubelet.servingcert import ServingCertSettings
+from vkprovider.node.pods import PodSettings
+from vkprovider.remote.capacity import CapacityFeed
+from vkprovider.remote.provider import RemoteProvider, RemoteSettings
+from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
+from vkprovider.remote.streaming import RemoteStreaming
+from vkprovider.remote.tokens import PodTokens, TokenSettings
+from vkprovider.remote.translate import IPTranslator
+
+#: Client budget towards each API server (vkprovider.defaults says why).
+DEFAULT_QPS = defaults.VIRTUAL_KUBELET_QPS
+DEFAULT_BURST = defaults.VIRTUAL_KUBELET_BURST
+#: Seconds between checks for the provider credentials while they do not exist yet.
+CREDENTIALS_POLL_S = 2.0
+
+
+class VirtualKubeletError(Exception):
+    """Cannot start: the message says what is missing."""
+
+
+class SettingsChangedError(VirtualKubeletError):
+    """The peering's settings (ForeignCluster annotations) changed: restart to apply them."""
+
+
+def peering_settings(fc: dict[str, Any], settings: VirtualKubeletSettings) -> tuple[str, bool]:
+    """(capacity mode, per-product pools) from the ForeignCluster's annotations over the flags."""
+    ann = fc["metadata"].get("annotations") or {}
+    capacity = ann.get(CAPACITY_ANNOTATION) or settings.capacity
+    pools = ann.get(GPU_POOLS_ANNOTATION) or ("per-product" if settings.per_product_pools else "provider")
+    if capacity not in ("live", "static"):
+        raise VirtualKubeletError(f"{CAPACITY_ANNOTATION}={capacity!r} on ForeignCluster: use live or static")
+    if pools not in ("per-product", "provider"):
+        raise VirtualKubeletError(f"{GPU_POOLS_ANNOTATION}={pools!r} on ForeignCluster: use per-product or provider")
+    return capacity, pools == "per-product"
+
+
+@dataclass(frozen=True)
+class VirtualKubeletSettings:
+    #: kubeconfig of the virtual kubelet's identity on the consumer; None: the pod's service account.
+    kubeconfig: Path | None
+    #: ClusterID of the provider behind this virtual node.
+    provider: str
+    #: Name of the provider's node (default gpufed-<provider>); per-product pools append the product.
+    node_name: str
+    context: str | None = None
+    #: Address the nodes publish, and the kubelet ports of their APIs (one per pool node).
+    node_address: str = "127.0.0.1"
+    kubelet_ports: tuple[int, int] = (10250, 10250)
+    #: Live capacity from the provider's estimator ("live") or the grant alone ("static": one node,
+    #: capacity = grant, no fit check — the baseline peers use).
+    capacity: str = "live"
+    #: One pool node per GPU product when the provider has several.
+    per_product_pools: bool = True
+    #: Address the kubelet API listens on (default: the node address).
+    listen_address: str | None = None
+    #: Where the kubelet API's serving certificate comes from (CSR by default).
+    serving_cert: ServingCertSettings = field(default_factory=ServingCertSettings)
+    #: Seconds a port-forward connection may stay without streams.
+    stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_S
+    #: Request budget per API server (queries per second, burst).
+    qps: float = DEFAULT_QPS
+    burst: int = DEFAULT_BURST
+    pods: PodSettings = field(default_factory=PodSettings)
+    #: host:port offloaded pods use to reach the consumer's API (KUBERNETES_SERVICE_HOST/PORT);
+    #: None: the server of `kubeconfig`, through the IP translator.
+    consumer_api_server: str | None = None
+    #: Fraction of a consumer-issued token's lifetime after which it is renewed.
+    token_refresh_fraction: float = DEFAULT_REFRESH_FRACTION
+    #: Seconds between full resyncs of reflected objects.
+    reflection_resync_s: float = DEFAULT_RESYNC_S
+    version: str = "v0.0.0-gpufed"
+    #: Port of the Prometheus metrics server (GET /metrics, /healthz); None: no metrics server.
+    metrics_port: int | None = None
+    #: Address the metrics server listens on.
+    metrics_host: str = DEFAULT_METRICS_HOST
+
+
+async def _cluster_id(api: Any) -> str:
+    cm = await rest.get(api, rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE))
+    if cm is None or not (cm.get("data") or {}).get("clusterId"):
+        raise VirtualKubeletError(
+            f"no cluster identity (ConfigMap {SYSTEM_NAMESPACE}/{IDENTITY_CONFIGMAP}): is `gpufed controller` running?"
+        )
+    return str(cm["data"]["clusterId"])
+
+
+async def _credentials(api: Any, provider: str, log: Any) -> dict[str, Any]:
+    name = remote_kubeconfig_secret(ClusterID(provider))
+    waited = False
+    while True:
+        secret = await rest.get(api, rest.path("v1", "secrets", name, namespace=SYSTEM_NAMESPACE))
+        if secret is not None and (secret.get("data") or {}).get("kubeconfig"):
+            return dict(yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"])))
+        if not waited:
+            log.info("waiting for the provider credentials", secret=f"{SYSTEM_NAMESPACE}/{name}")
+            waited = True
+        await asyncio.sleep(CREDENTIALS_POLL_S)
+
+
+def api_endpoint(server: str, translator: IPTranslator) -> tuple[str, int]:
+    """(host, port) of an API server URL or host:port, the host as the provider's pods reach it."""
+    parsed = urllib.parse.urlsplit(server if "://" in server else f"https://{server}")
+    if not parsed.hostname:
+        raise VirtualKubeletError(f"no host in the consumer API server {server!r}")
+    host = parsed.hostname
+    with contextlib.suppress(ValueError):
+        host = translator.to_remote_ip(str(ipaddress.ip_address(host)))
+    return host, parsed.port or 443
+
+
+async def run(settings: VirtualKubeletSettings) -> None:
+    async with serving(settings.metrics_port, settings.metrics_host):
+        await _run(settings)
+
+
+async def _run(settings: VirtualKubeletSettings) -> None:
+    log = structlog.get_logger().bind(node=settings.node_name, remote_cluster=settings.provider)
+    async with api_client(settings.kubeconfig, settings.context) as api:
+        set_budget(api, settings.qps, settings.burst)
+        consumer = await _cluster_id(api)
+        fc = await rest.get(api, rest.path(API_VERSION, "foreignclusters", settings.provider))
+        if fc is None or fc["metadata"].get("deletionTimestamp"):
+            raise VirtualKubeletError(
+                f"provider {settings.provider} is not peered (no ForeignCluster {settings.provider})"
+            )
+        capacity, per_product = peering_settings(fc, settings)
+        cfg = await _credentials(api, settings.provider, log)
+        remote_api = await client_from_dict(cfg)
+        try:
+            set_budget(remote_api, settings.qps, settings.burst)
+            translator = LiveRemapper(api, settings.provider)
+            await translator.load()
+            api_host, api_port = api_endpoint(settings.consumer_api_server or api.configuration.host, translator)
+            tokens = PodTokens(
+                api,
+                remote_api,
+                consumer,
+                TokenSettings(api_host, api_port, refresh_fraction=settings.token_refresh_fraction),
+            )
+            provider = RemoteProvider(
+                api,
+                remote_api,
+                RemoteSettings(consumer, settings.provider, settings.node_name, settings.node_address),
+                translator,
+                tokens,
+            )
+            feed = CapacityFeed(remote_api, cfg, remote_cluster=settings.provider) if capacity == "live" else None
+            if feed is not None:
+                provider.placement = feed.can_place
+            pools = PoolManager(
+                api,
+                provider,
+                feed,
+                RemoteStreaming(remote_api, settings.provider, provider.twin_ref),
+                PoolSettings(
+                    node_address=settings.node_address,
+                    kubelet_ports=settings.kubelet_ports,
+                    listen_address=settings.listen_address,
+                    per_product=per_product,
+                    version=settings.version,
+                    owner_references=(rest.owner_ref(fc),),
+                    # Static capacity is the baseline of other federations: no fail-back either.
+                    pods=settings.pods if feed is not None else replace(settings.pods, unplaced_timeout_s=None),
+                    serving_cert=settings.serving_cert,
+                    stream_idle_timeout_s=settings.stream_idle_timeout_s,
+                ),
+            )
+            reflection = Reflection(
+                api,
+                remote_api,
+                ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s),
+                translator,
+            )
+
+            def on_namespace(local: str, twin: str | None) -> None:
+                if twin is None:
+                    reflection.stop_namespace(local)
+                else:
+                    reflection.start_namespace(local, twin)
+
+            provider.namespace_listeners.append(on_namespace)
+            provider.namespace_annotations = reflection.namespace_annotations
+            unpeered = asyncio.Event()
+            changed = asyncio.Event()
+            fc_uid = fc["metadata"]["uid"]
+
+            def on_fc(kind: str, obj: dict[str, Any]) -> None:
+                meta = obj["metadata"]
+                if meta.get("uid") != fc_uid:
+                    return
+                if kind == "DELETED" or meta.get("deletionTimestamp"):
+                    unpeered.set()
+                    return
+                with contextlib.suppress(VirtualKubeletError):
+                    if peering_settings(obj, settings) != (capacity, per_product):
+                        changed.set()
+
+            log.info("virtual kubelet starting", consumer=consumer, capacity=capacity, gpu_pools=per_product)
+            async with asyncio.TaskGroup() as tg:
+                tasks = [
+                    tg.create_task(pools.run()),
+                    tg.create_task(reflection.run()),
+                    tg.create_task(translator.run()),
+                    tg.create_task(
+                        watch(
+                            api,
+                            rest.path(API_VERSION, "foreignclusters"),
+                            on_fc,
+                            what="foreignclusters",
+                            params={"fieldSelector": f"metadata.name={settings.provider}"},
+                        )
+                    ),
+                ]
+                waiters = [tg.create_task(unpeered.wait()), tg.create_task(changed.wait())]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for t in tasks + waiters:
+                    t.cancel()
+            if not unpeered.is_set():
+                log.info("peering settings changed; restarting to apply them")
+                raise SettingsChangedError("the peering's settings changed; restarting to apply them")
+            log.info("provider unpeered; removing its virtual nodes")
+            await pools.remove_nodes()
+        finally:
+            await remote_api.close()

@@ -1,0 +1,129 @@
+"""What every verb shares: logging set-up (the only place it is configured) and error exits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure_logging(level: str = "info", *, json_logs: bool | None = None) -> None:
+    """Console logs on a TTY, JSON lines otherwise (in a cluster or a log file); fixed keys."""
+    import structlog  # only the long-running verbs log: a short command does not load it
+
+    if level not in LEVELS:
+        raise typer.BadParameter(f"--log-level must be one of {', '.join(LEVELS)}")
+    if json_logs is None:
+        json_logs = not sys.stderr.isatty()
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso" if json_logs else "%H:%M:%S"),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def fail(message: object, code: int = 1) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+class Report:
+    """Progress of a long command on the console: a step being taken, then what it did."""
+
+    def step(self, text: str) -> None:
+        console.print(f"[cyan]•[/] {text} …")
+
+    def done(self, text: str) -> None:
+        console.print(f"  [green]✓[/] {text}")
+
+
+def serve(component: Callable[[], Awaitable[None]], errors: tuple[type[Exception], ...]) -> None:
+    """Run a long-running component until SIGTERM or SIGINT (a clean stop); `errors` end the
+    process with their message and exit code 1."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await component()
+
+    try:
+        asyncio.run(main())
+    except errors as e:
+        raise fail(e) from None
+
+
+T = TypeVar("T")
+
+#: Flags every verb that reads a cluster shares.
+Kubeconfig = Annotated[
+    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
+]
+Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
+Output = Annotated[str, typer.Option("-o", "--output", help="table or json")]
+#: The Prometheus metrics server every long-running verb offers (gpufed.kube.metrics).
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        envvar="GPUFED_METRICS_PORT",
+        min=1,
+        max=65535,
+        help="serve Prometheus metrics on this port (GET /metrics, /healthz); unset: no metrics server",
+    ),
+]
+MetricsHost = Annotated[
+    str,
+    typer.Option(
+        "--metrics-host",
+        envvar="GPUFED_METRICS_HOST",
+        help="address the metrics server listens on (with --metrics-port)",
+    ),
+]
+
+
+def check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        raise fail("--output must be table or json", code=2)
+
+
+def run_op(coro: Coroutine[Any, Any, T], errors: tuple[type[Exception], ...]) -> T:
+    """Run one operation to its end; `errors` end the process with their message and exit code 1."""
+    try:
+        return asyncio.run(coro)
+    except errors as e:
+        raise fail(e) from None
+
+
+def parse_ports(text: str) -> tuple[int, int]:
+    """FIRST-LAST -> (first, last), or a BadParameter that shows the expected form."""
+    try:
+        first, last = (int(p) for p in text.split("-", 1))
+        if not 0 < first <= last < 65536:
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(f"ports must be FIRST-LAST, e.g. 10250-10259 (got {text!r})") from None
+    return first, last

@@ -1,0 +1,194 @@
+"""`gpufed controller`: flags and GPUFED_* variables -> ControllerSettings -> `gpufed.app.controller.run`.
+
+The controller is imported when the command runs, not with the CLI (gpufed.cli says why).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
+from peering.defaults import METRICS_HOST
+from vkprovider.defaults import KUBELET_PORTS
+
+
+def controller(
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            envvar="GPUFED_KUBECONFIG",
+            help="kubeconfig of the controller's identity [default: the pod's service account]",
+        ),
+    ] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", envvar="GPUFED_CONTEXT", help="context in the kubeconfig")
+    ] = None,
+    cluster_name: Annotated[
+        str, typer.Option("--cluster-name", envvar="GPUFED_CLUSTER_NAME", help="readable prefix of a new ClusterID")
+    ] = "",
+    cluster_id: Annotated[
+        str | None,
+        typer.Option("--cluster-id", envvar="GPUFED_CLUSTER_ID", help="explicit ClusterID (first start only)"),
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
+    webhook_port: Annotated[
+        int | None,
+        typer.Option("--webhook-port", envvar="GPUFED_WEBHOOK_PORT", help="serve the offloading webhook on this port"),
+    ] = None,
+    webhook_host: Annotated[
+        str,
+        typer.Option("--webhook-host", envvar="GPUFED_WEBHOOK_HOST", help="address the API server reaches it on"),
+    ] = "127.0.0.1",
+    webhook_service: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook-service",
+            envvar="GPUFED_WEBHOOK_SERVICE",
+            help="NAMESPACE/NAME:PORT of the Service in front of the replicas (in a cluster; replaces --webhook-host)",
+        ),
+    ] = None,
+    vk_kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--virtual-kubelet-kubeconfig",
+            envvar="GPUFED_VIRTUAL_KUBELET_KUBECONFIG",
+            help="start a virtual kubelet per peered provider, with this identity",
+        ),
+    ] = None,
+    kubelet_ports: Annotated[
+        str,
+        typer.Option(
+            "--kubelet-ports", envvar="GPUFED_KUBELET_PORTS", help="port range FIRST-LAST for their kubelet APIs"
+        ),
+    ] = f"{KUBELET_PORTS[0]}-{KUBELET_PORTS[1]}",
+    node_address: Annotated[
+        str, typer.Option("--node-address", envvar="GPUFED_NODE_ADDRESS", help="address virtual nodes publish")
+    ] = "127.0.0.1",
+    log_dir: Annotated[
+        Path | None, typer.Option("--log-dir", envvar="GPUFED_LOG_DIR", help="log files of the virtual kubelets")
+    ] = None,
+    estimator_port: Annotated[
+        int | None,
+        typer.Option(
+            "--estimator-port",
+            envvar="GPUFED_ESTIMATOR_PORT",
+            help="serve the capacity estimator (gRPC, mutual TLS) to consumers on this port",
+        ),
+    ] = None,
+    estimator_host: Annotated[
+        str,
+        typer.Option(
+            "--estimator-host", envvar="GPUFED_ESTIMATOR_HOST", help="address it listens on (0.0.0.0: every interface)"
+        ),
+    ] = "127.0.0.1",
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            "--leader-elect/--no-leader-elect",
+            envvar="GPUFED_LEADER_ELECT",
+            help="elect a leader among replicas through the Lease gpufed/gpufed-controller",
+        ),
+    ] = False,
+    leader_election_id: Annotated[
+        str | None,
+        typer.Option("--leader-election-id", envvar="POD_NAME", help="this replica's identity [default: hostname]"),
+    ] = None,
+    virtual_kubelet_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--virtual-kubelet-template",
+            envvar="GPUFED_VIRTUAL_KUBELET_TEMPLATE",
+            help="run a Deployment per peered provider from this template (in a cluster)",
+        ),
+    ] = None,
+    gateway_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--gateway-template",
+            envvar="GPUFED_GATEWAY_TEMPLATE",
+            help="run a Deployment per Gateway from this template (in a cluster)",
+        ),
+    ] = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = METRICS_HOST,
+    estimator_address: Annotated[
+        str | None,
+        typer.Option(
+            "--estimator-address",
+            envvar="GPUFED_ESTIMATOR_ADDRESS",
+            help="host:port consumers reach it on (default: --estimator-host and --estimator-port)",
+        ),
+    ] = None,
+) -> None:
+    """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
+    from gpufed.app.controller import (
+        ControllerSettings,
+        EstimatorSettings,
+        LeaderElectionSettings,
+        PreflightError,
+        VirtualKubeletsSettings,
+        WebhookSettings,
+        run,
+    )
+    from gpufed.app.workloads import WorkloadSettings
+    from gpufed.kube.client import KubeError
+    from gpufed.kube.leader import LostLeadershipError
+    from gpupool.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
+    from peering.controllers.identity import IdentityError
+
+    configure_logging(log_level)
+    first, last = parse_ports(kubelet_ports)
+    estimator = EstimatorSettings(port=estimator_port, host=estimator_host, address=estimator_address)
+    if estimator_port is not None:
+        if not 0 < estimator_port < 65536:
+            raise typer.BadParameter(f"--estimator-port must be 1..65535 (got {estimator_port})")
+        try:
+            advertised_host(
+                EstimatorServerSettings(port=estimator_port, host=estimator_host, address=estimator_address)
+            )
+        except EstimatorConfigError as e:
+            raise typer.BadParameter(str(e)) from None
+    service = parse_service(webhook_service) if webhook_service else None
+    if webhook_service and webhook_port is None:
+        raise typer.BadParameter("--webhook-service needs --webhook-port (the port this process serves on)")
+    settings = ControllerSettings(
+        kubeconfig=kubeconfig,
+        context=context,
+        name_hint=cluster_name,
+        cluster_id=cluster_id,
+        webhook=WebhookSettings(port=webhook_port, host=webhook_host, service=service),
+        virtual_kubelets=VirtualKubeletsSettings(
+            kubeconfig=vk_kubeconfig, kubelet_ports=(first, last), node_address=node_address, log_dir=log_dir
+        ),
+        estimator=estimator,
+        leader_election=LeaderElectionSettings(
+            enabled=leader_elect, identity=leader_election_id or socket.gethostname()
+        ),
+        workloads=WorkloadSettings(
+            virtual_kubelet_template=virtual_kubelet_template, gateway_template=gateway_template
+        ),
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
+
+    serve(lambda: run(settings), (PreflightError, IdentityError, KubeError, LostLeadershipError))
+
+
+def parse_service(text: str) -> tuple[str, str, int]:
+    """NAMESPACE/NAME:PORT -> (namespace, name, port), or a BadParameter that shows the form."""
+    try:
+        ref, port_text = text.rsplit(":", 1)
+        namespace, name = ref.split("/", 1)
+        port = int(port_text)
+        if not (namespace and name and 0 < port < 65536):
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter(
+            f"--webhook-service must be NAMESPACE/NAME:PORT, e.g. gpufed/gpufed-webhook:443 (got {text!r})"
+        ) from None
+    return namespace, name, port

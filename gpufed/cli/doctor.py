@@ -1,0 +1,107 @@
+"""`gpufed doctor`: flags -> `gpufed.ops.doctor`, the report as a rich table or JSON on stdout.
+
+Exit codes: 0 when every check is OK or WARN, 1 when any FAILs or the cluster cannot be read
+(a one-line error, no traceback), 2 on bad usage. The doctor is imported when the command runs,
+not with the CLI (gpufed.cli says why).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpufed.apis.wire import parse_cluster_id
+from gpufed.cli.common import Context, Kubeconfig, Output, check_output, fail, run_op
+from vkprovider.defaults import DOCTOR_CHECK_TIMEOUT_S, DOCTOR_SLOW_API_MS, DOCTOR_UNDERLAY_MTU
+
+if TYPE_CHECKING:
+    from gpufed.ops.doctor import Report
+
+_COLOR = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
+
+
+def render(report: Report, console: Console) -> None:
+    from gpufed.ops.doctor import THIS_CLUSTER
+
+    roles = {p.cluster_id: p.role for p in report.peers}
+    t = Table(title=f"gpufed doctor: cluster {report.cluster_id or '?'} ({report.api_server})")
+    for col in ("peer", "check", "status", "finding", "fix"):
+        t.add_column(col, overflow="fold")
+    last_peer: str | None = None
+    for c in report.checks:
+        if c.peer == THIS_CLUSTER:
+            peer = "(this cluster)"
+        else:
+            peer = f"{c.peer} ({roles[c.peer]})" if c.peer in roles else c.peer
+        t.add_row(
+            escape(peer) if peer != last_peer else "",
+            c.name,
+            f"[{_COLOR[c.status]}]{c.status}[/]",
+            escape(c.finding),
+            escape(c.fix),
+        )
+        last_peer = peer
+    console.print(t)
+    counts = {s: sum(1 for c in report.checks if c.status == s) for s in ("OK", "WARN", "FAIL")}
+    console.print(
+        f"[{_COLOR[report.status]}]{report.status}[/]: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + ("" if report.peers else " (no peering checked)")
+    )
+
+
+def doctor(
+    kubeconfig: Kubeconfig,
+    context: Context = None,
+    remote_cluster_id: Annotated[
+        str | None, typer.Option("--remote-cluster-id", help="check only this peer [default: every peering]")
+    ] = None,
+    output: Output = "table",
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds each check may take (they run side by side)")
+    ] = DOCTOR_CHECK_TIMEOUT_S,
+    underlay_mtu: Annotated[
+        int, typer.Option("--underlay-mtu", help="MTU of the network between the gateways, to judge the tunnel MTU")
+    ] = DOCTOR_UNDERLAY_MTU,
+    slow_api_ms: Annotated[
+        float,
+        typer.Option("--slow-api-ms", help="a provider API round trip slower than this many ms is a WARN"),
+    ] = DOCTOR_SLOW_API_MS,
+) -> None:
+    """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
+    tunnel, webhook, estimator) and say what is wrong and how to fix it."""
+    from gpufed.ops.doctor import DoctorError, DoctorSettings
+    from gpufed.ops.doctor import doctor as run_doctor
+
+    check_output(output)
+    if not timeout > 0:  # also NaN
+        raise fail("--timeout must be a positive number of seconds", code=2)
+    if not 576 <= underlay_mtu <= 65535:
+        raise fail("--underlay-mtu must be 576..65535", code=2)
+    if not slow_api_ms > 0:  # also NaN
+        raise fail("--slow-api-ms must be a positive number of milliseconds", code=2)
+    if remote_cluster_id is not None:
+        try:
+            parse_cluster_id(remote_cluster_id)
+        except ValueError as e:
+            raise fail(f"--remote-cluster-id: {e}", code=2) from None
+    settings = DoctorSettings(
+        kubeconfig=kubeconfig,
+        context=context,
+        remote_cluster_id=remote_cluster_id,
+        check_timeout_s=timeout,
+        underlay_mtu=underlay_mtu,
+        slow_api_ms=slow_api_ms,
+    )
+    report = run_op(run_doctor(settings), (DoctorError,))
+    if output == "json":
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render(report, Console())  # the report is the command's output: stdout, like -o json
+    if report.failed:
+        raise typer.Exit(1)

@@ -1,0 +1,164 @@
+"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `peering.ops.peer`, with rich progress.
+
+The operations are imported when a command runs, not with the CLI (gpufed.cli says why).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from gpufed.cli import network as net
+from gpufed.cli.common import Context, Kubeconfig, Output, Report, Timeout, check_output, console, fail, run_op
+from peering.defaults import OPERATION_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from peering.ops.peer import Step
+
+RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
+RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
+
+
+def _run(coro: Any) -> Any:
+    from gpufed.kube.client import KubeError
+    from peering.ops.peer import PeerError
+
+    return run_op(coro, (PeerError, KubeError))
+
+
+def peer(
+    kubeconfig: Kubeconfig,
+    remote_kubeconfig: RemoteKubeconfig,
+    context: Context = None,
+    remote_context: RemoteContext = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="nvidia.com/gpu to ask for")] = 0,
+    gpu_product: Annotated[
+        str | None, typer.Option("--gpu-product", help="only GPUs of this nvidia.com/gpu.product")
+    ] = None,
+    cpu: Annotated[str, typer.Option("--cpu", help="CPU to ask for (quantity)")] = "16",
+    memory: Annotated[str, typer.Option("--memory", help="memory to ask for (quantity)")] = "64Gi",
+    pods: Annotated[int, typer.Option("--pods", help="pods to ask for")] = 110,
+    remote_api_server: Annotated[
+        str | None,
+        typer.Option(
+            "--remote-api-server", help="provider API URL as the consumer reaches it [default: from its kubeconfig]"
+        ),
+    ] = None,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
+    no_network: Annotated[
+        bool, typer.Option("--no-network", help="control plane only: no tunnel (`gpufed network connect` later)")
+    ] = False,
+    gateway_endpoint: net.GatewayEndpoint = None,
+    pod_cidr: net.PodCIDR = None,
+    remote_pod_cidr: net.RemotePodCIDR = None,
+    mtu: net.MTU = 0,
+    masquerade: net.Masquerade = False,
+    driver: net.Driver = "auto",
+) -> None:
+    """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig), negotiate a slice and
+    configure the network fabric."""
+    from gpufed.apis.models import GPU_RESOURCE
+    from gpufed.ops.peer import VirtualNodeReady
+    from netfabric.ops import NetworkStep
+    from peering.ops import peer as ops
+    from peering.ops.peer import ClusterRef, PeerRequest
+
+    after_auth: list[Step] = []  # the network, when asked for, once the consumer is authenticated
+    if not no_network:
+        opts = net.network_options(gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver)
+        after_auth.append(NetworkStep(opts))
+    resources = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+    if gpus != 0:  # negative values reach validation and get its error
+        resources[GPU_RESOURCE] = str(gpus)
+    req = PeerRequest(
+        consumer=ClusterRef(kubeconfig, context, "consumer"),
+        provider=ClusterRef(remote_kubeconfig, remote_context, "provider"),
+        resources=resources,
+        gpu_product=gpu_product,
+        timeout_s=timeout,
+        provider_api_server=remote_api_server,
+    )
+    after_grant: list[Step] = [VirtualNodeReady(timeout)]
+    result = _run(ops.peer(req, Report(), after_auth=after_auth, after_grant=after_grant))
+    table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
+    table.add_column("resource")
+    table.add_column("requested", justify="right")
+    table.add_column("granted", justify="right")
+    for r in sorted(result.requested):
+        table.add_row(r, result.requested[r], result.granted.get(r, "0"))
+    console.print(table)
+    if not result.accepted:
+        raise fail(f"{result.provider_id} denied the slice: {result.reason}: {result.message}", code=3)
+    if result.reason != "Granted":
+        console.print(f"[yellow]note:[/] {result.message}")
+    console.print(f"[bold green]peered[/] {result.consumer_id} with {result.provider_id}")
+
+
+def unpeer(
+    kubeconfig: Kubeconfig,
+    remote_kubeconfig: RemoteKubeconfig,
+    context: Context = None,
+    remote_context: RemoteContext = None,
+    timeout: Timeout = OPERATION_TIMEOUT_S,
+) -> None:
+    """Remove everything a peering created on both clusters, the network fabric included."""
+    from netfabric import ops as network_ops
+    from peering.ops import peer as ops
+    from peering.ops.peer import ClusterRef
+
+    consumer = ClusterRef(kubeconfig, context, "consumer")
+    provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
+    _run(network_ops.disconnect(consumer, provider, Report()))
+    _run(ops.unpeer(consumer, provider, Report(), timeout))
+
+
+def info(
+    kubeconfig: Kubeconfig,
+    context: Context = None,
+    output: Output = "table",
+) -> None:
+    """This cluster's peerings: phase, requested vs granted, used vs granted per resource."""
+    from peering.ops import peer as ops
+    from peering.ops.peer import ClusterRef
+
+    check_output(output)
+    data = _run(ops.info(ClusterRef(kubeconfig, context, "cluster")))
+    data["connections"] = _run(net.network_status(kubeconfig, context))
+    if output == "json":
+        typer.echo(json.dumps(data, indent=2))
+        return
+    console.print(f"cluster [bold]{data['clusterId']}[/] (key {data['keyFingerprint']})")
+    t = Table(title="providers (this cluster consumes)")
+    for col in ("provider", "phase", "slice", "resource", "requested", "granted", "used", "decision"):
+        t.add_column(col)
+    for p in data["providers"]:
+        if not p["slices"]:
+            t.add_row(p["clusterId"], p["phase"], "-", "", "", "", "", "")
+        for s in p["slices"]:
+            for i, r in enumerate(sorted(s["requested"])):
+                t.add_row(
+                    p["clusterId"] if i == 0 else "",
+                    p["phase"] if i == 0 else "",
+                    s["name"] if i == 0 else "",
+                    r,
+                    s["requested"][r],
+                    s["granted"].get(r, "0"),
+                    s["used"].get(r, "0"),
+                    s["reason"] if i == 0 else "",
+                )
+    console.print(t)
+    if data["consumers"]:
+        c = Table(title="consumers (this cluster provides)")
+        for col in ("consumer", "phase", "granted", "used", "twin namespaces"):
+            c.add_column(col)
+        for x in data["consumers"]:
+            fmt = ", ".join(f"{k}={v}" for k, v in sorted(x["granted"].items()))
+            used = ", ".join(f"{k}={v}" for k, v in sorted(x["used"].items()))
+            c.add_row(x["clusterId"], x["phase"], fmt, used, ", ".join(x["twinNamespaces"]))
+        console.print(c)
+    if data["connections"]:
+        console.print(net.status_table(data["connections"]))

@@ -1,0 +1,1 @@
+"""Developer tools: the generated references (CLI, CRDs, metrics) and the estimator's protobuf codegen."""

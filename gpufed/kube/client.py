@@ -1,0 +1,246 @@
+"""Building kubernetes-asyncio clients from kubeconfig files, with the library's errors mapped.
+
+Owns: `api_client` (an ApiClient for one kubeconfig context, or the pod's service account in a
+cluster) and `KubeError`, the one exception
+type callers outside `gpufed.kube` see. Does not retry or rate-limit (later layers do).
+
+A kubeconfig is checked (`check_kubeconfig`) before the client library reads it: the library
+answers a malformed one with KeyError, TypeError, AttributeError or a bare `assert`; we answer
+with KubeError naming the field (`users[0].user.client-key-data is not valid base64`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import os
+import tempfile
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from gpufed.kube import library
+
+library.load()  # before the first import of kubernetes_asyncio: see gpufed.kube.library
+
+from kubernetes_asyncio import client, config  # noqa: E402
+from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
+from kubernetes_asyncio.config import incluster_config as incluster  # noqa: E402
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP status (0 when none was received)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def forbidden(self) -> bool:
+        return self.status in (401, 403)
+
+    @property
+    def transient(self) -> bool:
+        """No answer, throttled, or a server-side failure: worth retrying."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+#: What the client library raises for kubeconfigs our check lets through (files it cannot read,
+#: certificates it cannot parse, its own `assert`s).
+_LOAD_ERRORS = (
+    OSError,
+    config.ConfigException,
+    yaml.YAMLError,
+    KeyError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    AssertionError,
+)
+#: Fields holding base64 (decoded by the library into temporary files).
+_BASE64_FIELDS = {
+    "cluster": ("certificate-authority-data",),
+    "user": ("client-certificate-data", "client-key-data"),
+}
+_STRING_FIELDS = {
+    "cluster": ("server", "certificate-authority", "tls-server-name", "proxy-url"),
+    "context": ("cluster", "user", "namespace"),
+    "user": ("client-certificate", "client-key", "token", "tokenFile", "username", "password"),
+}
+
+
+def _named(kc: Mapping[str, Any], section: str, item: str) -> dict[str, Mapping[str, Any]]:
+    """name -> entry of one of the kubeconfig's lists, each entry checked for shape."""
+    entries = kc.get(section)
+    if entries is None:
+        return {}
+    if not isinstance(entries, list):
+        raise ValueError(f"{section} must be a list")
+    out: dict[str, Mapping[str, Any]] = {}
+    for i, entry in enumerate(entries):
+        where = f"{section}[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ValueError(f"{where} must be a mapping with a non-empty name")
+        body = entry.get(item)
+        if body is None:
+            body = {}
+        if not isinstance(body, Mapping):
+            raise ValueError(f"{where}.{item} must be a mapping")
+        for field in _STRING_FIELDS[item]:
+            if field in body and not isinstance(body[field], str):
+                raise ValueError(f"{where}.{item}.{field} must be a string")
+        for field in _BASE64_FIELDS.get(item, ()):
+            if field in body:
+                value = body[field]
+                try:
+                    if not isinstance(value, str):
+                        raise TypeError
+                    base64.b64decode(value, validate=True)
+                except (TypeError, ValueError, binascii.Error):
+                    raise ValueError(f"{where}.{item}.{field} is not valid base64") from None
+        out.setdefault(entry["name"], body)
+    return out
+
+
+def check_kubeconfig(kc: object, context: str | None = None) -> None:
+    """Raise KubeError naming what is wrong if `kc` (a parsed kubeconfig) cannot give a client for
+    `context` (None: its current-context); the parts a client for that context reads are checked."""
+    try:
+        if not isinstance(kc, Mapping):
+            got = "an empty document" if kc is None else f"a {type(kc).__name__}"
+            raise ValueError(f"expected a mapping (apiVersion, clusters, contexts, users), got {got}")
+        clusters = _named(kc, "clusters", "cluster")
+        contexts = _named(kc, "contexts", "context")
+        users = _named(kc, "users", "user")
+        name = context if context is not None else kc.get("current-context")
+        if not isinstance(name, str) or not name:
+            raise ValueError("no context given and no current-context set")
+        ctx = contexts.get(name)
+        if ctx is None:
+            raise ValueError(f"context {name!r} not found (contexts: {', '.join(sorted(contexts)) or 'none'})")
+        cluster = clusters.get(str(ctx.get("cluster") or ""))
+        if cluster is None:
+            raise ValueError(f"context {name!r} names cluster {ctx.get('cluster')!r}, which is not in clusters")
+        if not cluster.get("server"):
+            raise ValueError(f"cluster {ctx.get('cluster')!r} has no server")
+        user = ctx.get("user")
+        if user and user not in users:
+            raise ValueError(f"context {name!r} names user {user!r}, which is not in users")
+    except ValueError as e:
+        raise KubeError(f"invalid kubeconfig: {e}") from None
+
+
+def map_error(e: ApiException, what: str) -> KubeError:
+    return KubeError(f"{what}: {e.status} {e.reason}", status=int(e.status or 0), reason=str(e.reason or ""))
+
+
+@asynccontextmanager
+async def api_client(kubeconfig: Path | None, context: str | None = None) -> AsyncIterator[Any]:
+    """An ApiClient for `context` of `kubeconfig` — or, with None, the pod's own service account
+    (in cluster; its projected token is re-read as the kubelet rotates it); closed on exit. Bad
+    files, or None outside a pod, raise KubeError."""
+    try:
+        if kubeconfig is None:
+            configuration = client.Configuration()
+            incluster.InClusterConfigLoader(
+                token_filename=incluster.SERVICE_TOKEN_FILENAME,
+                cert_filename=incluster.SERVICE_CERT_FILENAME,
+                try_refresh_token=True,
+            ).load_and_set(configuration)
+            api = client.ApiClient(configuration)
+        else:
+            if os.pathsep not in str(kubeconfig):  # KUBECONFIG-style lists are merged by the library
+                check_kubeconfig(yaml.safe_load(await asyncio.to_thread(kubeconfig.read_text)), context)
+            api = await config.new_client_from_config(config_file=str(kubeconfig), context=context)
+    except KubeError as e:
+        raise KubeError(f"cannot load kubeconfig {kubeconfig} (context {context or 'current'}): {e}") from None
+    except (*_LOAD_ERRORS, UnicodeError) as e:
+        if kubeconfig is None:
+            raise KubeError(f"no kubeconfig given and not running in a pod (in-cluster configuration: {e})") from e
+        raise KubeError(f"cannot load kubeconfig {kubeconfig} (context {context or 'current'}): {e}") from e
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+def _data_to_files(kubeconfig: Mapping[str, Any], directory: Path) -> dict[str, Any]:
+    """A copy of `kubeconfig` whose base64 `*-data` fields are files in `directory` (mode 0600)."""
+    out = dict(kubeconfig)
+    n = 0
+    for section, item in (("clusters", "cluster"), ("users", "user")):
+        entries = []
+        for entry in kubeconfig.get(section) or []:
+            body = dict(entry.get(item) or {})
+            for data in _BASE64_FIELDS[item]:
+                if data in body:
+                    n += 1
+                    path = directory / f"{n}.pem"
+                    path.touch(mode=0o600)
+                    path.write_bytes(base64.b64decode(body.pop(data)))
+                    body[data.removesuffix("-data")] = str(path)
+            entries.append({**entry, item: body})
+        out[section] = entries
+    return out
+
+
+async def client_from_dict(kubeconfig: dict[str, Any], context: str | None = None) -> Any:
+    """An ApiClient for an in-memory kubeconfig (e.g. credentials read from a Secret); caller closes it.
+
+    The library writes each `*-data` field to a temporary file that it deletes only at exit and
+    whose descriptor it never closes: one open descriptor and one file on disk (a private key
+    among them) per new credential for the life of the process, i.e. per peering and per renewal.
+    So the fields go to a private directory here instead, which lives exactly as long as the client:
+    upgraded connections (exec, attach, port-forward: `gpufed.kube.upgrade`) build their TLS
+    context from the configuration's file paths, so the files must outlive the client's creation."""
+    check_kubeconfig(kubeconfig, context)
+    tmp = tempfile.TemporaryDirectory(prefix="gpufed-kubeconfig-")
+    try:
+        files = await asyncio.to_thread(_data_to_files, kubeconfig, Path(tmp.name))
+        api = await config.new_client_from_config_dict(files, context=context)
+    except (*_LOAD_ERRORS, binascii.Error) as e:
+        tmp.cleanup()
+        raise KubeError(f"invalid kubeconfig: {e}") from e
+    except BaseException:
+        tmp.cleanup()
+        raise
+    weakref.finalize(api, tmp.cleanup)  # removed with the client (closed and dropped), or at exit
+    return api
+
+
+@asynccontextmanager
+async def translating(what: str) -> AsyncIterator[None]:
+    """Turn the client library's exceptions raised inside the block into KubeError."""
+    try:
+        yield
+    except ApiException as e:
+        raise map_error(e, what) from e
+    except (OSError, TimeoutError, aiohttp.ClientError) as e:
+        raise KubeError(f"{what}: {e}") from e
+
+
+__all__ = [
+    "ApiException",
+    "KubeError",
+    "api_client",
+    "check_kubeconfig",
+    "client",
+    "client_from_dict",
+    "map_error",
+    "translating",
+]

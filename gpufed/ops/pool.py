@@ -1,0 +1,92 @@
+"""`gpufed pool`: the consumer's view of the global GPU pool.
+
+Owns: reading the virtual nodes (their `gpufed.io/gpu-pool` figures, written by each pool's
+virtual kubelet from the provider's capacity estimator and the grant; readiness) and the pods
+waiting for GPUs (Pending, not bound to any node) into one report: per provider and product —
+total, granted, in use, free, largest placeable shape — and the pending GPU demand.
+
+Reads only the consumer's API (the figures come from the virtual kubelets, which hold the
+estimator streams); writes nothing.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.wire import POOL_ANNOTATION, REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
+from gpufed.kube import rest
+from gpufed.kube.client import api_client
+from peering.grants import pod_requests
+from vkprovider.forge.pools import parse_figures
+
+
+def _gpus(pod: dict[str, Any]) -> int:
+    return int(pod_requests(pod).get(GPU_RESOURCE, Decimal(0)))
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def report(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report from the virtual nodes and the consumer's pods (pure)."""
+    pools = []
+    for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
+        meta = node["metadata"]
+        labels = meta.get("labels") or {}
+        figures = parse_figures((meta.get("annotations") or {}).get(POOL_ANNOTATION, ""))
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        row: dict[str, Any] = {
+            "provider": labels.get(REMOTE_CLUSTER_LABEL, ""),
+            "node": meta["name"],
+            "product": labels.get(GPU_PRODUCT_LABEL, ""),
+            "ready": _ready(node),
+            "allocatable": int(allocatable.get(GPU_RESOURCE, "0") or 0),
+        }
+        if figures is not None:
+            row.update(
+                product=figures.product or row["product"],
+                total=figures.total,
+                granted=figures.granted,
+                inUse=figures.in_use,
+                free=figures.free,
+                largestPlaceable=figures.largest_placeable,
+                inFlight=figures.in_flight,
+                capacity=figures.capacity_source,
+            )
+        else:
+            row.update(total=None, granted=None, inUse=None, free=None, largestPlaceable=None, capacity="unknown")
+        pools.append(row)
+    waiting = [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("phase", "Pending") == "Pending"
+        and not (p.get("spec") or {}).get("nodeName")
+        and not p["metadata"].get("deletionTimestamp")
+        and _gpus(p) > 0
+    ]
+    demand = [_gpus(p) for p in waiting]
+    return {
+        "pools": pools,
+        "pending": {
+            "pods": len(demand),
+            "gpus": sum(demand),
+            "largest": max(demand, default=0),
+            "podNames": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in waiting)[:50],
+        },
+    }
+
+
+async def pool(kubeconfig: Path, context: str | None) -> dict[str, Any]:
+    async with api_client(kubeconfig, context) as api:
+        nodes = await rest.list_items(
+            api, "/api/v1/nodes", params={"labelSelector": f"{TYPE_LABEL}={VIRTUAL_NODE_TYPE}"}
+        )
+        pods = await rest.list_items(
+            api, "/api/v1/pods", params={"fieldSelector": "spec.nodeName=,status.phase=Pending"}
+        )
+    return report(nodes, pods)

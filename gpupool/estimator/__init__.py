@@ -1,0 +1,13 @@
+"""The provider's capacity estimator: live, aggregated GPU capacity served to consumers over gRPC.
+
+- `server`: `EstimatorServer` (provider side) watches the cluster's nodes and pods into a
+  `gpupool.capacity.Inventory` and serves snapshots, placement answers and a snapshot stream over
+  mutual TLS to authenticated consumers only;
+- `client`: `EstimatorClient` (consumer side) speaks to it with plain `gpupool.capacity` values;
+- `wire`: the protobuf <-> dataclass conversions both share;
+- `estimator.proto` and its generated `estimator_pb2` (regenerate with
+  `python -m gpufed.devtools.protogen`).
+
+Imports `gpupool.capacity`, `gpufed.kube`, `gpufed.apis.wire`/`models`/`handshake`; never vkprovider
+or netfabric.
+"""

@@ -1,0 +1,130 @@
+"""The local topology model: defaults, validation, node CIDRs and port layout."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.localenv.topology import (
+    DEFAULT_POD_CIDR,
+    DEFAULT_SERVICE_CIDR,
+    GPU_MEMORY_LABEL,
+    PORTS_PER_CLUSTER,
+    Topology,
+    default_topology,
+    load_topology,
+)
+
+
+def test_default_topology_matches_the_issue() -> None:
+    topo = default_topology()
+    assert [c.name for c in topo.clusters] == ["consumer", "gpu-a", "gpu-b"]
+    consumer, gpu_a, gpu_b = topo.clusters
+    assert consumer.node_count() == 2 and consumer.gpu_total() == 0
+    assert [(p.count, p.gpus, p.gpu_product) for p in gpu_a.node_pools] == [(4, 8, "NVIDIA-H100-80GB-HBM3")]
+    assert gpu_a.node_pools[0].node_labels()[GPU_MEMORY_LABEL] == "81559"
+    assert [(p.count, p.gpus) for p in gpu_b.node_pools] == [(2, 4), (4, 1)]
+    assert "A100-SXM4-40GB" in (gpu_b.node_pools[0].gpu_product or "")
+    assert "L4" in (gpu_b.node_pools[1].gpu_product or "")
+    # Overlapping CIDRs on purpose: the fabric's hard case.
+    assert {c.pod_cidr for c in topo.clusters} == {DEFAULT_POD_CIDR}
+    assert {c.service_cidr for c in topo.clusters} == {DEFAULT_SERVICE_CIDR}
+
+
+def test_gpu_capacity_and_labels() -> None:
+    pool = default_topology().cluster("gpu-a").node_pools[0]
+    assert pool.capacity()[GPU_RESOURCE] == "8"
+    assert pool.node_labels()[GPU_PRODUCT_LABEL] == "NVIDIA-H100-80GB-HBM3"
+    cpu_pool = default_topology().cluster("consumer").node_pools[0]
+    assert GPU_RESOURCE not in cpu_pool.capacity()
+    assert GPU_PRODUCT_LABEL not in cpu_pool.node_labels()
+
+
+def test_nodes_get_distinct_pod_cidrs_inside_the_cluster_cidr() -> None:
+    spec = default_topology().cluster("gpu-b")
+    nodes = spec.nodes()
+    assert [n.name for n in nodes][:3] == ["gpu-b-a100-0", "gpu-b-a100-1", "gpu-b-l4-0"]
+    nets = [ipaddress.IPv4Network(n.pod_cidr) for n in nodes]
+    assert len(set(nets)) == len(nets) == 6
+    assert all(n.subnet_of(ipaddress.IPv4Network(spec.pod_cidr)) for n in nets)
+
+
+def test_ports_do_not_collide_across_clusters() -> None:
+    topo = default_topology(base_port=20000)
+    seen: set[int] = set()
+    for c in topo.clusters:
+        ports = list(topo.ports(c.name).all().values())
+        assert not seen & set(ports)
+        seen |= set(ports)
+    assert topo.ports("consumer").apiserver == 20000
+    assert topo.ports("gpu-a").apiserver == 20020
+
+
+def test_each_cluster_keeps_its_ports_inside_its_block() -> None:
+    topo = default_topology(base_port=20000)
+    for c in topo.clusters:
+        ports = topo.ports(c.name)
+        first_kubelet, last_kubelet = ports.kubelet_ports
+        fixed = list(ports.all().values())
+        assert len(set(fixed)) == len(fixed), "no two components share a port"
+        assert all(ports.base <= p < first_kubelet for p in fixed), "below the virtual kubelets' range"
+        assert last_kubelet == ports.base + PORTS_PER_CLUSTER - 1
+    assert topo.ports("gpu-a").metrics_server == 20027
+    assert topo.ports("gpu-a").all()["metrics-server"] == 20027
+    assert topo.ports("gpu-a").estimator == 20028
+    assert topo.ports("gpu-a").all()["gpufed estimator"] == 20028
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"name": "Bad_Name"}, "DNS label"),
+        ({"podCIDR": "10.96.0.0/12"}, "overlaps"),
+        ({"podCIDR": "not-a-cidr"}, "not a CIDR"),
+        ({"podCIDR": "10.244.0.1/16"}, "not a CIDR"),
+        ({"podCIDR": "10.244.0.0/24"}, "too small"),
+        ({"nodePools": [{"name": "x", "count": 1, "gpus": 2}]}, "needs gpuProduct"),
+        ({"nodePools": [{"name": "x", "count": 1, "gpuProduct": "NVIDIA-L4"}]}, "gpus is 0"),
+        ({"nodePools": [{"name": "x", "count": 0}]}, "greater than or equal to 1"),
+        ({"nodePools": [{"name": "x", "count": 1}, {"name": "x", "count": 1}]}, "unique"),
+        ({"nodePools": [{"name": "x", "count": 1, "colour": "red"}]}, "Extra inputs"),
+    ],
+)
+def test_invalid_clusters_are_refused_with_a_reason(patch: dict[str, object], message: str) -> None:
+    cluster: dict[str, object] = {"name": "c", "nodePools": [{"name": "p", "count": 2}]}
+    cluster.update(patch)
+    with pytest.raises(ValueError, match=message):
+        Topology.model_validate({"clusters": [cluster]})
+
+
+def test_duplicate_cluster_names_are_refused() -> None:
+    c = {"name": "c", "nodePools": [{"name": "p", "count": 1}]}
+    with pytest.raises(ValueError, match="unique"):
+        Topology.model_validate({"clusters": [c, c]})
+
+
+def test_unknown_cluster_lookup_names_the_known_ones() -> None:
+    with pytest.raises(KeyError, match="gpu-a"):
+        default_topology().cluster("nope")
+
+
+def test_load_topology_from_yaml(tmp_path: Path) -> None:
+    f = tmp_path / "topo.yaml"
+    f.write_text(
+        "basePort: 21000\njobSeconds: 1\nclusters:\n- name: one\n  podCIDR: 10.10.0.0/16\n"
+        "  nodePools:\n  - {name: big, count: 1, gpus: 2, gpuProduct: NVIDIA-L4}\n"
+    )
+    topo = load_topology(f)
+    assert topo.base_port == 21000 and topo.cluster("one").gpu_total() == 2
+
+
+def test_load_topology_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clusters: []\n")
+    with pytest.raises(ValueError, match=r"invalid topology .*bad\.yaml"):
+        load_topology(bad)
+    with pytest.raises(ValueError, match="cannot read topology"):
+        load_topology(tmp_path / "missing.yaml")

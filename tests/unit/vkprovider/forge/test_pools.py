@@ -1,0 +1,220 @@
+"""forge.pools: which pool nodes a provider gets, the in-flight bin packing, and what each pool
+node advertises (capacity capping at the largest placeable shape, grant headroom, static mode)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
+from gpufed.ops.pool import report
+from gpupool.capacity import Bucket, ProductCapacity, Snapshot
+from vkprovider.forge.pools import Pool, advertise, best_fit, largest_after, parse_figures, plan_pools, slug
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-40GB"
+L4 = "NVIDIA-L4"
+GPU = "nvidia.com/gpu"
+
+
+def dec(v: int | str) -> Decimal:
+    return Decimal(v)
+
+
+def cap(
+    product: str, free_per_node: list[int], *, per_node: int = 8, memory_mib: int | None = 81559
+) -> ProductCapacity:
+    buckets: dict[int, int] = {}
+    for f in free_per_node:
+        buckets[f] = buckets.get(f, 0) + 1
+    n = len(free_per_node)
+    return ProductCapacity(
+        product=product,
+        nodes=n,
+        unhealthy_nodes=0,
+        total=per_node * n,
+        allocatable=per_node * n,
+        in_use=per_node * n - sum(free_per_node),
+        free=sum(free_per_node),
+        largest_shape=max(free_per_node, default=0),
+        histogram=tuple(Bucket(f, c) for f, c in sorted(buckets.items(), reverse=True)),
+        free_cpu_millis=96_000 * n,
+        free_memory_bytes=(1024 << 30) * n,
+        free_pods=110 * n,
+        labels={"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(per_node)},
+        gpu_memory_mib=memory_mib,
+        source="labels",
+    )
+
+
+def snap(*products: ProductCapacity) -> Snapshot:
+    return Snapshot(revision=1, products=tuple(products), observed_at=0.0)
+
+
+GRANT = {"cpu": dec(64), "memory": dec(256 << 30), "pods": dec(110), GPU: dec(32)}
+
+
+# ---- plan
+
+
+def test_one_pool_per_product_when_several() -> None:
+    pools = plan_pools("gpufed-b", [L4, A100], None, per_product=True)
+    assert pools == [
+        Pool("gpufed-b-nvidia-a100-sxm4-40gb", A100),
+        Pool("gpufed-b-nvidia-l4", L4),
+    ]
+
+
+def test_single_product_keeps_the_provider_node_and_labels_it() -> None:
+    assert plan_pools("gpufed-a", [H100], None, per_product=True) == [Pool("gpufed-a", H100)]
+
+
+def test_product_grant_is_one_pool_of_that_product() -> None:
+    assert plan_pools("gpufed-b", [L4, A100], A100, per_product=True) == [Pool("gpufed-b", A100)]
+
+
+def test_pools_off_or_unknown_products_give_one_provider_node() -> None:
+    assert plan_pools("gpufed-b", [L4, A100], None, per_product=False) == [Pool("gpufed-b", None)]
+    assert plan_pools("gpufed-b", [], None, per_product=True) == [Pool("gpufed-b", None)]
+
+
+def test_slug_is_a_short_stable_dns_label() -> None:
+    long = "NVIDIA Some Very Long Product Name With Many Words And Numbers 123456789"
+    s = slug(long)
+    assert len(s) <= 40 and s == slug(long) and s != slug(long + "x")
+    assert all(c.isalnum() or c == "-" for c in s) and not s.startswith("-") and not s.endswith("-")
+
+
+# ---- in flight
+
+
+def test_best_fit_uses_the_fullest_node_that_takes_each_pod() -> None:
+    free, unplaced = best_fit([Bucket(8, 1), Bucket(4, 1), Bucket(2, 2)], [2, 4])
+    assert sorted(free, reverse=True) == [8, 2, 0, 0]  # the 4 fills the 4-node, the 2 one 2-node
+    assert unplaced == []
+    assert largest_after([Bucket(8, 1), Bucket(4, 1)], [4, 8]) == 0
+    assert best_fit([Bucket(2, 2)], [4])[1] == [4]
+
+
+@given(st.lists(st.integers(0, 8), max_size=8), st.lists(st.integers(1, 8), max_size=8))
+def test_best_fit_conserves_gpus(nodes: list[int], pods: list[int]) -> None:
+    hist = [Bucket(f, 1) for f in nodes]
+    free, unplaced = best_fit(hist, pods)
+    assert all(f >= 0 for f in free)
+    assert sum(free) == sum(nodes) - (sum(pods) - sum(unplaced))
+    assert largest_after(hist, pods) <= max(nodes, default=0)
+
+
+# ---- advertise
+
+
+def test_allocatable_is_held_plus_the_largest_placeable_shape() -> None:
+    s = snap(cap(H100, [2, 2, 2, 2]))  # fragmented: 8 free, at most 2 per node
+    ad = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={GPU: dec(0)}, used_here={GPU: dec(0)})
+    assert ad.allocatable[GPU] == "2"
+    assert ad.figures.free == 8 and ad.figures.largest_placeable == 2 and ad.figures.total == 32
+    assert ad.labels["nvidia.com/gpu.product"] == H100
+    assert ad.labels["nvidia.com/gpu.memory"] == "81559"
+    assert ad.labels[POOL_PRODUCT_LABEL] == "nvidia-h100-80gb-hbm3"
+    assert json.loads(ad.annotations[POOL_ANNOTATION])["largest_placeable"] == 2
+
+
+def test_pods_already_bound_stay_counted_and_in_flight_ones_use_the_histogram() -> None:
+    s = snap(cap(H100, [8, 8, 8, 8]))
+    held = {GPU: dec(12), "cpu": dec(4)}
+    ad = advertise(
+        "a",
+        Pool("gpufed-a", H100),
+        s,
+        granted=GRANT,
+        used_all=held,
+        used_here=held,
+        in_flight=({GPU: dec(8)}, {GPU: dec(4)}),  # accepted, not placed yet: not in the snapshot's in_use
+    )
+    # the histogram after them: 8, 8, 4 (or 0) -> one more pod of 8 fits; the grant leaves 20
+    assert ad.allocatable[GPU] == str(12 + 8)
+    assert ad.figures.in_flight == 2
+
+
+def test_grant_headroom_caps_every_pool_of_the_provider() -> None:
+    s = snap(cap(A100, [4, 4], per_node=4), cap(L4, [1, 1, 1, 1], per_node=1))
+    grant = {**GRANT, GPU: dec(6)}
+    used_all = {GPU: dec(5)}  # mostly on the other pool
+    ad = advertise("b", Pool("gpufed-b-a100", A100), s, granted=grant, used_all=used_all, used_here={GPU: dec(1)})
+    assert ad.allocatable[GPU] == "2"  # 1 held + 1 left of the grant, though 4 would fit
+    assert ad.figures.granted == 6
+
+
+def test_product_gone_from_the_provider_takes_nothing_new() -> None:
+    ad = advertise("b", Pool("gpufed-b-l4", L4), snap(cap(A100, [4])), granted=GRANT, used_all={}, used_here={})
+    assert ad.allocatable[GPU] == "0" and ad.allocatable["cpu"] == "0"
+
+
+def test_without_a_snapshot_the_grant_is_advertised_and_the_reason_given() -> None:
+    ad = advertise(
+        "a",
+        Pool("gpufed-a", None),
+        None,
+        granted=GRANT,
+        used_all={GPU: dec(4)},
+        used_here={GPU: dec(4)},
+        static_reason="the provider runs no capacity estimator",
+    )
+    assert ad.allocatable[GPU] == "32"
+    assert ad.figures.capacity_source == "Static: the provider runs no capacity estimator"
+    assert ad.figures.total is None and ad.figures.free is None
+
+
+def test_whole_provider_pool_merges_products() -> None:
+    s = snap(cap(A100, [4, 3], per_node=4), cap(L4, [1, 0, 1, 1], per_node=1))
+    ad = advertise("b", Pool("gpufed-b", None), s, granted=GRANT, used_all={}, used_here={})
+    assert ad.allocatable[GPU] == "4"
+    assert ad.figures.free == 10 and ad.figures.total == 12
+    assert "nvidia.com/gpu.product" not in ad.labels  # products differ: no product label
+
+
+def test_cpu_only_grant_advertises_no_gpu_resource() -> None:
+    grant = {"cpu": dec(8), "memory": dec(32 << 30), "pods": dec(50)}
+    ad = advertise("c", Pool("gpufed-c", None), None, granted=grant, used_all={}, used_here={})
+    assert GPU not in ad.allocatable and ad.allocatable["cpu"] == "8"
+
+
+def test_figures_round_trip_and_bad_annotations_are_ignored() -> None:
+    ad = advertise("a", Pool("gpufed-a", H100), snap(cap(H100, [8])), granted=GRANT, used_all={}, used_here={})
+    assert parse_figures(ad.annotations[POOL_ANNOTATION]) == ad.figures
+    assert parse_figures("{not json") is None
+    assert parse_figures('{"unexpected": 1}') is None
+
+
+# ---- gpufed pool
+
+
+def test_pool_report_rows_and_pending_demand() -> None:
+    ad = advertise("a", Pool("gpufed-a", H100), snap(cap(H100, [2, 2, 8])), granted=GRANT, used_all={}, used_here={})
+    node = {
+        "metadata": {
+            "name": "gpufed-a",
+            "labels": {"gpufed.io/remote-cluster-id": "a", **ad.labels},
+            "annotations": ad.annotations,
+        },
+        "status": {"allocatable": ad.allocatable, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+    def waiting(name: str, gpus: int, node_name: str = "") -> dict[str, object]:
+        return {
+            "metadata": {"namespace": "team", "name": name},
+            "spec": {
+                "nodeName": node_name,
+                "containers": [{"name": "c", "resources": {"requests": {GPU: str(gpus)}}}],
+            },
+            "status": {"phase": "Pending"},
+        }
+
+    data = report([node], [waiting("big", 16), waiting("small", 2), waiting("cpu", 0), waiting("bound", 4, "n")])
+    (row,) = data["pools"]
+    assert (row["provider"], row["product"], row["ready"]) == ("a", H100, True)
+    assert (row["total"], row["free"], row["largestPlaceable"], row["capacity"]) == (24, 12, 8, "Live")
+    assert data["pending"] == {"pods": 2, "gpus": 18, "largest": 16, "podNames": ["team/big", "team/small"]}

@@ -1,0 +1,125 @@
+"""The offloading webhook: certificates, its registration, and AdmissionReview answers over HTTP."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from cryptography import x509
+from structlog.testing import capture_logs
+
+from gpufed.kube import servingtls
+from vkprovider.forge.offloading import NOT_ON_VIRTUAL, TOLERATION
+from vkprovider.webhook import server
+from vkprovider.webhook.server import Webhook, WebhookServerSettings
+
+OFFLOADING = {
+    "metadata": {"name": "offloading", "namespace": "team"},
+    "spec": {"podOffloadingStrategy": "Remote"},
+}
+
+
+@pytest.fixture(autouse=True)
+def _logs() -> Iterator[None]:
+    with capture_logs():
+        yield
+
+
+def review(namespace: str = "team", uid: str = "u-1", obj: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "object": obj or {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}},
+        },
+    }
+
+
+def test_certificates_for_ip_and_dns_hosts_and_their_renewal() -> None:
+    now = dt.datetime.now(dt.UTC)
+    m = servingtls.issue("127.0.0.1", days=365, now=now)
+    cert = x509.load_pem_x509_certificate(m.cert_pem)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert cert.issuer == x509.load_pem_x509_certificate(m.ca_pem).subject
+    renew = dt.timedelta(days=30)
+    assert servingtls.usable(m, "127.0.0.1", renew, now)
+    assert not servingtls.usable(m, "10.0.0.1", renew, now), "another address needs another certificate"
+    assert not servingtls.usable(m, "127.0.0.1", renew, now + dt.timedelta(days=340)), "renewed 30 days before expiry"
+    d = servingtls.issue("gpufed-webhook.gpufed.svc", days=10)
+    assert servingtls.usable(d, "gpufed-webhook.gpufed.svc", dt.timedelta(days=1))
+    assert not servingtls.usable(servingtls.TLSMaterial(b"x", b"y", b"z"), "127.0.0.1", renew)
+
+
+def test_webhook_configuration() -> None:
+    cfg = server.webhook_configuration("127.0.0.1", 19443, b"CA")
+    hook = cfg["webhooks"][0]
+    assert cfg["metadata"]["name"] == "gpufed-offloading"
+    assert hook["clientConfig"] == {
+        "url": "https://127.0.0.1:19443/mutate-pods",
+        "caBundle": base64.b64encode(b"CA").decode(),
+    }
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+    assert hook["namespaceSelector"] == {"matchExpressions": [{"key": "gpufed.io/offloading", "operator": "Exists"}]}
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["timeoutSeconds"]) == ("Fail", "None", 5)
+    assert hook["reinvocationPolicy"] == "IfNeeded" and hook["admissionReviewVersions"] == ["v1"]
+    assert (
+        server.webhook_configuration("::1", 1, b"")["webhooks"][0]["clientConfig"]["url"]
+        == "https://[::1]:1/mutate-pods"
+    )
+
+
+def test_review_response() -> None:
+    out = server.review_response(review(), OFFLOADING)["response"]
+    assert out["uid"] == "u-1" and out["allowed"] and out["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(out["patch"]))
+    assert {"op": "add", "path": "/spec/tolerations", "value": [TOLERATION]} in ops
+    assert server.review_response(review(), None)["response"] == {"uid": "u-1", "allowed": True}
+    local = {"spec": {"podOffloadingStrategy": "Local"}}
+    ops = json.loads(base64.b64decode(server.review_response(review(), local)["response"]["patch"]))
+    assert ops[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [NOT_ON_VIRTUAL]}
+    ]
+    bads: list[Any] = [{}, {"kind": "AdmissionReview"}, {"kind": "AdmissionReview", "request": {"uid": ""}}, []]
+    for bad in bads:
+        with pytest.raises(ValueError):
+            server.review_response(bad, None)
+
+
+async def test_http_answers() -> None:
+    hook = Webhook(None, WebhookServerSettings(port=0))
+    # As the watch would have filled it (an offloaded "team", a known-not-offloaded "elsewhere"): no API call.
+    hook.cache.items.update({"team": OFFLOADING, "elsewhere": None})
+    async with TestClient(TestServer(hook.app())) as client:
+        r = await client.post("/mutate-pods", json=review())
+        body = await r.json()
+        assert r.status == 200 and body["kind"] == "AdmissionReview" and body["response"]["patchType"] == "JSONPatch"
+        r = await client.post("/mutate-pods", json=review(namespace="elsewhere"))
+        assert (await r.json())["response"] == {"uid": "u-1", "allowed": True}
+        r = await client.post("/mutate-pods", data=b"{not json")
+        assert r.status == 400 and "malformed" in (await r.json())["error"]
+        r = await client.post("/mutate-pods", json={"kind": "Pod"})
+        assert r.status == 400
+        assert (await client.get("/healthz")).status == 200
+
+
+def test_offloading_cache_ignores_deleting_objects() -> None:
+    cache = server.OffloadingCache(None)
+    cache.on_event("ADDED", OFFLOADING)
+    assert cache.items.get("team") is OFFLOADING
+    deleting = {"metadata": {**OFFLOADING["metadata"], "deletionTimestamp": "x"}, "spec": {}}
+    cache.on_event("MODIFIED", deleting)
+    assert "team" in cache.items and cache.items["team"] is None
+    cache.on_event("DELETED", deleting)
+    assert "team" not in cache.items
+    cache.on_event("ADDED", {"metadata": {"name": "other", "namespace": "x"}})
+    assert "x" not in cache.items
