@@ -31,6 +31,7 @@ from gpufed.apis.models import GROUP, KINDS
 from gpufed.apis.wire import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, SYSTEM_NAMESPACE
 from gpufed.app.supervisor import Supervisor, SupervisorSettings
 from gpufed.app.workloads import Workloads, WorkloadSettings
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
 from gpufed.kube.leader import LeaderElector, LeaderSettings, LostLeadershipError
@@ -45,7 +46,7 @@ from vkprovider.kubelet.csrapprove import ServingCSRApprover
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
 
-class PreflightError(Exception):
+class PreflightError(GpufedError):
     """The cluster lacks something the controller needs; the message says what to install."""
 
 

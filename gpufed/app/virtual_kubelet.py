@@ -39,6 +39,7 @@ from gpufed.apis.wire import (
     remote_kubeconfig_secret,
 )
 from gpufed.app.pools import PoolManager, PoolSettings
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.budget import set_budget
 from gpufed.kube.client import api_client, client_from_dict
@@ -65,7 +66,7 @@ DEFAULT_BURST = defaults.VIRTUAL_KUBELET_BURST
 CREDENTIALS_POLL_S = 2.0
 
 
-class VirtualKubeletError(Exception):
+class VirtualKubeletError(GpufedError):
     """Cannot start: the message says what is missing."""
 
 

@@ -1,4 +1,7 @@
-"""What every verb shares: logging set-up (the only place it is configured) and error exits."""
+"""What every verb shares: logging set-up (the only place it is configured) and error exits.
+
+A command ends with a message and exit code for a `gpufed.errors.GpufedError` only; `gpufed.errors`
+imports nothing, so catching it costs a verb no start-up time."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+
+from gpufed.errors import GpufedError
 
 console = Console(stderr=True)
 LEVELS = ("debug", "info", "warning", "error")
@@ -56,9 +61,9 @@ class Report:
         console.print(f"  [green]✓[/] {text}")
 
 
-def serve(component: Callable[[], Awaitable[None]], errors: tuple[type[Exception], ...]) -> None:
-    """Run a long-running component until SIGTERM or SIGINT (a clean stop); `errors` end the
-    process with their message and exit code 1."""
+def serve(component: Callable[[], Awaitable[None]]) -> None:
+    """Run a long-running component until SIGTERM or SIGINT (a clean stop); a GpufedError ends the
+    process with its message and exit code."""
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -71,8 +76,8 @@ def serve(component: Callable[[], Awaitable[None]], errors: tuple[type[Exception
 
     try:
         asyncio.run(main())
-    except errors as e:
-        raise fail(e) from None
+    except GpufedError as e:
+        raise fail(e, e.exit_code) from None
 
 
 T = TypeVar("T")
@@ -110,12 +115,12 @@ def check_output(output: str) -> None:
         raise fail("--output must be table or json", code=2)
 
 
-def run_op(coro: Coroutine[Any, Any, T], errors: tuple[type[Exception], ...]) -> T:
-    """Run one operation to its end; `errors` end the process with their message and exit code 1."""
+def run_op(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one operation to its end; a GpufedError ends the process with its message and exit code."""
     try:
         return asyncio.run(coro)
-    except errors as e:
-        raise fail(e) from None
+    except GpufedError as e:
+        raise fail(e, e.exit_code) from None
 
 
 def parse_ports(text: str) -> tuple[int, int]:

@@ -130,16 +130,12 @@ def controller(
         ControllerSettings,
         EstimatorSettings,
         LeaderElectionSettings,
-        PreflightError,
         VirtualKubeletsSettings,
         WebhookSettings,
         run,
     )
     from gpufed.app.workloads import WorkloadSettings
-    from gpufed.kube.client import KubeError
-    from gpufed.kube.leader import LostLeadershipError
     from gpupool.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
-    from peering.controllers.identity import IdentityError
 
     configure_logging(log_level)
     first, last = parse_ports(kubelet_ports)
@@ -176,7 +172,7 @@ def controller(
         metrics_host=metrics_host,
     )
 
-    serve(lambda: run(settings), (PreflightError, IdentityError, KubeError, LostLeadershipError))
+    serve(lambda: run(settings))
 
 
 def parse_service(text: str) -> tuple[str, str, int]:

@@ -75,7 +75,7 @@ def doctor(
 ) -> None:
     """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
     tunnel, webhook, estimator) and say what is wrong and how to fix it."""
-    from gpufed.ops.doctor import DoctorError, DoctorSettings
+    from gpufed.ops.doctor import DoctorSettings
     from gpufed.ops.doctor import doctor as run_doctor
 
     check_output(output)
@@ -98,7 +98,7 @@ def doctor(
         underlay_mtu=underlay_mtu,
         slow_api_ms=slow_api_ms,
     )
-    report = run_op(run_doctor(settings), (DoctorError,))
+    report = run_op(run_doctor(settings))
     if output == "json":
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

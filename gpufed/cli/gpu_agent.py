@@ -49,9 +49,9 @@ def gpu_agent(
         raise typer.BadParameter(f"--node must be a Kubernetes node name (lowercase RFC 1123), got {node!r}")
     if not interval_s >= 1:
         raise typer.BadParameter(f"--interval-s must be at least 1 second (got {interval_s:g})")
-    from gpufed.kube.client import KubeError, api_client
-    from gpufed.kube.metrics import MetricsServerError, serving
-    from gpupool.agent.agent import GPUAgent, GPUAgentError, GPUAgentSettings
+    from gpufed.kube.client import api_client
+    from gpufed.kube.metrics import serving
+    from gpupool.agent.agent import GPUAgent, GPUAgentSettings
     from gpupool.agent.nvml import NvmlReader
 
     settings = GPUAgentSettings(node=node, interval_s=interval_s, once=once)
@@ -60,4 +60,4 @@ def gpu_agent(
         async with serving(metrics_port, metrics_host), api_client(kubeconfig, context) as api:
             await GPUAgent(api, NvmlReader(), settings).run()
 
-    serve(run, (GPUAgentError, KubeError, MetricsServerError))
+    serve(run)

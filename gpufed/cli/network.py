@@ -82,13 +82,6 @@ def network_options(
     )
 
 
-def _run(coro: Any) -> Any:
-    from gpufed.kube.client import KubeError
-    from peering.ops.peer import PeerError
-
-    return run_op(coro, (PeerError, KubeError))
-
-
 @app.command()
 def connect(
     kubeconfig: Kubeconfig,
@@ -111,7 +104,7 @@ def connect(
     opts = network_options(
         gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver, timeout if wait else 0.0
     )
-    out = _run(
+    out = run_op(
         ops.connect(
             ClusterRef(kubeconfig, context, "consumer"),
             ClusterRef(remote_kubeconfig, remote_context, "provider"),
@@ -137,7 +130,7 @@ def disconnect(
     from netfabric import ops
     from peering.ops.peer import ClusterRef
 
-    _run(
+    run_op(
         ops.disconnect(
             ClusterRef(kubeconfig, context, "consumer"),
             ClusterRef(remote_kubeconfig, remote_context, "provider"),
@@ -185,7 +178,7 @@ def status(
     check_output(output)
     if not kubeconfig.exists():
         raise fail(f"kubeconfig {kubeconfig} does not exist")
-    rows = _run(network_status(kubeconfig, context))
+    rows = run_op(network_status(kubeconfig, context))
     if output == "json":
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -209,7 +202,7 @@ def expose(
         async with api_client(kubeconfig, context) as api:
             return await ops.expose(api, address)
 
-    out = _run(go())
+    out = run_op(go())
     console.print(f"{out['address']} is {out['externalAddress']} in this cluster's external CIDR")
     for peer, addr in sorted(out["peersReachItAt"].items()):
         console.print(f"  pods of {peer} reach it at {addr}")
@@ -244,10 +237,9 @@ def gateway(
     log_level: Annotated[str, typer.Option("--log-level", envvar="GPUFED_LOG_LEVEL")] = "info",
 ) -> None:
     """Run one peering's gateway: WireGuard, prefix NAT, routes, and the Connection status."""
-    from gpufed.kube.client import KubeError, api_client
-    from gpufed.kube.metrics import MetricsServerError, serving
+    from gpufed.kube.client import api_client
+    from gpufed.kube.metrics import serving
     from netfabric.controllers.gateway import GatewayAgent, GatewaySettings
-    from netfabric.drivers.netns import DataplaneError
 
     configure_logging(log_level)
     settings = GatewaySettings(name=name, netns=netns, wireguard_go=wireguard_go, probe_interval_s=probe_interval)
@@ -256,4 +248,4 @@ def gateway(
         async with serving(metrics_port, metrics_host), api_client(kubeconfig, context) as api:
             await GatewayAgent(api, settings).run()
 
-    serve(run, (KubeError, DataplaneError, MetricsServerError))
+    serve(run)

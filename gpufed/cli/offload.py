@@ -5,7 +5,7 @@ The operations are imported when a command runs, not with the CLI (gpufed.cli sa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -17,13 +17,6 @@ if TYPE_CHECKING:
     from peering.ops.offload import OffloadResult, UnoffloadResult
 
 Namespace = Annotated[str, typer.Argument(help="the consumer namespace")]
-
-
-def _run(coro: Any) -> Any:
-    from gpufed.kube.client import KubeError
-    from peering.ops.offload import OffloadError
-
-    return run_op(coro, (OffloadError, KubeError))
 
 
 def offload_namespace(
@@ -71,7 +64,7 @@ def offload_namespace(
         selectors=tuple(selector or ()),
         timeout_s=timeout,
     )
-    result: OffloadResult = _run(ops.offload(req, Report()))
+    result: OffloadResult = run_op(ops.offload(req, Report()))
     table = Table(title=f"namespace {result.namespace} (pods: {result.pod_strategy}): {result.phase}")
     for col in ("provider", "twin namespace", "phase", "message"):
         table.add_column(col)
@@ -101,7 +94,7 @@ def unoffload_namespace(
     """Make NAMESPACE local again: remove its twin namespaces on every provider and its offloading."""
     from peering.ops import offload as ops
 
-    result: UnoffloadResult = _run(
+    result: UnoffloadResult = run_op(
         ops.unoffload(kubeconfig, context, namespace, Report(), force=force, timeout_s=timeout)
     )
     if result.removed:

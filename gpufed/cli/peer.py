@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -21,13 +21,6 @@ if TYPE_CHECKING:
 
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
 RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
-
-
-def _run(coro: Any) -> Any:
-    from gpufed.kube.client import KubeError
-    from peering.ops.peer import PeerError
-
-    return run_op(coro, (PeerError, KubeError))
 
 
 def peer(
@@ -83,7 +76,7 @@ def peer(
         provider_api_server=remote_api_server,
     )
     after_grant: list[Step] = [VirtualNodeReady(timeout)]
-    result = _run(ops.peer(req, Report(), after_auth=after_auth, after_grant=after_grant))
+    result = run_op(ops.peer(req, Report(), after_auth=after_auth, after_grant=after_grant))
     table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
     table.add_column("resource")
     table.add_column("requested", justify="right")
@@ -112,8 +105,8 @@ def unpeer(
 
     consumer = ClusterRef(kubeconfig, context, "consumer")
     provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
-    _run(network_ops.disconnect(consumer, provider, Report()))
-    _run(ops.unpeer(consumer, provider, Report(), timeout))
+    run_op(network_ops.disconnect(consumer, provider, Report()))
+    run_op(ops.unpeer(consumer, provider, Report(), timeout))
 
 
 def info(
@@ -126,8 +119,8 @@ def info(
     from peering.ops.peer import ClusterRef
 
     check_output(output)
-    data = _run(ops.info(ClusterRef(kubeconfig, context, "cluster")))
-    data["connections"] = _run(net.network_status(kubeconfig, context))
+    data = run_op(ops.info(ClusterRef(kubeconfig, context, "cluster")))
+    data["connections"] = run_op(net.network_status(kubeconfig, context))
     if output == "json":
         typer.echo(json.dumps(data, indent=2))
         return

@@ -20,12 +20,11 @@ def _n(v: object) -> str:
 
 def pool(kubeconfig: Kubeconfig, context: Context = None, output: Output = "table") -> None:
     """GPUs per provider and product — total, granted, in use, free, largest placeable — and pending demand."""
-    from gpufed.kube.client import KubeError
     from gpufed.ops.pool import pool as pool_report
 
     check_output(output)
     console = Console()  # the report is the command's output: stdout, like -o json
-    data = run_op(pool_report(kubeconfig, context), (KubeError, OSError))
+    data = run_op(pool_report(kubeconfig, context))
     if output == "json":
         typer.echo(json.dumps(data, indent=2))
         return

@@ -130,9 +130,7 @@ def virtual_kubelet(
     ports = (kubelet_port, kubelet_port) if kubelet_port is not None else parse_ports(kubelet_ports or "10250-10253")
     if serving_cert_lifetime < 600:
         raise typer.BadParameter("--serving-cert-lifetime must be >= 600 seconds (the CSR API's minimum)")
-    from gpufed.app.virtual_kubelet import VirtualKubeletError, VirtualKubeletSettings, run
-    from gpufed.kube.client import KubeError
-    from gpufed.kube.metrics import MetricsServerError
+    from gpufed.app.virtual_kubelet import VirtualKubeletSettings, run
     from vkprovider.kubelet.servingcert import ServingCertSettings
     from vkprovider.node.pods import PodSettings
 
@@ -163,4 +161,4 @@ def virtual_kubelet(
         metrics_host=metrics_host,
     )
 
-    serve(lambda: run(settings), (VirtualKubeletError, KubeError, MetricsServerError))
+    serve(lambda: run(settings))

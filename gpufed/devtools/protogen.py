@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpufed.errors import GpufedError
+
 #: The directory the proto path is relative to (the repository root).
 ROOT = Path(__file__).resolve().parent.parent.parent
 PROTO = "gpupool/estimator/estimator.proto"
@@ -29,7 +31,7 @@ PYI_HEADER = (
 )
 
 
-class CodegenError(Exception):
+class CodegenError(GpufedError):
     """protoc failed; the message carries its output."""
 
 

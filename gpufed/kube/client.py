@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gpufed.errors import GpufedError
 from gpufed.kube import library
 
 library.load()  # before the first import of kubernetes_asyncio: see gpufed.kube.library
@@ -34,7 +35,7 @@ from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 from kubernetes_asyncio.config import incluster_config as incluster  # noqa: E402
 
 
-class KubeError(Exception):
+class KubeError(GpufedError):
     """An API call failed; `status` is the HTTP status (0 when none was received)."""
 
     def __init__(self, message: str, status: int = 0, reason: str = "") -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 
@@ -36,7 +37,7 @@ RENEW_DEADLINE_S = 10.0
 RETRY_PERIOD_S = 2.0
 
 
-class LostLeadershipError(Exception):
+class LostLeadershipError(GpufedError):
     """This process led and could not renew its Lease in time: another replica may lead now."""
 
 

@@ -26,13 +26,14 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 
+from gpufed.errors import GpufedError
 from peering import defaults
 
 #: Address the metrics server listens on when only a port is given (peering.defaults says why).
 DEFAULT_HOST = defaults.METRICS_HOST
 
 
-class MetricsServerError(Exception):
+class MetricsServerError(GpufedError):
     """The metrics server cannot listen (e.g. the port is taken); the message names host and port."""
 
 

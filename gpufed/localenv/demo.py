@@ -49,6 +49,7 @@ from gpufed.apis.wire import (
     ClusterID,
     twin_namespace,
 )
+from gpufed.errors import GpufedError
 from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment
 from gpufed.localenv.podnet import PodNetwork, PodNetworkError, leftover_namespaces, missing_requirements
 from vkprovider import defaults
@@ -81,7 +82,7 @@ REQUESTS_PER_ENDPOINT = 2
 Outcome = Literal["ok", "failed", "skipped", "not run"]
 
 
-class DemoError(Exception):
+class DemoError(GpufedError):
     """A step did not show what it should; the message says what happened instead."""
 
 

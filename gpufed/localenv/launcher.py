@@ -50,6 +50,7 @@ import aiohttp
 
 from gpufed.apis.models import API_VERSION, NETWORK_CONFIG, NetworkConfigSpec
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
+from gpufed.errors import GpufedError
 from gpufed.kube import manifests, rest
 from gpufed.kube.client import KubeError, api_client, client, translating
 from gpufed.localenv import kubeconfig, kwokcfg, metricsserver
@@ -81,7 +82,7 @@ BINARIES = (
 Progress = Callable[[str], None]
 
 
-class LocalEnvError(Exception):
+class LocalEnvError(GpufedError):
     """Something the operator must fix; the message says what."""
 
 

@@ -49,6 +49,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from gpufed.errors import GpufedError
 from netfabric.render import INTERFACE_PREFIX
 
 #: The gateway's address on every pod-side link (what pods route through).
@@ -91,7 +92,7 @@ with urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])) as r:
 """
 
 
-class PodNetworkError(RuntimeError):
+class PodNetworkError(GpufedError, RuntimeError):
     """A namespace, link, process or request did not come out as asked; the message says which."""
 
 

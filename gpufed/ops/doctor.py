@@ -64,6 +64,7 @@ from gpufed.apis.wire import (
     remote_kubeconfig_secret,
     tenant_namespace,
 )
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client_from_dict
 from gpupool.estimator.client import EstimatorError, from_provider
@@ -97,7 +98,7 @@ ESTIMATOR_FIX = "check the provider's controller (--estimator-port) and that its
 THIS_CLUSTER = ""
 
 
-class DoctorError(Exception):
+class DoctorError(GpufedError):
     """The cluster to check cannot be read at all (no kubeconfig, unreachable); the message says why."""
 
 

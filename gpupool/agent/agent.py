@@ -31,6 +31,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from gpufed.apis.wire import GPU_HEALTH_ANNOTATION, GPU_SOURCE_ANNOTATION
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpupool.agent import labels as gl
@@ -60,7 +61,7 @@ class GPUAgentSettings:
     once: bool = False
 
 
-class GPUAgentError(Exception):
+class GPUAgentError(GpufedError):
     """The agent cannot do its job (e.g. its Node does not exist)."""
 
 

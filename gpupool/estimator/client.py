@@ -25,6 +25,7 @@ import grpc
 import grpc.aio
 
 from gpufed.apis.wire import ESTIMATOR_CONFIGMAP, SYSTEM_NAMESPACE
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpupool.capacity import Placement, PodShape, Snapshot
@@ -37,7 +38,7 @@ DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_WATCH_IDLE_S = 60.0
 
 
-class EstimatorError(Exception):
+class EstimatorError(GpufedError):
     """A call to the estimator failed; `code` is the gRPC status name ("" when none applies)."""
 
     def __init__(self, message: str, code: str = "") -> None:

@@ -62,6 +62,7 @@ from gpufed.apis.wire import (
     ClusterID,
     parse_cluster_id,
 )
+from gpufed.errors import GpufedError
 from gpufed.kube import rest, servingtls
 from gpufed.kube.servingtls import TLSMaterial
 from gpufed.kube.watch import watch
@@ -94,7 +95,7 @@ WATCH_STREAMS = Gauge("gpufed_estimator_watch_streams", "Capacity Watch streams 
 _UNSPECIFIED_HOSTS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104 -- recognised to be refused as an advertised host
 
 
-class EstimatorConfigError(ValueError):
+class EstimatorConfigError(GpufedError, ValueError):
     """The settings cannot work (e.g. an advertised address that is not host:port)."""
 
 

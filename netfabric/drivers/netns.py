@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 from pyroute2 import IPRoute
 from pyroute2.netns import popns, pushns
 
+from gpufed.errors import GpufedError
+
 T = TypeVar("T")
 
 
-class DataplaneError(RuntimeError):
+class DataplaneError(GpufedError, RuntimeError):
     """A kernel or tool refused what the gateway asked; the message says what and why."""
 
 

@@ -32,12 +32,13 @@ from gpufed.apis.wire import (
     default_cluster_id,
     parse_cluster_id,
 )
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from peering.handshake import fingerprint, public_key_pem
 
 
-class IdentityError(Exception):
+class IdentityError(GpufedError):
     """The stored identity is damaged or conflicts with the configuration; the message says how to fix it."""
 
 

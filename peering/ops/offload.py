@@ -38,6 +38,7 @@ from gpufed.apis.wire import (
     TYPE_LABEL,
     VIRTUAL_NODE_TYPE,
 )
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
 from peering import defaults
@@ -54,7 +55,7 @@ _CMP = re.compile(rf"^\s*(?P<key>{_KEY})\s*(?P<op>==|=|!=|>|<)\s*(?P<value>[^\s=
 _EXISTS = re.compile(rf"^\s*(?P<neg>!?)\s*(?P<key>{_KEY})\s*$")
 
 
-class OffloadError(Exception):
+class OffloadError(GpufedError):
     """The operation cannot go on; the message says why and what to do."""
 
 

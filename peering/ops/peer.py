@@ -43,6 +43,7 @@ from gpufed.apis.wire import (
     ClusterID,
     parse_cluster_id,
 )
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
 from peering import defaults, grants
@@ -52,7 +53,7 @@ DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25
 
 
-class PeerError(Exception):
+class PeerError(GpufedError):
     """The operation cannot go on; the message says why and what to do."""
 
 

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 
@@ -73,7 +74,7 @@ class ServingCertSettings:
     max_retry_s: float = 60.0
 
 
-class ServingCertError(Exception):
+class ServingCertError(GpufedError):
     """The serving certificate could not be obtained; the message says why (e.g. CSR denied)."""
 
 
