@@ -66,7 +66,8 @@ from bench.offload import (
 from gpufed.app.supervisor import PORTS_PER_VIRTUAL_KUBELET
 from gpufed.kube import rest
 from gpufed.kube.client import api_client
-from gpufed.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
+from gpufed.localenv.components import CONTROLLER
+from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
 from gpufed.localenv.topology import PORTS_PER_CLUSTER, ClusterSpec, Topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +104,7 @@ LABELS = {
     C_OTHERS: "others: Kubernetes itself, kwok, metrics-server",
 }
 
-#: Targets of issue 10.
+#: Targets: the virtual kubelet's footprint at TARGET_AT_PODS pods, and no polling client.
 TARGET_VK_RSS_MB_MAX = 150.0
 TARGET_VK_CORES_MAX = 0.25
 TARGET_AT_PODS = 1000
@@ -638,7 +639,7 @@ async def _run(env: LocalEnvironment, opts: ApiCostOptions, progress: Progress) 
         timings["peer_and_offload_1_s"] = round(time.monotonic() - t, 1)
         filled = [await fill(first, "p1-")]
         progress(f"{filled[0]['pods']} pods Running on {first[0]} after {filled[0]['all_running_s']}s; settling")
-        log_offsets = _log_offsets(env)
+        log_offsets = procstat.log_offsets(env.log_path(CONSUMER, CONTROLLER))
         await asyncio.sleep(opts.settle_s)
         phases.append(await measure(env, ids, first, opts.window_s, progress))
 
@@ -695,18 +696,6 @@ def _shown(path: Path) -> str:
         return str(path.resolve().relative_to(REPO))
     except ValueError:
         return str(path)
-
-
-def _log_offsets(env: LocalEnvironment) -> dict[Path, int]:
-    logs = [
-        env.log_path(CONSUMER, CONTROLLER),
-        *sorted(env.log_path(CONSUMER, CONTROLLER).parent.glob("virtual-kubelet-*.log")),
-    ]
-    out: dict[Path, int] = {}
-    for p in logs:
-        with contextlib.suppress(OSError):
-            out[p] = p.stat().st_size
-    return out
 
 
 class _Environment(LocalEnvironment):

@@ -21,7 +21,7 @@ default route via 169.254.1.1), underlay MTU 1500:
 Measured, interleaved (full, bare, veth, full, ...) so machine noise spreads evenly: `iperf3 -c -J`
 throughput (received bits/s; median of the runs) and the latency of 64-byte request/response round
 trips on one TCP connection (TCP_NODELAY, timed in the client with perf_counter_ns; p50/p99 over all
-runs). Targets (issue): full/bare throughput >= 0.90 and RTT (p50) <= 1.10; a missed target is a
+runs). Targets: full/bare throughput >= 0.90 and RTT (p50) <= 1.10; a missed target is a
 result. Needs root, /dev/net/tun, ip, nft, ping, iperf3 and wireguard-go: without them the part fails
 saying which is missing.
 
@@ -49,7 +49,7 @@ from typing import Any
 from wireguard_tools import WireguardKey
 
 from bench.offload import percentile
-from gpufed.apis.models import (
+from gpufed.apis.network import (
     DEFAULT_EXTERNAL_CIDR,
     CIDRPair,
     GatewaySpec,
@@ -80,7 +80,7 @@ DEFAULT_ROUND_TRIPS = 2000
 WARMUP_ROUND_TRIPS = 100
 REQUEST_BYTES = 64
 
-#: Targets of the issue: full path vs the bare tunnel, same run.
+#: Targets: the full path against the bare tunnel, measured in the same run.
 TARGET_THROUGHPUT_RATIO_MIN = 0.90
 TARGET_RTT_RATIO_MAX = 1.10
 
@@ -224,7 +224,7 @@ def spread_pct(values: Sequence[float]) -> float | None:
 
 def verdicts(scenarios: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """full/bare ratios against the targets: throughput (>= 0.90) and RTT p50 (<= 1.10); the p99 ratio is
-    judged against the same bound but only for information (the issue's RTT target is read on the p50)."""
+    judged against the same bound but only for information (the RTT target is read on the p50)."""
     full, bare = scenarios["full"], scenarios["bare"]
     thr = ratio(full["throughput_mbps"]["median"], bare["throughput_mbps"]["median"])
     p50 = ratio(full["rtt"]["p50_ms"], bare["rtt"]["p50_ms"])

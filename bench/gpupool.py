@@ -40,7 +40,7 @@ For reading the figures, the result also carries two zero-overhead references co
 trace (`simulate`): a greedy placer on the providers' real node shapes taking Jobs in submission
 order (what a FIFO queue allows) and largest first.
 
-Targets (issue 8): live utilisation >= 0.9 of the ideal (the ideal schedule keeps all 44 GPUs busy:
+Targets: live utilisation >= 0.9 of the ideal (the ideal schedule keeps all 44 GPUs busy:
 utilisation 1.0), 0 pods stuck Pending remotely in live mode. The static run is the baseline shown
 beside them. Does not: tune or change the product; a missed target is reported as missed.
 """
@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import procstat
 from bench.offload import (
     REPO,
     cluster_id,
@@ -76,8 +77,10 @@ from gpufed.apis.wire import CAPACITY_ANNOTATION, POOL_ANNOTATION
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
 from gpufed.kube.watch import watch
+from gpufed.localenv import manifests
+from gpufed.localenv.components import CONTROLLER
 from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
-from gpufed.localenv.launcher import CONTROLLER, LocalEnvironment
+from gpufed.localenv.launcher import LocalEnvironment
 from gpufed.localenv.topology import Topology, default_topology
 
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench-gpupool"
@@ -110,7 +113,7 @@ VIRTUAL_NODE_SELECTOR = "gpufed.io/type=virtual-node"
 #: Seconds to wait for the consumer's virtual nodes to match a mode (the virtual kubelets restart).
 NODES_TIMEOUT_S = 180.0
 
-#: Targets of issue 8.
+#: Targets: live utilisation against the ideal, pods stuck Pending remotely.
 TARGET_UTILISATION_RATIO_MIN = 0.9
 TARGET_STUCK_MAX = 0
 
@@ -257,30 +260,18 @@ def run_duration(seconds: float) -> str:
 def job_body(job: TraceJob, namespace: str, mode: str) -> dict[str, Any]:
     """A plain GPU Job, as a user would `kubectl create -f` it (no node, no toleration: the scheduler
     and gpufed's offloading webhook do the rest)."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": job.name, "namespace": namespace, "labels": {MODE_LABEL: mode}},
-        "spec": {
-            "backoffLimit": BACKOFF_LIMIT,
-            "template": {
-                "metadata": {
-                    "labels": {MODE_LABEL: mode},
-                    "annotations": {RUN_DURATION_ANNOTATION: run_duration(job.duration_s)},
-                },
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": IMAGE,
-                            "resources": {"requests": dict(REQUESTS), "limits": {GPU: str(job.gpus)}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return manifests.job(
+        job.name,
+        namespace,
+        gpus=str(job.gpus),
+        requests=REQUESTS,
+        image=IMAGE,
+        container="train",
+        backoff_limit=BACKOFF_LIMIT,
+        labels={MODE_LABEL: mode},
+        pod_labels={MODE_LABEL: mode},
+        pod_annotations={RUN_DURATION_ANNOTATION: run_duration(job.duration_s)},
+    )
 
 
 def product_node_suffix(product: str) -> str:
@@ -434,7 +425,7 @@ def summarise(rec: ModeRecord) -> dict[str, Any]:
 
 
 def verdicts(live: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Issue 8's targets, read on the live run (the static run is the baseline beside them)."""
+    """The targets, read on the live run (the static run is the baseline beside them)."""
     live = live or {}
     ratio = live.get("utilisation_over_ideal") if live.get("complete") else None
     stuck = live.get("stuck_remote")
@@ -750,18 +741,6 @@ async def delete_jobs(consumer: Any, providers: Mapping[str, Any], twins: Mappin
     return time.monotonic() - t0
 
 
-def _log_offsets(env: LocalEnvironment) -> dict[Path, int]:
-    logs = sorted(env.log_path(CONSUMER, CONTROLLER).parent.glob("virtual-kubelet-*.log"))
-    logs.append(env.log_path(CONSUMER, CONTROLLER))
-    out = {}
-    for p in logs:
-        try:
-            out[p] = p.stat().st_size
-        except OSError:
-            out[p] = 0
-    return out
-
-
 async def run_mode(
     consumer: Any,
     providers: Mapping[str, Any],
@@ -897,7 +876,7 @@ async def _run(env: LocalEnvironment, opts: GpuPoolOptions, progress: Progress) 
                 continue
             switch_s = time.monotonic() - t_switch
             progress(f"{mode}: virtual nodes {nodes} after {switch_s:.1f}s")
-            offsets = _log_offsets(env)
+            offsets = procstat.log_offsets(env.log_path(CONSUMER, CONTROLLER))
             trace = for_mode(base, mode)
             rec = await run_mode(consumer, providers, twins, trace, mode, opts, progress)
             out = summarise(rec)

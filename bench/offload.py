@@ -42,7 +42,8 @@ from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
 from gpufed.kube.watch import watch
-from gpufed.localenv.launcher import CONTROLLER, LocalEnvironment, LocalSettings
+from gpufed.localenv.components import CONTROLLER
+from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
 from gpufed.localenv.topology import Topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +66,8 @@ PROVIDER_NODE_PODS = 300
 #: Pods one node takes in a burst (its /24 less a margin).
 PODS_PER_NODE = 250
 
-#: Targets of issue 4 (DESIGN.md §8: ratios in one run).
+#: Targets: offloaded against local figures as ratios within one run, and the virtual kubelet's own
+#: throughput and footprint.
 TARGET_RATIO_MAX = 1.2
 TARGET_VK_PODS_PER_S_MIN = 200.0
 TARGET_VK_RSS_MB_MAX = 150.0

@@ -1,9 +1,11 @@
-"""Process sampling from /proc for the benchmarks: finding a process, its RSS and its CPU time.
+"""What the benchmarks observe of gpufed's processes from outside: /proc samples and log offsets.
 
 Owns: `find_pid` (a process whose command line holds every given argument), `cpu_seconds`
 (utime + stime), `rss_bytes` (VmRSS) and `Sampler`, a thread that records the peak RSS of a set
 of processes every `interval_s` seconds and their CPU use between `start` and `stop`. A thread, not
-an asyncio task, so a busy event loop in the benchmark client does not skew the samples.
+an asyncio task, so a busy event loop in the benchmark client does not skew the samples. Also
+`log_offsets`: where a gpufed controller's log and its virtual kubelets' logs end now, so that what
+a measured run writes to them can be read afterwards (`bench.offload.log_findings`).
 
 Linux only; a process that exits while sampled keeps its last values (and is reported as gone).
 """
@@ -33,6 +35,19 @@ def find_pid(*needles: str) -> int | None:
         if all(w in args for w in want):
             found.append(int(entry.name))
     return min(found) if found else None
+
+
+def log_offsets(controller_log: Path) -> dict[Path, int]:
+    """The size of a gpufed controller's log and of every virtual kubelet log beside it (its supervisor
+    writes them to the same directory), controller first; a log that cannot be read counts from 0."""
+    logs = [controller_log, *sorted(controller_log.parent.glob("virtual-kubelet-*.log"))]
+    out: dict[Path, int] = {}
+    for p in logs:
+        try:
+            out[p] = p.stat().st_size
+        except OSError:
+            out[p] = 0
+    return out
 
 
 def cpu_seconds(pid: int) -> float | None:

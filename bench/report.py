@@ -621,7 +621,7 @@ def _gpupool_section(data: dict[str, Any]) -> list[str]:
         f"({env.get('limit_factor', '?')} × ideal + 60 s) or when it stalls (no pod Running, nothing changing "
         f"for {_s(env.get('stall_s'))} static, {_s(env.get('live_stall_s'))} live)",
         "",
-        f"Targets (issue 8): live utilisation ≥ {(data.get('targets') or {}).get('utilisation_ratio_min', 0.9)} of "
+        f"Targets: live utilisation ≥ {(data.get('targets') or {}).get('utilisation_ratio_min', 0.9)} of "
         f"the ideal; {(data.get('targets') or {}).get('stuck_max', 0)} pods stuck Pending remotely.",
         "",
         "| | live (gpufed) | static slices (baseline) | target | verdict |",
@@ -919,7 +919,7 @@ def _why_reflection(results: dict[str, dict[str, Any]]) -> str:
         f"delay, which involves no gpufed code, had a p99 of {', '.join(f'{k} {v:g} ms' for k, v in local.items())} "
         "in the same run, and each provider copy is two more API-server round trips (apply on the provider, "
         "its watch) on the same starved cores. The same part measured 10–12 ms p99 on a quieter run "
-        "(session 18). The reflector was not profiled in this run; the baseline's own tail says the cores "
+        "(an earlier run). The reflector was not profiled in this run; the baseline's own tail says the cores "
         "were queueing, and only a quiet run tells the reflector's share."
     )
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufed.apis.quantity import QuantityError, format_quantity, parse
 from gpufed.apis.wire import (
     GPU_HEALTH_ANNOTATION,

@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import ValidationError
 from wireguard_tools import WireguardKey
 
-from gpufed.apis.models import (
-    API_VERSION,
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.network import (
     NETWORK_CONFIG,
     CIDRPair,
     NetworkConfigSpec,

@@ -1,7 +1,7 @@
 """From the fabric's CRs to what each part needs: the `Remapper` the virtual kubelet uses, the
 `GatewayPlan` the gateway applies, the IPAM decision for a peer's ranges, and the tunnel addresses.
 
-Pure: no I/O. Inputs are the validated specs of `gpufed.apis.models` (NetworkConfig, RemoteNetwork).
+Pure: no I/O. Inputs are the validated specs of `gpufed.apis.network` (NetworkConfig, RemoteNetwork).
 Does not: read or write the CRs (netfabric.ops and netfabric.controllers do), render rules
 (netfabric.render).
 """
@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv4Network
 
-from gpufed.apis.models import CIDRPair, NetworkConfigSpec, RemoteNetworkSpec
+from gpufed.apis.network import CIDRPair, NetworkConfigSpec, RemoteNetworkSpec
 from netfabric.ipam import RangeMap, allocate_address, allocate_range
 from netfabric.remap import Remapper
 from netfabric.render import GatewayPlan, interface_name, mark_for, table_name

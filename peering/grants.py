@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, SLICE_RESOURCES
-from gpufed.apis.models import GPU_RESOURCE as GPU
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, SLICE_RESOURCES
+from gpufed.apis.pool import GPU_RESOURCE as GPU
 from gpufed.apis.quantity import format_quantity, parse
 
 RESOURCES = SLICE_RESOURCES

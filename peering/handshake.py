@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.x509.oid import NameOID
 
 from gpufed.apis.wire import ClusterID
+from gpufed.kube.times import parse_rfc3339, rfc3339
 
 PROTOCOL = b"gpufed.io/peering/v1"
 NONCE_BYTES = 32
@@ -68,7 +69,7 @@ class Challenge:
             "provider": self.provider,
             "consumer": self.consumer,
             "nonce": base64.b64encode(self.nonce).decode(),
-            "expiresAt": self.expires_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "expiresAt": rfc3339(self.expires_at),
         }
 
     @classmethod
@@ -81,7 +82,7 @@ class Challenge:
                 ClusterID(d["provider"]),
                 ClusterID(d["consumer"]),
                 base64.b64decode(d["nonce"], validate=True),
-                dt.datetime.strptime(d["expiresAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC),
+                parse_rfc3339(d["expiresAt"]),
             )
         except (KeyError, ValueError, TypeError) as e:
             raise ValueError(f"malformed challenge: {e}") from e

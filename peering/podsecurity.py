@@ -1,6 +1,6 @@
 """The offload pod-security policy as a provider's own API server enforces it.
 
-A provider decides, per consumer (`Tenant.spec.policy.podSecurity`, `gpufed.apis.models.OffloadPodSecurity`),
+A provider decides, per consumer (`Tenant.spec.policy.podSecurity`, `gpufed.apis.offloading.OffloadPodSecurity`),
 whether the consumer's pods may be privileged, share the node's namespaces (hostNetwork/hostPID/
 hostIPC), mount hostPath volumes or add capabilities; everything is refused unless allowed.
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufed.apis.models import ALL_CAPABILITIES, OffloadPodSecurity
+from gpufed.apis.offloading import ALL_CAPABILITIES, OffloadPodSecurity
 from gpufed.apis.wire import CONSUMER_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 
 #: Name of the ValidatingAdmissionPolicy and of its binding.

@@ -1,9 +1,15 @@
-"""Cluster identity values: ClusterID and the names derived from it.
+"""gpufed's names on the wire: ClusterIDs and every name, label and annotation the components share.
 
 Owns: the ClusterID type and its rules (a DNS label short enough that `<namespace>-<consumer-id>`
 twin names and `gpufed-tenant-<consumer-id>` stay valid), deriving a default ClusterID from the
-kube-system namespace UID (stable across reinstalls of gpufed, unique per cluster), and the names
-on the wire that contain a ClusterID (DESIGN.md §5).
+kube-system namespace UID (stable across reinstalls of gpufed, unique per cluster), the names
+derived from a ClusterID (tenant and twin namespaces, per-provider Secrets), and one definition of
+each name another component or cluster reads: the identity objects, ownership labels, RBAC roles,
+virtual-node labels and taint, the labels of remote twins, and the GPU pool's objects, node
+annotations and per-peering settings.
+
+Does not: hold the device plugin's resource and label names (`gpufed.apis.pool`) or the CRDs'
+group and kinds (`gpufed.apis.meta`, `gpufed.apis.kinds`).
 
 Pure: no I/O.
 """
@@ -54,7 +60,7 @@ def twin_namespace(namespace: str, consumer: ClusterID) -> str:
     return name
 
 
-# ---- names on the wire that every role shares (DESIGN.md §4-5)
+# ---- names every role shares: identity, ownership, RBAC
 
 #: ConfigMap (namespace `gpufed`) with this cluster's ClusterID and public identity key.
 IDENTITY_CONFIGMAP = "gpufed-identity"
@@ -70,6 +76,7 @@ PROVIDER_LABEL = "gpufed.io/provider-cluster-id"
 TWIN_OF_LABEL = "gpufed.io/twin-of"
 #: On tenant namespaces.
 TENANT_LABEL = "gpufed.io/tenant"
+#: On provider-side namespaces: the consumer they belong to.
 ORIGIN_CLUSTER_ANNOTATION = "gpufed.io/origin-cluster-id"
 #: ClusterRoles (installed with gpufed) bound to a consumer's user in its namespaces only.
 CONSUMER_WORKLOADS_ROLE = "gpufed-consumer-workloads"
@@ -95,14 +102,8 @@ def pending_key_secret(provider: ClusterID) -> str:
     return f"gpufed-csr-key-{provider}"
 
 
-# ---- offloading (DESIGN.md §5): virtual nodes, remote twins of pods, offloaded namespaces
+# ---- offloading: virtual nodes, remote twins of pods, offloaded namespaces
 
-#: Labels of every virtual node (`TYPE_LABEL=VIRTUAL_NODE_TYPE` is what selectors use).
-VIRTUAL_NODE_TYPE_LABELS = {
-    "type": "virtual-kubelet",
-    "kubernetes.io/role": "agent",
-    "gpufed.io/type": "virtual-node",
-}
 #: Well-known labels that keep node tooling off virtual nodes: cloud load balancers do not send
 #: traffic to them, and the node lifecycle controller's zone-disruption logic ignores them.
 VIRTUAL_NODE_EXCLUSION_LABELS = {
@@ -111,6 +112,12 @@ VIRTUAL_NODE_EXCLUSION_LABELS = {
 }
 TYPE_LABEL = "gpufed.io/type"
 VIRTUAL_NODE_TYPE = "virtual-node"
+#: Labels of every virtual node (`TYPE_LABEL=VIRTUAL_NODE_TYPE` is what selectors use).
+VIRTUAL_NODE_TYPE_LABELS = {
+    "type": "virtual-kubelet",
+    "kubernetes.io/role": "agent",
+    TYPE_LABEL: VIRTUAL_NODE_TYPE,
+}
 #: On a virtual node: the provider behind it.
 REMOTE_CLUSTER_LABEL = "gpufed.io/remote-cluster-id"
 #: Taint of every virtual node; pods of offloaded namespaces get its toleration from the webhook.
@@ -127,12 +134,7 @@ OFFLOADING_LABEL = "gpufed.io/offloading"
 NAMESPACE_OFFLOADING = "offloading"
 
 
-def virtual_node_name(provider: ClusterID) -> str:
-    """Default virtual node for a provider (one per peering)."""
-    return f"gpufed-{provider}"
-
-
-# ---- the global GPU pool (issue 8): capacity estimator, GPU node agent, pool virtual nodes
+# ---- the global GPU pool: capacity estimator, GPU node agent, pool virtual nodes
 
 #: Provider side, namespace `gpufed`: where the capacity estimator listens and the CA of its
 #: serving certificate (data keys `endpoint`, `ca.crt`); every authenticated consumer may read it.

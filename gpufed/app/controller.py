@@ -27,7 +27,8 @@ from typing import Any
 
 import structlog
 
-from gpufed.apis.models import GROUP, KINDS
+from gpufed.apis.kinds import KINDS
+from gpufed.apis.meta import GROUP
 from gpufed.apis.wire import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, SYSTEM_NAMESPACE
 from gpufed.app.supervisor import Supervisor, SupervisorSettings
 from gpufed.app.workloads import Workloads, WorkloadSettings

@@ -9,8 +9,8 @@ the process's range; the consumer's usage per pool (what `PoolView.node_state` a
 and waking every pool's node controller when pods, twins, the grant or the capacity change, so a
 bound pod lowers the pool's allocatable within milliseconds.
 
-The shared `RemoteProvider` runs here once: it fans twin notifications out to every pool's
-controller (each ignores twins of other pools).
+The shared `RemoteProvider` runs here once: this manager subscribes to it when constructed and fans
+twin notifications out to every pool's view (each pool's controller ignores twins of other pools).
 
 Does not: compute what a pool advertises (forge.pools) or talk to the estimator (remote.capacity).
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL
+from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.apis.wire import POOL_PRODUCT_LABEL, REMOTE_CLUSTER_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
@@ -101,6 +101,7 @@ class PoolManager:
         #: uid -> (spec generation, or resourceVersion without one; its parsed requests).
         self._requests: dict[str, tuple[str, Mapping[str, Decimal]]] = {}
         self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
+        provider.subscribe(self._broadcast)
         provider.slice_listeners.append(self._on_grant)
         if feed is not None:
             feed.listeners.append(self._on_capacity)
@@ -207,8 +208,7 @@ class PoolManager:
             return
         s = self.settings
         self.provider.pool_products[pool.node] = pool.product
-        view = PoolView(self.provider, self.feed, pool, self.usage)
-        view.draining = draining
+        view = PoolView(self.provider, self.feed, pool, self.usage, draining=draining)
         node = NodeController(
             self.api,
             view,
@@ -220,9 +220,14 @@ class PoolManager:
                 version=s.version,
             ),
         )
-        pods = PodController(self.api, view, pool.node, s.pods)
-        pods.listeners.append(self._poke)
-        pods.releasing = functools.partial(self._release, pool.node)
+        pods = PodController(
+            self.api,
+            view,
+            pool.node,
+            s.pods,
+            on_change=self._poke,
+            releasing=functools.partial(self._release, pool.node),
+        )
         tls = ServingTLS()
         certs = ServingCertManager(self.api, pool.node, s.node_address, tls, s.serving_cert)
         kubelet = KubeletAPI(
@@ -306,7 +311,7 @@ class PoolManager:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
-            tg.create_task(self.provider.run(self._broadcast))
+            tg.create_task(self.provider.run())
             if self.feed is not None:
                 tg.create_task(self.feed.run())
                 with contextlib.suppress(TimeoutError):

@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.kube import rest
 from gpufed.kube.watch import watch
 

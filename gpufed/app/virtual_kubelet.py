@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 import yaml
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
     CAPACITY_ANNOTATION,
     GPU_POOLS_ANNOTATION,
@@ -189,16 +189,22 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 consumer,
                 TokenSettings(api_host, api_port, refresh_fraction=settings.token_refresh_fraction),
             )
+            feed = CapacityFeed(remote_api, cfg, remote_cluster=settings.provider) if capacity == "live" else None
+            reflection = Reflection(
+                api,
+                remote_api,
+                ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s),
+                translator,
+            )
             provider = RemoteProvider(
                 api,
                 remote_api,
                 RemoteSettings(consumer, settings.provider, settings.node_name, settings.node_address),
                 translator,
                 tokens,
+                placement=feed.can_place if feed is not None else None,
+                reflection=reflection,
             )
-            feed = CapacityFeed(remote_api, cfg, remote_cluster=settings.provider) if capacity == "live" else None
-            if feed is not None:
-                provider.placement = feed.can_place
             pools = PoolManager(
                 api,
                 provider,
@@ -217,21 +223,6 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                     stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 ),
             )
-            reflection = Reflection(
-                api,
-                remote_api,
-                ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s),
-                translator,
-            )
-
-            def on_namespace(local: str, twin: str | None) -> None:
-                if twin is None:
-                    reflection.stop_namespace(local)
-                else:
-                    reflection.start_namespace(local, twin)
-
-            provider.namespace_listeners.append(on_namespace)
-            provider.namespace_annotations = reflection.namespace_annotations
             unpeered = asyncio.Event()
             changed = asyncio.Event()
             fc_uid = fc["metadata"]["uid"]

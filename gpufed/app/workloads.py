@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import yaml
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, REMOTE_CLUSTER_LABEL, SYSTEM_NAMESPACE
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError

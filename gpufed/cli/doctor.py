@@ -1,4 +1,4 @@
-"""`gpufed doctor`: flags -> `gpufed.ops.doctor`, the report as a rich table or JSON on stdout.
+"""`gpufed doctor`: flags -> `gpufed.ops.doctor.report`, the report as a rich table or JSON on stdout.
 
 Exit codes: 0 when every check is OK or WARN, 1 when any FAILs or the cluster cannot be read
 (a one-line error, no traceback), 2 on bad usage. The doctor is imported when the command runs,
@@ -20,13 +20,13 @@ from gpufed.cli.common import Context, Kubeconfig, Output, check_output, fail, r
 from vkprovider.defaults import DOCTOR_CHECK_TIMEOUT_S, DOCTOR_SLOW_API_MS, DOCTOR_UNDERLAY_MTU
 
 if TYPE_CHECKING:
-    from gpufed.ops.doctor import Report
+    from gpufed.ops.doctor.checks import Report
 
 _COLOR = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
 
 
 def render(report: Report, console: Console) -> None:
-    from gpufed.ops.doctor import THIS_CLUSTER
+    from gpufed.ops.doctor.checks import THIS_CLUSTER
 
     roles = {p.cluster_id: p.role for p in report.peers}
     t = Table(title=f"gpufed doctor: cluster {report.cluster_id or '?'} ({report.api_server})")
@@ -75,8 +75,8 @@ def doctor(
 ) -> None:
     """Check this cluster's peerings end to end (installation, credentials, API, grant, virtual nodes,
     tunnel, webhook, estimator) and say what is wrong and how to fix it."""
-    from gpufed.ops.doctor import DoctorSettings
-    from gpufed.ops.doctor import doctor as run_doctor
+    from gpufed.ops.doctor.report import doctor as run_doctor
+    from gpufed.ops.doctor.settings import DoctorSettings
 
     check_output(output)
     if not timeout > 0:  # also NaN

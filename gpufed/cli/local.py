@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpufed.cli.common import console, fail, run_op
+from gpufed.errors import GpufedError
 from vkprovider.defaults import DEMO_NAMESPACE, LOCAL_BASE_PORT, LOCAL_JOB_SECONDS
 
 if TYPE_CHECKING:
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
     from gpufed.localenv.topology import Topology
 
 app = typer.Typer(help="Local Kubernetes clusters with kwok GPU nodes, built from source.", no_args_is_help=True)
-console = Console(stderr=True)
 
 #: Repository root when running from a source checkout (editable install), else None.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -100,11 +101,6 @@ def _log() -> structlog.stdlib.BoundLogger:
     return log
 
 
-def _fail(e: Exception) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {e}")
-    return typer.Exit(1)
-
-
 @app.command()
 def up(
     state_dir: StateDir = None,
@@ -115,16 +111,16 @@ def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for everything to be healthy")] = 240.0,
 ) -> None:
     """Start (or complete) the local clusters and wait until every apiserver and node is ready."""
-    from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment
+    from gpufed.localenv.launcher import LocalEnvironment
     from gpufed.localenv.topology import default_topology, load_topology
 
     log = _log()
     try:
         topo = load_topology(topology) if topology else default_topology(base_port=base_port, job_seconds=job_seconds)
-        env = LocalEnvironment(_settings(state_dir, bin_dir, timeout), topo)
-        asyncio.run(env.up(lambda m: log.info(m)))
-    except (LocalEnvError, ValueError) as e:
-        raise _fail(e) from None
+    except GpufedError as e:
+        raise fail(e, e.exit_code) from None
+    env = LocalEnvironment(_settings(state_dir, bin_dir, timeout), topo)
+    run_op(env.up(lambda m: log.info(m)))
     console.print(
         f"export KUBECONFIG={env.merged_kubeconfig}   # contexts: " + ", ".join(c.name for c in topo.clusters)
     )
@@ -133,14 +129,14 @@ def up(
 @app.command()
 def down(state_dir: StateDir = None, bin_dir: BinDir = None) -> None:
     """Stop every process of the local clusters and remove their state."""
-    from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment
+    from gpufed.localenv.launcher import LocalEnvironment
 
     log = _log()
     settings = _settings(state_dir, bin_dir)
     try:
         LocalEnvironment(settings, _running_topology(settings)).down(lambda m: log.info(m))
-    except (LocalEnvError, OSError) as e:
-        raise _fail(e) from None
+    except GpufedError as e:
+        raise fail(e, e.exit_code) from None
 
 
 @app.command()
@@ -150,14 +146,11 @@ def status(
     output: Annotated[str, typer.Option("-o", "--output", help="table or json")] = "table",
 ) -> None:
     """Show each local cluster: components, version, nodes, GPUs. Exit 1 when any is unhealthy."""
-    from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment
+    from gpufed.localenv.launcher import LocalEnvironment
 
     settings = _settings(state_dir, bin_dir)
     env = LocalEnvironment(settings, _running_topology(settings))
-    try:
-        statuses = asyncio.run(env.status())
-    except LocalEnvError as e:
-        raise _fail(e) from None
+    statuses = run_op(env.status())
     if output == "json":
         typer.echo(
             json.dumps(
@@ -223,7 +216,11 @@ def demo(
 
     settings = _settings(state_dir, bin_dir)
     running = (settings.state_dir / "state.json").exists()
-    env = LocalEnvironment(settings, _running_topology(settings) if running else default_topology(base_port=base_port))
+    try:
+        topo = _running_topology(settings) if running else default_topology(base_port=base_port)
+    except GpufedError as e:
+        raise fail(e, e.exit_code) from None
+    env = LocalEnvironment(settings, topo)
     opts = DemoSettings(namespace=namespace, keep=keep, network=not no_network)
     try:
         code = asyncio.run(run_demo(env, opts, sys.stdout))

@@ -140,9 +140,10 @@ def disconnect(
 
 
 async def network_status(kubeconfig: Path, context: str | None) -> list[dict[str, Any]]:
-    from gpufed.kube.client import api_client
+    from gpufed.kube.client import api_client, require_kubeconfig
     from netfabric import ops
 
+    require_kubeconfig(kubeconfig)
     async with api_client(kubeconfig, context) as api:
         return await ops.status(api)
 
@@ -176,8 +177,6 @@ def status(
 ) -> None:
     """Every peer's tunnel on this cluster: Connected / Degraded / Down and why, RTT, mappings."""
     check_output(output)
-    if not kubeconfig.exists():
-        raise fail(f"kubeconfig {kubeconfig} does not exist")
     rows = run_op(network_status(kubeconfig, context))
     if output == "json":
         typer.echo(json.dumps(rows, indent=2))

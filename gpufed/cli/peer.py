@@ -1,4 +1,5 @@
-"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `peering.ops.peer`, with rich progress.
+"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `gpufed.ops.peer` (peer, unpeer) and
+`peering.ops.peer` (info), with rich progress.
 
 The operations are imported when a command runs, not with the CLI (gpufed.cli says why).
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -15,9 +16,6 @@ from rich.table import Table
 from gpufed.cli import network as net
 from gpufed.cli.common import Context, Kubeconfig, Output, Report, Timeout, check_output, console, fail, run_op
 from peering.defaults import OPERATION_TIMEOUT_S
-
-if TYPE_CHECKING:
-    from peering.ops.peer import Step
 
 RemoteKubeconfig = Annotated[Path, typer.Option("--remote-kubeconfig", help="kubeconfig of the provider cluster")]
 RemoteContext = Annotated[str | None, typer.Option("--remote-context", help="context in --remote-kubeconfig")]
@@ -54,16 +52,15 @@ def peer(
 ) -> None:
     """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig), negotiate a slice and
     configure the network fabric."""
-    from gpufed.apis.models import GPU_RESOURCE
-    from gpufed.ops.peer import VirtualNodeReady
-    from netfabric.ops import NetworkStep
-    from peering.ops import peer as ops
+    from gpufed.apis.pool import GPU_RESOURCE
+    from gpufed.ops import peer as ops
     from peering.ops.peer import ClusterRef, PeerRequest
 
-    after_auth: list[Step] = []  # the network, when asked for, once the consumer is authenticated
-    if not no_network:
-        opts = net.network_options(gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver)
-        after_auth.append(NetworkStep(opts))
+    network = (
+        None
+        if no_network
+        else net.network_options(gateway_endpoint, pod_cidr, remote_pod_cidr, mtu, masquerade, driver)
+    )
     resources = {"cpu": cpu, "memory": memory, "pods": str(pods)}
     if gpus != 0:  # negative values reach validation and get its error
         resources[GPU_RESOURCE] = str(gpus)
@@ -75,8 +72,7 @@ def peer(
         timeout_s=timeout,
         provider_api_server=remote_api_server,
     )
-    after_grant: list[Step] = [VirtualNodeReady(timeout)]
-    result = run_op(ops.peer(req, Report(), after_auth=after_auth, after_grant=after_grant))
+    result = run_op(ops.peer(ops.PeerSettings(req, network), Report()))
     table = Table(title=f"slice {result.consumer_id} → {result.provider_id}: {result.reason}")
     table.add_column("resource")
     table.add_column("requested", justify="right")
@@ -99,13 +95,11 @@ def unpeer(
     timeout: Timeout = OPERATION_TIMEOUT_S,
 ) -> None:
     """Remove everything a peering created on both clusters, the network fabric included."""
-    from netfabric import ops as network_ops
-    from peering.ops import peer as ops
+    from gpufed.ops import peer as ops
     from peering.ops.peer import ClusterRef
 
     consumer = ClusterRef(kubeconfig, context, "consumer")
     provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
-    run_op(network_ops.disconnect(consumer, provider, Report()))
     run_op(ops.unpeer(consumer, provider, Report(), timeout))
 
 

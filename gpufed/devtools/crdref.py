@@ -1,15 +1,15 @@
 """`python -m gpufed.devtools.crdref [PATH]`: the CRD reference, generated from deploy/crds/.
 
 Owns: reading gpufed's CustomResourceDefinitions (`deploy/crds/*.yaml`, themselves generated from
-`gpufed.apis.models`), flattening each served version's OpenAPI schema into one row per field of
-`spec`, `status` and any other top-level property (`fields`), and rendering group, version, kind,
-scope, names, `kubectl get` columns, the field tables and the CEL validation rules as Markdown
-(`render`); `main` writes it to docs/reference/crds.md (or PATH). A unit test
-(tests/unit/gpufed/devtools/test_refdoc.py) fails when the committed file differs from `render()`.
+the models in `gpufed.apis` by `gpufed.devtools.crdgen`), flattening each served version's OpenAPI
+schema into one row per field of `spec`, `status` and any other top-level property (`fields`), and
+rendering group, version, kind, scope, names, `kubectl get` columns, the field tables and the CEL
+validation rules as Markdown (`render`); `main` writes it to docs/reference/crds.md (or PATH). A
+unit test (tests/unit/gpufed/devtools/test_refdoc.py) fails when the committed file differs from `render()`.
 
 Invariants: the output depends only on the YAML files: kinds sorted by name, fields in schema order.
 
-Does not: define or change the CRDs (`python -m gpufed.apis.models deploy/crds` does), or install them.
+Does not: define or change the CRDs (`python -m gpufed.devtools.crdgen deploy/crds` does), or install them.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def render(directory: Path = CRD_DIR) -> str:
         " A unit test (tests/unit/gpufed/devtools/test_refdoc.py) fails when this file and the CRDs disagree. -->",
         "",
         "gpufed's CustomResourceDefinitions, as the API server enforces them. The CRDs are generated"
-        " from `gpufed/apis/models.py` (`python -m gpufed.apis.models deploy/crds`); the Helm chart ships the"
+        " from the models in `gpufed/apis/` (`python -m gpufed.devtools.crdgen deploy/crds`); the Helm chart ships the"
         " same files in `deploy/charts/gpufed/crds/`. `apiVersion`, `kind` and `metadata` are"
         " Kubernetes' own and not repeated below. `[]` in a path is every element of a list.",
         "",

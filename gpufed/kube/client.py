@@ -1,8 +1,9 @@
 """Building kubernetes-asyncio clients from kubeconfig files, with the library's errors mapped.
 
 Owns: `api_client` (an ApiClient for one kubeconfig context, or the pod's service account in a
-cluster) and `KubeError`, the one exception
-type callers outside `gpufed.kube` see. Does not retry or rate-limit (later layers do).
+cluster), `KubeError`, the one exception type callers outside `gpufed.kube` see, and
+`require_kubeconfig`, the one "does this kubeconfig file exist" check every command makes before
+it connects (its `KubeconfigError` is a KubeError). Does not retry or rate-limit (later layers do).
 
 A kubeconfig is checked (`check_kubeconfig`) before the client library reads it: the library
 answers a malformed one with KeyError, TypeError, AttributeError or a bare `assert`; we answer
@@ -59,6 +60,17 @@ class KubeError(GpufedError):
     def transient(self) -> bool:
         """No answer, throttled, or a server-side failure: worth retrying."""
         return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+class KubeconfigError(KubeError):
+    """A kubeconfig file named on the command line is missing."""
+
+
+def require_kubeconfig(path: Path, role: str = "") -> None:
+    """Raise KubeconfigError (`[role ]kubeconfig PATH does not exist`) unless `path` exists; `role`
+    names whose kubeconfig it is when a command takes several (e.g. "provider")."""
+    if not path.exists():
+        raise KubeconfigError(f"{role + ' ' if role else ''}kubeconfig {path} does not exist")
 
 
 #: What the client library raises for kubeconfigs our check lets through (files it cannot read,
@@ -238,10 +250,12 @@ async def translating(what: str) -> AsyncIterator[None]:
 __all__ = [
     "ApiException",
     "KubeError",
+    "KubeconfigError",
     "api_client",
     "check_kubeconfig",
     "client",
     "client_from_dict",
     "map_error",
+    "require_kubeconfig",
     "translating",
 ]

@@ -1,4 +1,4 @@
-"""Kubernetes Events on objects: how users see what a controller decided (DESIGN.md §4).
+"""Kubernetes Events on objects: how users see what a controller decided (`kubectl describe`).
 
 Owns: `emit`, which records one core/v1 Event about an object, counting repeats of the same
 (object, reason, message) instead of creating a new Event each time within one process.
@@ -7,7 +7,6 @@ Failures to record are logged, never raised: an Event is a courtesy, not a trans
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -16,13 +15,10 @@ import structlog
 
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import rfc3339
 
 COMPONENT = "gpufed-controller"
 _log = structlog.get_logger()
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def emit(
@@ -37,7 +33,7 @@ async def emit(
     try:
         existing = await rest.get(api, url)
         if existing is not None:
-            await rest.merge_patch(api, url, {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": _now()})
+            await rest.merge_patch(api, url, {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": rfc3339()})
             return
         await rest.request(
             api,
@@ -58,8 +54,8 @@ async def emit(
                 "reason": reason,
                 "message": message[:1024],
                 "source": {"component": component},
-                "firstTimestamp": _now(),
-                "lastTimestamp": _now(),
+                "firstTimestamp": rfc3339(),
+                "lastTimestamp": rfc3339(),
                 "count": 1,
                 "reportingComponent": component,
             },

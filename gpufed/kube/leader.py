@@ -22,7 +22,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -30,6 +29,7 @@ import structlog
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import rfc3339
 
 #: client-go's defaults for controllers (kube-controller-manager uses 15 s / 10 s / 2 s).
 LEASE_DURATION_S = 15.0
@@ -63,10 +63,6 @@ class LeaderSettings:
                 "leader election needs retry period < renew deadline < lease duration "
                 f"(got {self.retry_period_s}, {self.renew_deadline_s}, {self.lease_duration_s})"
             )
-
-
-def _micro(now: float) -> str:
-    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -182,7 +178,7 @@ class LeaderElector:
             **self._spec(wall, acquired=not mine, transitions=transitions),
         }
         if mine:
-            lease["spec"]["acquireTime"] = spec.get("acquireTime") or _micro(wall)
+            lease["spec"]["acquireTime"] = spec.get("acquireTime") or rfc3339(wall, micro=True)
         try:
             updated = await rest.request(self.api, "PUT", self._url, body=lease, what="renew leader lease")
         except KubeError as e:
@@ -195,11 +191,11 @@ class LeaderElector:
         spec: dict[str, Any] = {
             "holderIdentity": self.settings.identity,
             "leaseDurationSeconds": max(1, round(self.settings.lease_duration_s)),
-            "renewTime": _micro(wall),
+            "renewTime": rfc3339(wall, micro=True),
             "leaseTransitions": transitions,
         }
         if acquired:
-            spec["acquireTime"] = _micro(wall)
+            spec["acquireTime"] = rfc3339(wall, micro=True)
         return spec
 
     def _won(self, lease: dict[str, Any], now: float) -> bool:

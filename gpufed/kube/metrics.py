@@ -12,8 +12,8 @@ prometheus_client objects, names prefixed `gpufed_`, labels of low cardinality â
 UIDs); this module defines none. Scrapes only read the registry: nothing here blocks the loop for
 longer than rendering the text.
 
-Does not: know any gpufed domain (gpufed.kube imports nothing else from peering), authenticate
-scrapers (bind to a private address or use a NetworkPolicy), or push anywhere.
+Does not: know any gpufed domain, authenticate scrapers (bind to a private address or use a
+NetworkPolicy), or push anywhere.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 
 from gpufed.errors import GpufedError
-from peering import defaults
 
-#: Address the metrics server listens on when only a port is given (peering.defaults says why).
-DEFAULT_HOST = defaults.METRICS_HOST
+#: Address the metrics server listens on when only a port is given: every interface, as a scrape
+#: target must be reachable from Prometheus (pass a host to narrow it).
+DEFAULT_HOST = "0.0.0.0"  # noqa: S104 -- a scrape target is meant to be reachable
 
 
 class MetricsServerError(GpufedError):

@@ -5,8 +5,8 @@ so core kinds and gpufed's CRDs are handled alike), URL paths and owner referenc
 paginated lists (with `kind`/`apiVersion` filled in on the items, which the API server leaves out,
 and a restart when a continue token expires), and the mapping of every failure to `KubeError`
 with the API server's own message (e.g. "pods is forbidden: User ... cannot list resource ...").
-Writes use server-side apply with ONE field manager, `gpufed` (DESIGN.md §4); deletes can carry a
-UID precondition.
+Writes use server-side apply with ONE field manager, `gpufed`; deletes can carry a UID
+precondition.
 
 Does not: retry, cache or watch (see `watch` and `queue`).
 """

@@ -28,8 +28,12 @@ def rfc3339(when: float | dt.datetime | None = None, *, micro: bool = False) -> 
 
 
 def parse_rfc3339(text: str) -> dt.datetime:
-    """An RFC 3339 time as an aware UTC datetime; ValueError when `text` is not one."""
+    """An RFC 3339 time as an aware UTC datetime (in its own offset when its UTC is past year 9999);
+    ValueError when `text` is not one."""
     parsed = dt.datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
     if parsed.tzinfo is None:
         raise ValueError(f"time {text!r} has no time zone (RFC 3339 needs Z or an offset)")
-    return parsed.astimezone(dt.UTC)
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:  # a valid time whose UTC is past year 9999 (e.g. 9999-12-31T23:59:59-01:00)
+        return parsed

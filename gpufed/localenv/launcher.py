@@ -1,15 +1,15 @@
 """Starting, checking and stopping N real Kubernetes control planes on loopback.
 
-Owns: the processes of every local cluster (embedded etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok, metrics-server), their state directory, their PKI
-and kubeconfigs, the fake kwok nodes, the resource metrics API (metrics-server's RBAC, Service and
-APIService, see `metricsserver`), and the waits until everything is healthy — including
-`metrics.k8s.io` being Available, because an unavailable aggregated API stalls namespace deletion
-and garbage collection in the controller-manager. `up` is idempotent: components
-that are already running (same pid, same process start time) are kept; missing ones are started;
-the topology of a running environment cannot change underneath it. `down` stops every process it
-started, by process group, even when the state file was lost (it also finds processes whose
-command line points into the state directory), then removes the state.
+Owns: the lifecycle of every local cluster (embedded etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, kwok, metrics-server): their state directory and state file, their PKI and
+kubeconfigs, and the waits until everything is healthy — including `metrics.k8s.io` being
+Available, because an unavailable aggregated API stalls namespace deletion and garbage collection
+in the controller-manager. `up` is idempotent: components that are already running (same pid,
+same process start time) are kept; missing ones are started; the topology of a running
+environment cannot change underneath it. `down` stops every process it started, by process group,
+even when the state file was lost (it also finds processes whose command line points into the
+state directory), then removes the state. `status` reports each cluster's components, version,
+nodes and GPUs.
 
 With `audit` set (off by default), every kube-apiserver also writes an audit log (level Metadata, JSON
 lines, rotated) into its cluster's state directory, for counting what each client asks of it.
@@ -22,7 +22,9 @@ With `manifests_dir` set, each cluster also gets gpufed installed the way an ope
 the CRDs and RBAC of deploy/ applied with the admin identity, and `gpufed controller` started as
 one more process of the cluster, with its own least-privilege identity (user gpufed:controller).
 
-Does not: know what gpufed's components do; it only installs and runs them.
+Does not: know what gpufed's components do; it only installs and runs them. The command line of
+each component is `components`'s, the objects written into each cluster `install`'s, the process
+handling (start, identity, stop) `supervise`'s.
 """
 
 from __future__ import annotations
@@ -34,11 +36,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -48,36 +46,22 @@ from typing import Any
 
 import aiohttp
 
-from gpufed.apis.models import API_VERSION, NETWORK_CONFIG, NetworkConfigSpec
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
 from gpufed.errors import GpufedError
-from gpufed.kube import manifests, rest
+from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client, translating
-from gpufed.localenv import kubeconfig, kwokcfg, metricsserver
+from gpufed.kube.times import rfc3339
+from gpufed.localenv import components, install, kubeconfig, kwokcfg, metricsserver, process, supervise
+from gpufed.localenv.components import CONTROLLER
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
-from gpufed.localenv.topology import ClusterPorts, ClusterSpec, Topology
+from gpufed.localenv.topology import ClusterSpec, Topology
 
 #: Seconds to wait for a cluster to become healthy before giving up.
 DEFAULT_START_TIMEOUT_S = 240.0
+#: Seconds the build script may take (a cold build compiles Kubernetes from source).
+BUILD_TIMEOUT_S = 3600.0
 #: Seconds between SIGTERM and SIGKILL on `down`.
 STOP_GRACE_S = 10.0
-#: Lines of a component log shown when it fails.
-LOG_TAIL_LINES = 30
-#: The components, in start order.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
-#: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
-CONTROLLER = "gpufed-controller"
-#: Identity of the virtual kubelets the controller starts (one process per virtual node).
-VIRTUAL_KUBELET = "gpufed-virtual-kubelet"
-BINARIES = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-    "kwok",
-    "metrics-server",
-)
 
 Progress = Callable[[str], None]
 
@@ -105,19 +89,6 @@ class LocalSettings:
     audit: bool = False
 
 
-#: The audit policy of `LocalSettings.audit`: who did what to which object, no bodies; one event per
-#: request at ResponseComplete (long-running requests such as watches also log ResponseStarted).
-AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Metadata
-"""
-#: Rotation of the audit log: MB per file, rotated files kept.
-AUDIT_LOG_MAX_MB = 100
-AUDIT_LOG_BACKUPS = 2
-
-
 @dataclass
 class ComponentStatus:
     name: str
@@ -136,93 +107,6 @@ class ClusterStatus:
     nodes_total: int
     gpus: int
     components: list[ComponentStatus] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------------------------
-# process helpers
-
-
-def _proc_start_time(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of a live process, else None.
-
-    A zombie thread-group leader whose other threads are still exiting counts as alive: those
-    threads may still hold its sockets and files (Go programs exit with many threads).
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may contain spaces and parentheses: fields start after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        try:
-            threads = sum(1 for _ in Path(f"/proc/{pid}/task").iterdir())
-        except OSError:
-            threads = 0
-        if threads > 1:
-            return int(fields[19])
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        return None
-    return int(fields[19])
-
-
-def _alive(pid: int | None, start_time: int | None) -> bool:
-    if pid is None:
-        return False
-    now = _proc_start_time(pid)
-    return now is not None and (start_time is None or now == start_time)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        data = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(data[-lines:]) or "(empty log)"
-
-
-def _node_ready(node: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-
-
-def _orphans(directory: Path, bin_dir: Path) -> list[int]:
-    """Pids of our binaries whose command line points into `directory` (found without a state file).
-
-    Only processes whose executable lives in `bin_dir`, and gpufed controllers, qualify, so a shell
-    or test runner that merely mentions the directory is never touched.
-    """
-    # With the separator: /x/.cache/e2e must not match the processes of /x/.cache/e2e-offload.
-    needle = (str(directory).rstrip("/") + "/").encode()
-    bins = bin_dir.resolve()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            exe = (entry / "exe").readlink()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ours = exe.parent == bins or any(
-            b"gpufed.cli\x00" + verb in cmdline for verb in (b"controller", b"virtual-kubelet")
-        )
-        if ours and needle in cmdline:
-            out.append(int(entry.name))
-    return out
-
-
-# --------------------------------------------------------------------------------------------
 
 
 class LocalEnvironment:
@@ -304,23 +188,25 @@ class LocalEnvironment:
         script = self.settings.build_script
         if script is not None and script.exists():
             progress(f"checking local binaries ({script.name})")
-            proc = await asyncio.create_subprocess_exec(
-                "bash",
-                str(script),
-                str(self.settings.bin_dir),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL,
-            )
-            assert proc.stdout is not None
-            async for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip()
+
+            def show(line: str) -> None:
+                line = line.rstrip()
                 if line and not line.startswith("go: downloading"):
                     progress(line)
-            rc = await proc.wait()
-            if rc != 0:
-                raise LocalEnvError(f"building the local binaries failed (exit {rc}); see above")
-        missing = [b for b in BINARIES if not os.access(self.binary(b), os.X_OK)]
+
+            try:
+                built = await process.run(
+                    ["bash", str(script), str(self.settings.bin_dir)],
+                    timeout_s=BUILD_TIMEOUT_S,
+                    merge_stderr=True,
+                    on_line=show,
+                    check=False,
+                )
+            except process.CommandError as e:
+                raise LocalEnvError(f"building the local binaries failed: {e}") from e
+            if built.returncode != 0:
+                raise LocalEnvError(f"building the local binaries failed (exit {built.returncode}); see above")
+        missing = [b for b in components.BINARIES if not os.access(self.binary(b), os.X_OK)]
         if missing:
             raise LocalEnvError(
                 f"missing binaries in {self.settings.bin_dir}: {', '.join(missing)}; build them with "
@@ -374,28 +260,21 @@ class LocalEnvironment:
             (d / sub).mkdir(parents=True, exist_ok=True)
         if self.settings.audit:
             self.audit_log_path(spec.name).parent.mkdir(exist_ok=True)
-            (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
+            (d / components.AUDIT_POLICY_FILE).write_text(components.AUDIT_POLICY)
         exec_dir = self.exec_dir(spec.name)
         exec_dir.mkdir(parents=True, exist_ok=True)
         exec_dir.chmod(0o1777)  # kwok exec runs as nobody, who cannot enter the 0700 state directory
         pki = ensure_pki(d / "pki", cluster=spec.name, service_cidr=spec.service_cidr)
-        for identity in (
-            "admin",
-            "controller-manager",
-            "scheduler",
-            "kwok",
-            metricsserver.IDENTITY,
-            CONTROLLER,
-            VIRTUAL_KUBELET,
-        ):
+        for identity in components.IDENTITIES:
             kubeconfig.write(
                 self.kubeconfig_path(spec.name, identity),
                 kubeconfig.build(spec.name, self.server(spec.name), pki, identity),
             )
         logs_file = d / "pod.log"
         if not logs_file.exists():
-            # kwok serves the file as a container log, so it is written in the CRI log format.
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
+            # kwok serves the file as a container log, so it is written in the CRI log format. kwok
+            # reads its stamps as Go's RFC3339Nano, whose fraction is optional: whole seconds will do.
+            stamp = rfc3339()
             logs_file.write_text(
                 "".join(
                     f"{stamp} stdout F gpufed local cluster {spec.name}: line {i}/3 served by kwok's kubelet API\n"
@@ -413,7 +292,7 @@ class LocalEnvironment:
         out = []
         for cname, cstate in state.get("clusters", {}).items():
             for comp, info in cstate.get("components", {}).items():
-                if _alive(info.get("pid"), info.get("start_time")):
+                if supervise.alive(info.get("pid"), info.get("start_time")):
                     out.append((cname, comp, int(info["pid"])))
         return out
 
@@ -422,12 +301,12 @@ class LocalEnvironment:
         busy = []
         for spec in self.topology.clusters:
             ports = self.topology.ports(spec.name)
-            for comp, port in self._component_ports(ports).items():
+            for comp, port in components.ports_of(ports).items():
                 if (spec.name, comp) in running:
                     continue
                 extra = [ports.etcd_peer] if comp == "etcd" else []
                 for p in [port, *extra]:
-                    if not _port_free(p):
+                    if not supervise.port_free(p):
                         busy.append(f"127.0.0.1:{p} ({spec.name} {comp})")
         if busy:
             raise LocalEnvError(
@@ -436,180 +315,28 @@ class LocalEnvironment:
                 + "; stop that process or choose other ports with --base-port"
             )
 
-    @staticmethod
-    def _component_ports(ports: ClusterPorts) -> dict[str, int]:
-        return {
-            "etcd": ports.etcd_client,
-            "kube-apiserver": ports.apiserver,
-            "kube-controller-manager": ports.controller_manager,
-            "kube-scheduler": ports.scheduler,
-            "kwok": ports.kwok,
-            "metrics-server": ports.metrics_server,
-        }
-
     def _command(self, spec: ClusterSpec, component: str) -> list[str]:
-        d = self.cluster_dir(spec.name)
-        pki = self.pki(spec.name)
-        ports = self.topology.ports(spec.name)
-        if component == "etcd":
-            return [
-                str(self.binary("etcd")),
-                f"--name={spec.name}",
-                f"--data-dir={d / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{ports.etcd_client}",
-                f"--listen-peer-urls=http://127.0.0.1:{ports.etcd_peer}",
-                "--unsafe-no-fsync",
-                "--log-level=error",
-            ]
-        if component == "kube-apiserver":
-            audit = (
-                [
-                    f"--audit-policy-file={d / 'audit-policy.yaml'}",
-                    f"--audit-log-path={self.audit_log_path(spec.name)}",
-                    "--audit-log-format=json",
-                    f"--audit-log-maxsize={AUDIT_LOG_MAX_MB}",
-                    f"--audit-log-maxbackup={AUDIT_LOG_BACKUPS}",
-                ]
-                if self.settings.audit
-                else []
-            )
-            return [
-                str(self.binary("kube-apiserver")),
-                f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={ports.apiserver}",
-                f"--cert-dir={d / 'apiserver-certs'}",
-                f"--tls-cert-file={pki.cert('apiserver')}",
-                f"--tls-private-key-file={pki.key('apiserver')}",
-                f"--client-ca-file={pki.ca_cert}",
-                f"--service-account-key-file={pki.sa_pub}",
-                f"--service-account-signing-key-file={pki.sa_key}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-cluster-ip-range={spec.service_cidr}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                "--allow-privileged=true",
-                f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
-                f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
-                f"--kubelet-certificate-authority={pki.ca_cert}",
-                "--kubelet-preferred-address-types=InternalIP",
-                f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={pki.cert('front-proxy-client')}",
-                f"--proxy-client-key-file={pki.key('front-proxy-client')}",
-                # The kubernetes Service would point at 127.0.0.1, which Endpoints reject.
-                "--endpoint-reconciler-type=none",
-                "--profiling=false",
-                *audit,
-            ]
-        if component in ("kube-controller-manager", "kube-scheduler"):
-            kc = self.kubeconfig_path(
-                spec.name, "controller-manager" if component == "kube-controller-manager" else "scheduler"
-            )
-            common = [
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1",
-                "--leader-elect=false",
-                "--profiling=false",
-            ]
-            if component == "kube-scheduler":
-                return [str(self.binary("kube-scheduler")), *common, f"--secure-port={ports.scheduler}"]
-            return [
-                str(self.binary("kube-controller-manager")),
-                *common,
-                f"--secure-port={ports.controller_manager}",
-                f"--cert-dir={d / 'kcm-certs'}",
-                # The CSR API signs kubernetes.io/kube-apiserver-client certificates with the cluster CA.
-                f"--cluster-signing-cert-file={pki.ca_cert}",
-                f"--cluster-signing-key-file={pki.ca_key}",
-                f"--root-ca-file={pki.ca_cert}",
-                f"--service-account-private-key-file={pki.sa_key}",
-                "--use-service-account-credentials=true",
-                f"--cluster-cidr={spec.pod_cidr}",
-                f"--service-cluster-ip-range={spec.service_cidr}",
-                "--allocate-node-cidrs=false",
-            ]
-        if component == CONTROLLER:
-            return [
-                sys.executable,
-                "-m",
-                "gpufed.cli",
-                "controller",
-                f"--kubeconfig={self.kubeconfig_path(spec.name, CONTROLLER)}",
-                f"--cluster-name={spec.name}",
-                "--log-level=info",
-                f"--webhook-port={ports.webhook}",
-                "--webhook-host=127.0.0.1",
-                f"--estimator-port={ports.estimator}",
-                "--estimator-host=127.0.0.1",
-                f"--virtual-kubelet-kubeconfig={self.kubeconfig_path(spec.name, VIRTUAL_KUBELET)}",
-                f"--kubelet-ports={ports.kubelet_ports[0]}-{ports.kubelet_ports[1]}",
-                "--node-address=127.0.0.1",
-                f"--log-dir={d / 'logs'}",
-            ]
-        if component == "kwok":
-            return [
-                str(self.binary("kwok")),
-                f"--kubeconfig={self.kubeconfig_path(spec.name, 'kwok')}",
-                f"--config={d / 'kwok.yaml'}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={kwokcfg.KWOK_NODE_ANNOTATION}=fake",
-                "--node-ip=127.0.0.1",
-                f"--node-port={ports.kwok}",
-                f"--server-address=127.0.0.1:{ports.kwok}",
-                f"--tls-cert-file={pki.cert('kwok-serving')}",
-                f"--tls-private-key-file={pki.key('kwok-serving')}",
-                f"--cidr={spec.pod_cidr}",
-                "--node-lease-duration-seconds=40",
-                # At WARN, kwok logs five lines per resource-metrics scrape of every node without pods.
-                "--v=ERROR",
-            ]
-        if component == "metrics-server":
-            return metricsserver.args(
-                self.binary("metrics-server"),
-                port=ports.metrics_server,
-                kubeconfig=self.kubeconfig_path(spec.name, metricsserver.IDENTITY),
-                ca_cert=pki.ca_cert,
-                client_cert=pki.cert(metricsserver.IDENTITY),
-                client_key=pki.key(metricsserver.IDENTITY),
-                serving_cert=pki.cert(metricsserver.SERVING_STEM),
-                serving_key=pki.key(metricsserver.SERVING_STEM),
-            )
-        raise ValueError(component)
+        return components.command(self, spec, self.topology.ports(spec.name), component, audit=self.settings.audit)
 
     def _start(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> bool:
         """Start `component` unless it is already running; True when it was started."""
         cstate = state["clusters"].setdefault(spec.name, {"components": {}})
         info = cstate["components"].get(component, {})
-        if _alive(info.get("pid"), info.get("start_time")):
+        if supervise.alive(info.get("pid"), info.get("start_time")):
             return False
-        log = self.log_path(spec.name, component)
-        with log.open("ab") as out:
-            out.write(f"\n=== starting {component} at {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                self._command(spec, component),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.cluster_dir(spec.name),
-            )
-        cstate["components"][component] = {"pid": proc.pid, "start_time": _proc_start_time(proc.pid)}
+        pid, started = supervise.spawn(
+            self._command(spec, component), self.log_path(spec.name, component), self.cluster_dir(spec.name), component
+        )
+        cstate["components"][component] = {"pid": pid, "start_time": started}
         self._save_state(state)
         return True
 
     def _check_alive(self, spec: ClusterSpec, component: str, state: dict[str, Any]) -> None:
         info = state["clusters"][spec.name]["components"][component]
-        if not _alive(info.get("pid"), info.get("start_time")):
+        if not supervise.alive(info.get("pid"), info.get("start_time")):
             log = self.log_path(spec.name, component)
-            raise LocalEnvError(f"{component} of cluster {spec.name} exited; last lines of {log}:\n{_tail(log)}")
+            tail = supervise.tail(log)
+            raise LocalEnvError(f"{component} of cluster {spec.name} exited; last lines of {log}:\n{tail}")
 
     async def _wait(
         self,
@@ -676,7 +403,7 @@ class LocalEnvironment:
         )
         async with api_client(self.kubeconfig_path(name)) as api:
             # metrics-server reads the authentication ConfigMap as it starts: its RBAC comes first.
-            await self._apply(api, [*metricsserver.rbac(), metricsserver.service(ports.metrics_server)])
+            await install.apply(api, [*metricsserver.rbac(), metricsserver.service(ports.metrics_server)])
             started += [
                 c
                 for c in ("kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
@@ -695,10 +422,9 @@ class LocalEnvironment:
                     functools.partial(self._http_ok, f"https://127.0.0.1:{port}/healthz", probe_tls),
                     alive(comp),
                 )
-            v1 = client.CoreV1Api(api)
-            await self._ensure_nodes(spec, api)
+            await install.ensure_nodes(spec, api)
             await self._wait(
-                f"nodes of {name} to be Ready", deadline, lambda: self._nodes_ready(spec, v1), alive("kwok")
+                f"nodes of {name} to be Ready", deadline, lambda: install.nodes_ready(spec, api), alive("kwok")
             )
             await self._serve_metrics_api(spec, api, state, deadline)
         progress(
@@ -713,18 +439,12 @@ class LocalEnvironment:
     ) -> None:
         """Apply gpufed's CRDs and RBAC, start its controller, wait for the cluster identity."""
         assert self.settings.manifests_dir is not None
-        files = sorted((self.settings.manifests_dir / "crds").glob("*.yaml")) + sorted(
-            (self.settings.manifests_dir / "rbac").glob("*.yaml")
-        )
         try:
-            docs = await asyncio.to_thread(manifests.load, files)
+            docs = await install.load_gpufed(self.settings.manifests_dir)
         except (OSError, ValueError) as e:
             raise LocalEnvError(f"cannot read gpufed's manifests in {self.settings.manifests_dir}: {e}") from e
         async with api_client(self.kubeconfig_path(spec.name)) as api:
-            await manifests.apply_all(api, docs)
-            await manifests.wait_established(
-                api, [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
-            )
+            await install.apply_gpufed(api, docs)
             started = self._start(spec, CONTROLLER, state)
             cm = rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE)
 
@@ -737,33 +457,8 @@ class LocalEnvironment:
                 identity,
                 lambda: self._check_alive(spec, CONTROLLER, state),
             )
-            await rest.apply(
-                api,
-                rest.path(API_VERSION, "networkconfigs", NETWORK_CONFIG, namespace=SYSTEM_NAMESPACE),
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": "NetworkConfig",
-                    "metadata": {"name": NETWORK_CONFIG, "namespace": SYSTEM_NAMESPACE},
-                    "spec": NetworkConfigSpec(
-                        pod_cidr=spec.pod_cidr,
-                        reserved_cidrs=[spec.service_cidr],
-                        gateway_endpoint=self.topology.gateway_endpoint(spec.name),
-                    ).model_dump(by_alias=True),
-                },
-            )
+            await install.apply_network_config(api, spec, self.topology.gateway_endpoint(spec.name))
         progress(f"{spec.name}: gpufed installed; controller {'started' if started else 'already running'}")
-
-    @staticmethod
-    async def _apply(api: Any, docs: list[dict[str, Any]]) -> None:
-        """Server-side apply of the objects the launcher itself installs (RBAC, Service, APIService)."""
-        extra = {"Service": ("services", True), "APIService": ("apiservices", False)}
-        for obj in docs:
-            plural, namespaced = extra.get(obj["kind"]) or manifests.KINDS[obj["kind"]]
-            meta = obj["metadata"]
-            url = rest.path(
-                obj["apiVersion"], plural, meta["name"], namespace=meta.get("namespace") if namespaced else None
-            )
-            await rest.apply(api, url, obj, what=f"apply {obj['kind']} {meta['name']}")
 
     async def _serve_metrics_api(self, spec: ClusterSpec, api: Any, state: dict[str, Any], deadline: float) -> None:
         """Register `metrics.k8s.io` once metrics-server serves, then wait until the aggregator calls it Available.
@@ -779,7 +474,7 @@ class LocalEnvironment:
             lambda: self._check_alive(spec, "metrics-server", state),
             interval=0.1,
         )
-        await self._apply(api, [metricsserver.apiservice(port, self.pki(spec.name).ca_cert.read_bytes())])
+        await install.apply(api, [metricsserver.apiservice(port, self.pki(spec.name).ca_cert.read_bytes())])
         url = rest.path("apiregistration.k8s.io/v1", "apiservices", metricsserver.APISERVICE)
 
         async def available() -> bool:
@@ -793,59 +488,6 @@ class LocalEnvironment:
             interval=0.1,  # the aggregator decides within milliseconds of seeing the APIService
         )
 
-    async def _ensure_nodes(self, spec: ClusterSpec, api: Any) -> None:
-        v1 = client.CoreV1Api(api)
-        async with translating(f"list nodes of {spec.name}"):
-            existing = {n.metadata.name: n for n in (await v1.list_node()).items}
-        for node in spec.nodes():
-            metrics_path = kwokcfg.node_metrics_path(node.name)
-            if node.name in existing:
-                # Nodes of an environment started before metrics-server was part of it lack the path.
-                annotations = existing[node.name].metadata.annotations or {}
-                if annotations.get(kwokcfg.RESOURCE_METRICS_PATH_ANNOTATION) != metrics_path:
-                    await rest.merge_patch(
-                        api,
-                        rest.path("v1", "nodes", node.name),
-                        {"metadata": {"annotations": {kwokcfg.RESOURCE_METRICS_PATH_ANNOTATION: metrics_path}}},
-                        what=f"annotate node {node.name}",
-                    )
-                continue
-            labels = {
-                "kubernetes.io/hostname": node.name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-                **node.pool.node_labels(),
-            }
-            capacity = node.pool.capacity()
-            body: Any = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": node.name,
-                    "labels": labels,
-                    "annotations": {
-                        kwokcfg.KWOK_NODE_ANNOTATION: "fake",
-                        # One kwok serves every node on one port; metrics-server asks for this node's path.
-                        kwokcfg.RESOURCE_METRICS_PATH_ANNOTATION: metrics_path,
-                    },
-                },
-                "spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]},
-                # Nodes may carry status on create; kwok keeps capacity/allocatable from here.
-                "status": {"capacity": capacity, "allocatable": capacity},
-            }
-            try:
-                async with translating(f"create node {node.name}"):
-                    await v1.create_node(body=body)
-            except KubeError as e:
-                if not e.conflict:
-                    raise
-
-    async def _nodes_ready(self, spec: ClusterSpec, v1: Any) -> bool:
-        async with translating(f"list nodes of {spec.name}"):
-            nodes = (await v1.list_node()).items
-        return {n.name for n in spec.nodes()} <= {n.metadata.name for n in nodes if _node_ready(n)}
-
     # ---- status
 
     async def status(self) -> list[ClusterStatus]:
@@ -855,16 +497,14 @@ class LocalEnvironment:
             ports = self.topology.ports(spec.name)
             comps = []
             cstate = state.get("clusters", {}).get(spec.name, {}).get("components", {})
-            for comp, port in self._component_ports(ports).items():
+            for comp, port in components.ports_of(ports).items():
                 info = cstate.get(comp, {})
-                comps.append(
-                    ComponentStatus(comp, info.get("pid"), _alive(info.get("pid"), info.get("start_time")), port)
-                )
+                running = supervise.alive(info.get("pid"), info.get("start_time"))
+                comps.append(ComponentStatus(comp, info.get("pid"), running, port))
             if self.settings.manifests_dir is not None:
                 info = cstate.get(CONTROLLER, {})
-                comps.append(
-                    ComponentStatus(CONTROLLER, info.get("pid"), _alive(info.get("pid"), info.get("start_time")), 0)
-                )
+                running = supervise.alive(info.get("pid"), info.get("start_time"))
+                comps.append(ComponentStatus(CONTROLLER, info.get("pid"), running, 0))
             st = ClusterStatus(spec.name, self.server(spec.name), False, "-", 0, spec.node_count(), 0, comps)
             if all(c.running for c in comps) and self.kubeconfig_path(spec.name).exists():
                 with contextlib.suppress(KubeError, OSError, aiohttp.ClientError, TimeoutError):
@@ -880,30 +520,11 @@ class LocalEnvironment:
         st.healthy = True
         st.nodes_total = len(nodes)
         for n in nodes:
-            if _node_ready(n):
+            if install.node_ready(n):
                 st.nodes_ready += 1
             st.gpus += int((n.status.allocatable or {}).get("nvidia.com/gpu", "0"))
 
     # ---- down
-
-    @staticmethod
-    def _stop(pids: set[int], progress: Progress) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(_proc_start_time(p) is not None for p in pids):
-            time.sleep(0.1)
-        for pid in pids:
-            if _proc_start_time(pid) is not None:
-                progress(f"pid {pid} ignored SIGTERM for {STOP_GRACE_S:.0f}s; killing it")
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        for pid in pids:
-            for _ in range(50):
-                if _proc_start_time(pid) is None:
-                    break
-                time.sleep(0.1)
 
     def down(self, progress: Progress = lambda _m: None) -> int:
         """Stop every process of the environment and remove its state; returns how many were stopped.
@@ -927,12 +548,15 @@ class LocalEnvironment:
             tiers[tier_of.get(comp, 3)].add(pid)
         known = set().union(*tiers)
         if self.state_dir.exists():
-            tiers[3].update(set(_orphans(self.state_dir, self.settings.bin_dir)) - known)
+            tiers[3].update(set(supervise.orphans(self.state_dir, self.settings.bin_dir)) - known)
         for tier in tiers:
-            self._stop(tier, progress)
+            supervise.stop(tier, progress, STOP_GRACE_S)
         pids = set().union(*tiers)
         if self.state_dir.exists():
-            shutil.rmtree(self.state_dir)
+            try:
+                shutil.rmtree(self.state_dir)
+            except OSError as e:
+                raise LocalEnvError(f"stopped {len(pids)} processes but cannot remove {self.state_dir}: {e}") from e
         shutil.rmtree(self.exec_root, ignore_errors=True)
         progress(f"stopped {len(pids)} processes; removed {self.state_dir}")
         return len(pids)

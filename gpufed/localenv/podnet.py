@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufed.errors import GpufedError
+from gpufed.localenv import process
 from netfabric.render import INTERFACE_PREFIX
 
 #: The gateway's address on every pod-side link (what pods route through).
@@ -93,7 +94,8 @@ with urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])) as r:
 
 
 class PodNetworkError(GpufedError, RuntimeError):
-    """A namespace, link, process or request did not come out as asked; the message says which."""
+    """A namespace, link or process did not come out as asked; the message says which. (A command
+    that fails raises `process.CommandError`, naming the command and what it said.)"""
 
 
 def missing_requirements(wireguard_go: Path) -> list[str]:
@@ -137,26 +139,8 @@ def service_ruleset(cluster_ip: str, port: int, endpoints: Sequence[tuple[str, i
 
 
 async def _run(argv: Sequence[str], stdin: str | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except FileNotFoundError as e:
-        raise PodNetworkError(f"{argv[0]} is not installed: {e}") from e
-    try:
-        async with asyncio.timeout(timeout_s):
-            out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise PodNetworkError(f"`{' '.join(argv)}` did not finish within {timeout_s:g} s") from None
-    if proc.returncode != 0:
-        msg = (err or out).decode(errors="replace").strip()[-400:]
-        raise PodNetworkError(f"`{' '.join(argv)}` failed ({proc.returncode}): {msg}")
-    return out.decode(errors="replace")
+    """stdout of a command that must succeed (CommandError naming it and its stderr otherwise)."""
+    return (await process.run(argv, stdin=stdin, timeout_s=timeout_s)).stdout
 
 
 @dataclass
@@ -271,13 +255,13 @@ class PodNetwork:
     async def add_service(self, cluster_ip: str, port: int, endpoints: Sequence[tuple[str, int]]) -> str:
         """Install the kube-proxy stand-in for one Service in the client pod; returns the ruleset."""
         ruleset = service_ruleset(cluster_ip, port, endpoints)
-        with contextlib.suppress(PodNetworkError):  # replace a previous version atomically enough for a demo
+        with contextlib.suppress(process.CommandError):  # replace a previous version atomically enough for a demo
             await _run(["ip", "netns", "exec", self.client, "nft", "delete", "table", "ip", SERVICE_TABLE])
         await _run(["ip", "netns", "exec", self.client, "nft", "-f", "-"], stdin=ruleset)
         return ruleset
 
     async def get(self, url: str, timeout_s: float = 5.0) -> str:
-        """One HTTP GET from the client pod; the body, or PodNetworkError with the reason."""
+        """One HTTP GET from the client pod; the body, or CommandError with the reason."""
         return await _run(
             ["ip", "netns", "exec", self.client, sys.executable, "-c", HTTP_CLIENT, url, str(timeout_s)],
             timeout_s=timeout_s + 10,
@@ -363,7 +347,7 @@ class PodNetwork:
                 continue
             try:
                 links = await _run(["ip", "-n", ns, "-br", "link"])
-            except PodNetworkError as e:
+            except process.CommandError as e:
                 errors.append(str(e))
                 continue
             for name in (line.split()[0].split("@")[0] for line in links.splitlines() if line.strip()):
@@ -371,13 +355,13 @@ class PodNetwork:
                     try:
                         await _run(["ip", "-n", ns, "link", "del", name])
                         done.append(f"deleted WireGuard link {name} in {ns}")
-                    except PodNetworkError as e:
+                    except process.CommandError as e:
                         errors.append(str(e))
         for ns in reversed(self.namespaces):
             try:
                 await _run(["ip", "netns", "del", ns])
                 done.append(f"deleted netns {ns}")
-            except PodNetworkError as e:
+            except process.CommandError as e:
                 errors.append(str(e))
         self.namespaces.clear()
         self._links.clear()

@@ -5,7 +5,8 @@ Owns: the topology model (pydantic, loadable from YAML), the default topology (a
 purpose: overlapping CIDRs are the case the network fabric must solve), validation, and the
 deterministic assignment of loopback ports to each cluster's components.
 
-Pure: no I/O except `load_topology` reading the file it is given.
+A topology that cannot be read or is invalid raises `TopologyError` (a GpufedError: the message names
+the file and the offending field). Pure: no I/O except `load_topology` reading the file it is given.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.errors import GpufedError
 from vkprovider import defaults
 
 #: Default pod CIDR of every local cluster (deliberately the same everywhere).
@@ -255,9 +257,14 @@ class ClusterPorts:
         }
 
 
+class TopologyError(GpufedError):
+    """A topology that cannot be read or is invalid; the message says which file and field."""
+
+
 def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float = DEFAULT_JOB_SECONDS) -> Topology:
-    """consumer (2 CPU nodes), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4)."""
-    return Topology.model_validate(
+    """consumer (2 CPU nodes), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4); TopologyError when
+    `base_port` or `job_seconds` is out of range."""
+    return _validated(
         {
             "basePort": base_port,
             "jobSeconds": job_seconds,
@@ -301,17 +308,22 @@ def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float =
                     ],
                 },
             ],
-        }
+        },
+        "",
     )
 
 
 def load_topology(path: Path) -> Topology:
-    """Read a topology from YAML; errors name the file and the offending field."""
+    """Read a topology from YAML; TopologyError naming the file and the offending field."""
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"cannot read topology {path}: {e}") from e
+        raise TopologyError(f"cannot read topology {path}: {e}") from e
+    return _validated(raw, f"invalid topology {path}: ")
+
+
+def _validated(raw: object, prefix: str) -> Topology:
     try:
         return Topology.model_validate(raw)
     except ValueError as e:
-        raise ValueError(f"invalid topology {path}: {e}") from e
+        raise TopologyError(f"{prefix}{e}") from e

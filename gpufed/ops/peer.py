@@ -1,8 +1,13 @@
-"""What the virtual-kubelet layer adds to `gpufed peer`: waiting until the provider's virtual node is
-Ready, so that `peer` returns when pods can be offloaded (not merely when the slice is granted).
+"""`gpufed peer` and `gpufed unpeer` end to end: the handshake and the slice (`peering.ops.peer`),
+the network fabric (`netfabric.ops`) and the wait for the provider's virtual node, in that order.
 
-It owns no object: the consumer's controller starts the virtual kubelet when the slice is granted and
-the virtual kubelet registers the node; this step only watches for the result and explains a delay.
+Owns: `PeerSettings` (what `gpufed peer`'s flags ask for), `peer` and `unpeer` (the one call each
+verb makes) and `VirtualNodeReady`, the step that makes `peer` return when pods can be offloaded,
+not merely when the slice is granted. That step owns no object: the consumer's controller starts
+the virtual kubelet when the slice is granted and the virtual kubelet registers the node; the step
+only watches for the result and explains a delay.
+
+Does not: check flags (the CLI does) or print (the `Reporter` given does).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from typing import Any
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
-from peering.ops.peer import PeerError, Peers, Reporter
+from netfabric import ops as network_ops
+from netfabric.ops import NetworkOptions, NetworkStep
+from peering.ops import peer as peering_ops
+from peering.ops.peer import ClusterRef, PeerError, PeerRequest, PeerResult, Peers, Reporter, Step
 
 POLL_S = 0.5
 
@@ -55,3 +63,28 @@ class VirtualNodeReady:
                     f"{selector}` and the controller's log tell why)"
                 )
             await asyncio.sleep(POLL_S)
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """What `gpufed peer` asks for: the slice and both clusters, and the network fabric's options
+    (None: control plane only, no tunnel)."""
+
+    request: PeerRequest
+    network: NetworkOptions | None
+
+
+async def peer(settings: PeerSettings, report: Reporter) -> PeerResult:
+    """Peer the two clusters: handshake, then the network fabric once the consumer is authenticated
+    (unless `settings.network` is None), then the slice, then the wait for a Ready virtual node
+    when the slice is accepted."""
+    after_auth: list[Step] = [] if settings.network is None else [NetworkStep(settings.network)]
+    after_grant: list[Step] = [VirtualNodeReady(settings.request.timeout_s)]
+    return await peering_ops.peer(settings.request, report, after_auth=after_auth, after_grant=after_grant)
+
+
+async def unpeer(consumer: ClusterRef, provider: ClusterRef, report: Reporter, timeout_s: float) -> int:
+    """Remove the network fabric of the peering, then everything else it created on both clusters;
+    the number of peering objects deleted (0: nothing was peered)."""
+    await network_ops.disconnect(consumer, provider, report)
+    return await peering_ops.unpeer(consumer, provider, report, timeout_s)

@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufed.apis.wire import POOL_ANNOTATION, REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
 from gpufed.kube import rest
 from gpufed.kube.client import api_client

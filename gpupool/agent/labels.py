@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL
+from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.apis.wire import (
     GPU_HEALTH_ANNOTATION,
     GPU_HEALTH_REASON_ANNOTATION,

@@ -8,6 +8,6 @@
 - `estimator.proto` and its generated `estimator_pb2` (regenerate with
   `python -m gpufed.devtools.protogen`).
 
-Imports `gpupool.capacity`, `gpufed.kube`, `gpufed.apis.wire`/`models`/`handshake`; never vkprovider
-or netfabric.
+Imports `gpupool.capacity`, `gpufed.kube`, `gpufed.apis`, `gpufed.errors` and `peering.handshake`
+(the group of the consumer certificates the server trusts); never vkprovider or netfabric.
 """

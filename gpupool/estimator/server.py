@@ -52,7 +52,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from prometheus_client import Counter, Gauge
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
     ESTIMATOR_CONFIGMAP,
     ESTIMATOR_TLS_SECRET,

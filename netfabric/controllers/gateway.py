@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime as dt
 import re
 import socket
 import time
@@ -37,8 +36,8 @@ import structlog
 from prometheus_client import Gauge
 from pydantic import ValidationError
 
-from gpufed.apis.models import (
-    API_VERSION,
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.network import (
     NETWORK_CONFIG,
     GatewaySpec,
     NetworkConfigSpec,
@@ -48,6 +47,7 @@ from gpufed.apis.models import (
 from gpufed.apis.wire import SYSTEM_NAMESPACE
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from netfabric import plan as plans
 from netfabric.drivers import nft
@@ -328,7 +328,7 @@ class GatewayAgent:
         changed = self._written != (phase, reason)
         if not (changed or force or now - self._written_at >= self.s.status_refresh_s):
             return
-        stamp = _rfc3339(now)
+        stamp = rfc3339(now)
         if changed or self._since is None:
             self._since = stamp
         hs = self.health.stats.latest_handshake if self.health.stats else None
@@ -337,7 +337,7 @@ class GatewayAgent:
             "reason": reason,
             "message": message,
             "rttMs": self.health.rtt_ms,
-            "latestHandshake": _rfc3339(hs) if hs else None,
+            "latestHandshake": rfc3339(hs) if hs else None,
             "lastProbe": stamp,
             "lastTransitionTime": self._since,
         }
@@ -436,10 +436,6 @@ async def _resolve(endpoint: tuple[str, int]) -> tuple[str, int]:
     except OSError as e:
         raise DataplaneError(f"cannot resolve the gateway endpoint {host!r}: {e}") from e
     return str(infos[0][4][0]), port
-
-
-def _rfc3339(unix: float) -> str:
-    return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _names(remote_id: str) -> tuple[str, str, int]:

@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from gpufed.apis.models import API_VERSION, NETWORK_CONFIG, NetworkConfigSpec, RemoteNetworkSpec
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.network import NETWORK_CONFIG, NetworkConfigSpec, RemoteNetworkSpec
 from gpufed.apis.wire import SYSTEM_NAMESPACE
 from gpufed.kube import rest
 from gpufed.kube.watch import watch

@@ -40,7 +40,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client import Gauge
 from pydantic import ValidationError
 
-from gpufed.apis.models import API_VERSION, ForeignClusterSpec, ResourceSliceSpec
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.peering import ForeignClusterSpec, ResourceSliceSpec
 from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import (
     MANAGED_BY,
@@ -53,10 +54,12 @@ from gpufed.apis.wire import (
     remote_kubeconfig_secret,
     tenant_namespace,
 )
-from gpufed.kube import rest
+from gpufed.kube import conditions as cond
+from gpufed.kube import meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.metrics import GaugeMap, StateGauge
 from gpufed.kube.queue import WorkQueue
+from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from peering import handshake
 from peering.controllers import status as st_
@@ -67,6 +70,8 @@ from peering.controllers.remotes import Remotes
 DEFAULT_PENDING_POLL_S = 1.0
 #: Seconds between re-reads of settled slices (grants change with the provider's capacity).
 DEFAULT_RESYNC_S = 10.0
+#: On the credentials Secret of a provider: the API server URL they were issued for.
+SERVER_ANNOTATION = "gpufed.io/server"
 #: Phases of a ForeignCluster with role Provider, as this role sets them.
 PHASES = ("Pending", "Authenticating", "Peered")
 
@@ -166,15 +171,14 @@ class ConsumerRole:
             self.queue.add(str(provider))
 
     def _on_secret(self, kind: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        name = meta.get("name")
+        name = meta.name(obj)
         if not name:
             return
         if kind == "DELETED":
-            self._secret_cache.pop(str(name), None)
+            self._secret_cache.pop(name, None)
         else:
-            self._secret_cache[str(name)] = obj
-        provider = (meta.get("labels") or {}).get(PROVIDER_LABEL)
+            self._secret_cache[name] = obj
+        provider = meta.labels(obj).get(PROVIDER_LABEL)
         if provider:  # e.g. someone deleted our credentials: the ForeignCluster says so now, not at a resync
             self.queue.add(str(provider))
 
@@ -243,7 +247,7 @@ class ConsumerRole:
             status["phase"] = "Authenticating" if spec.challenge or status.get("answer") else "Pending"
             await self._slices_waiting(provider)
         _PHASE.set(status["phase"], provider, ROLE)
-        if st_.without_times(status) != st_.without_times(old):
+        if cond.without_times(status) != cond.without_times(old):
             await st_.write(self.api, "ForeignCluster", "foreignclusters", name, status)
         return wait
 
@@ -260,14 +264,14 @@ class ConsumerRole:
         try:
             challenge = handshake.Challenge.from_wire(wire.model_dump(by_alias=True))
         except ValueError as e:
-            status["conditions"] = st_.mark(conds, "Authentication", False, "InvalidChallenge", str(e))
+            status["conditions"] = cond.mark(conds, "Authentication", False, "InvalidChallenge", str(e))
             return
         if challenge.provider != provider or challenge.consumer != self.identity.cluster_id:
             msg = (
                 f"the challenge is from {challenge.provider} for {challenge.consumer}; "
                 f"this is {self.identity.cluster_id} peering with {provider}: not answered"
             )
-            status["conditions"] = st_.mark(conds, "Authentication", False, "ChallengeMismatch", msg)
+            status["conditions"] = cond.mark(conds, "Authentication", False, "ChallengeMismatch", msg)
             return
         key = ec.generate_private_key(ec.SECP256R1())
         csr = handshake.make_csr(self.identity.cluster_id, key)
@@ -292,7 +296,7 @@ class ConsumerRole:
             },
         )
         status["answer"] = {"nonce": wire.nonce, "csr": csr.decode(), "signature": _b64(signature)}
-        status["conditions"] = st_.mark(
+        status["conditions"] = cond.mark(
             conds,
             "Authentication",
             None,
@@ -316,8 +320,7 @@ class ConsumerRole:
             return (
                 secret is not None
                 and (secret.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
-                and ((secret.get("metadata") or {}).get("annotations") or {}).get("gpufed.io/server")
-                == spec.api_server_url
+                and meta.annotations(secret).get(SERVER_ANNOTATION) == spec.api_server_url
             )
 
         cached = self._secret_cache.get(secret_name) if self._secrets_synced else None
@@ -334,7 +337,7 @@ class ConsumerRole:
         try:
             cert = x509.load_pem_x509_certificate(spec.certificate.encode())
         except ValueError as e:
-            status["conditions"] = st_.mark(
+            status["conditions"] = cond.mark(
                 conds, "Authentication", False, "InvalidCertificate", f"the provider's certificate is not PEM: {e}"
             )
             return None
@@ -346,7 +349,7 @@ class ConsumerRole:
         except ValueError:
             key = None
         if key is None or _spki(cert.public_key()) != _spki(key.public_key()):
-            status["conditions"] = st_.mark(
+            status["conditions"] = cond.mark(
                 conds,
                 "Authentication",
                 False,
@@ -373,7 +376,7 @@ class ConsumerRole:
                     "name": secret_name,
                     "namespace": SYSTEM_NAMESPACE,
                     "labels": {MANAGED_BY_LABEL: MANAGED_BY, PROVIDER_LABEL: provider},
-                    "annotations": {"gpufed.io/server": spec.api_server_url},
+                    "annotations": {SERVER_ANNOTATION: spec.api_server_url},
                     "ownerReferences": [rest.owner_ref(fc)],
                 },
                 "data": {
@@ -392,13 +395,13 @@ class ConsumerRole:
                 uid=pending["metadata"]["uid"],
             )
         status["kubeconfigSecret"] = secret_name
-        status["conditions"] = st_.mark(
+        status["conditions"] = cond.mark(
             conds,
             "Authentication",
             True,
             "Authenticated",
             f"holding credentials for {provider} (valid until "
-            f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}) in Secret {SYSTEM_NAMESPACE}/{secret_name}",
+            f"{rfc3339(cert.not_valid_after_utc)}) in Secret {SYSTEM_NAMESPACE}/{secret_name}",
         )
         await self.remotes.drop(provider)
         log.info("provider credentials stored", secret=secret_name)
@@ -424,14 +427,13 @@ class ConsumerRole:
             msg = f"waiting for the handshake with {provider} (run `gpufed peer`)"
             st = {
                 **old,
-                "conditions": st_.mark(conds, "Authentication", None, "Pending", msg),
+                "conditions": cond.mark(conds, "Authentication", None, "Pending", msg),
             }
-            if st_.without_times(st) != st_.without_times(old):
+            if cond.without_times(st) != cond.without_times(old):
                 await self._slice_status(s, st)
 
     async def _slice_status(self, s: dict[str, Any], st: dict[str, Any]) -> None:
-        meta = s["metadata"]
-        await st_.write(self.api, "ResourceSlice", "resourceslices", meta["name"], st, meta["namespace"])
+        await st_.write(self.api, "ResourceSlice", "resourceslices", meta.name(s), st, meta.namespace(s))
 
     async def _slices(
         self, provider: ClusterID, credentials: dict[str, Any], status: dict[str, Any], log: Any
@@ -443,11 +445,11 @@ class ConsumerRole:
             remote_api = await self.remotes.get(provider, credentials)
             remote_items = await rest.list_items(remote_api, rest.path(API_VERSION, "resourceslices", namespace=tns))
         except KubeError as e:
-            status["conditions"] = st_.mark(conds, "ProviderReachable", False, "APIError", str(e)[:500])
+            status["conditions"] = cond.mark(conds, "ProviderReachable", False, "APIError", str(e)[:500])
             log.warning("provider unreachable", error=str(e))
             await self.remotes.drop(provider)
             return self.settings.resync_s
-        status["conditions"] = st_.mark(conds, "ProviderReachable", True, "Reachable", "the provider's API answers")
+        status["conditions"] = cond.mark(conds, "ProviderReachable", True, "Reachable", "the provider's API answers")
         remote = {r["metadata"]["name"]: r for r in remote_items}
         settled = True
         granted: dict[str, float] = {}

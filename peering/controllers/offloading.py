@@ -37,7 +37,8 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from gpufed.apis.models import API_VERSION, NamespaceOffloadingSpec, NodeSelector
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.offloading import NamespaceOffloadingSpec, NodeSelector
 from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -56,6 +57,7 @@ from gpufed.apis.wire import (
     tenant_namespace,
     twin_namespace,
 )
+from gpufed.kube import conditions as cond
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
@@ -261,7 +263,7 @@ class OffloadingController:
         except ValidationError as e:
             msg = "; ".join(str(err["msg"]) for err in e.errors())[:500]
             status.update(phase="Failed", remoteNamespaces=[])
-            status["conditions"] = st_.mark(status["conditions"], "Ready", False, "InvalidSpec", msg)
+            status["conditions"] = cond.mark(status["conditions"], "Ready", False, "InvalidSpec", msg)
             await self._write_status(namespace, old, status)
             return None
         if FINALIZER not in (obj["metadata"].get("finalizers") or []):
@@ -286,13 +288,13 @@ class OffloadingController:
                     unreachable.append(provider)
         wanted = [o for o in outcomes if o.cluster_id in selected]
         phase, ok, reason, message = summarize(spec.pod_offloading_strategy, wanted)
-        conds = st_.mark(status["conditions"], "Ready", ok, reason, message)
+        conds = cond.mark(status["conditions"], "Ready", ok, reason, message)
         if unreachable:
-            conds = st_.mark(
+            conds = cond.mark(
                 conds, "ProvidersReachable", False, "ProviderUnreachable", "cannot reach " + ", ".join(unreachable)
             )
         else:
-            conds = st_.mark(conds, "ProvidersReachable", True, "Reachable", "every peered provider answers")
+            conds = cond.mark(conds, "ProvidersReachable", True, "Reachable", "every peered provider answers")
         status.update(phase=phase, remoteNamespaces=[o.wire() for o in outcomes], conditions=conds)
         await self._emit_refusals(obj, old, outcomes)
         await self._write_status(namespace, old, status)
@@ -374,7 +376,7 @@ class OffloadingController:
         if outcomes:
             status = {**old, "phase": "Terminating", "remoteNamespaces": [o.wire() for o in outcomes]}
             unreachable = [o.cluster_id for o in outcomes if o.phase == "Unreachable"]
-            status["conditions"] = st_.mark(
+            status["conditions"] = cond.mark(
                 list(old.get("conditions") or []),
                 "Ready",
                 False,
@@ -447,7 +449,7 @@ class OffloadingController:
             )
 
     async def _write_status(self, namespace: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        if st_.without_times(old) == st_.without_times(new):
+        if cond.without_times(old) == cond.without_times(new):
             return
         await st_.write(self.api, KIND, PLURAL, NAMESPACE_OFFLOADING, new, namespace)
 

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from gpufed.apis.models import API_VERSION, GROUP, NamespaceOffloading, NamespaceOffloadingSpec, NodeSelectorRequirement
+from gpufed.apis.meta import API_VERSION, GROUP
+from gpufed.apis.offloading import NamespaceOffloading, NamespaceOffloadingSpec, NodeSelectorRequirement
 from gpufed.apis.wire import (
     IDENTITY_CONFIGMAP,
     NAMESPACE_OFFLOADING,
@@ -40,7 +41,7 @@ from gpufed.apis.wire import (
 )
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
-from gpufed.kube.client import KubeError, api_client
+from gpufed.kube.client import KubeError, api_client, require_kubeconfig
 from peering import defaults
 
 DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
@@ -170,8 +171,7 @@ def _same(existing: dict[str, Any] | None, spec: NamespaceOffloadingSpec) -> boo
 
 @asynccontextmanager
 async def _connect(kubeconfig: Path, context: str | None) -> AsyncIterator[Any]:
-    if not await asyncio.to_thread(kubeconfig.exists):
-        raise OffloadError(f"kubeconfig {kubeconfig} does not exist")
+    await asyncio.to_thread(require_kubeconfig, kubeconfig)
     try:
         async with api_client(kubeconfig, context) as api:
             try:

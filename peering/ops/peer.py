@@ -8,8 +8,8 @@ Owns the operator's side of the protocol (see `peering.handshake` and the contro
 2. register each cluster with the other (ForeignCluster on both, Tenant on the provider);
 3. carry the handshake: the provider's challenge to the consumer, the consumer's answer to the
    provider, the certificate back; every wait is bounded and a refusal is reported with its reason;
-4. run the steps later layers plug in after authentication (network) and after the grant
-   (virtual node), given as `Step`s;
+4. run the steps the layers above plug in, given as `Step`s (`gpufed.ops.peer` passes the
+   network fabric after authentication and the wait for the virtual node after the grant);
 5. ask for the slice (ResourceSlice `gpufed/<provider-id>` on the consumer) and wait for the
    provider's decision.
 Running it again with the same arguments changes nothing; with other resources it renegotiates.
@@ -32,7 +32,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from gpufed.apis.models import API_VERSION, ResourceSliceSpec
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.peering import ResourceSliceSpec
 from gpufed.apis.quantity import parse
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
@@ -45,7 +46,7 @@ from gpufed.apis.wire import (
 )
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
-from gpufed.kube.client import KubeError, api_client
+from gpufed.kube.client import KubeError, api_client, require_kubeconfig
 from peering import defaults, grants
 from peering.handshake import fingerprint
 
@@ -97,7 +98,7 @@ class Peers:
 
 
 class Step(Protocol):
-    """A later layer's part of `gpufed peer` (network tunnel, virtual node)."""
+    """An upper layer's part of `gpufed peer` (network tunnel, virtual node)."""
 
     name: str
 
@@ -133,8 +134,7 @@ def validate_request(resources: dict[str, str], gpu_product: str | None, provide
 
 @asynccontextmanager
 async def _connect(ref: ClusterRef) -> AsyncIterator[tuple[Any, str]]:
-    if not ref.kubeconfig.exists():
-        raise PeerError(f"{ref.role} kubeconfig {ref.kubeconfig} does not exist")
+    require_kubeconfig(ref.kubeconfig, ref.role)
     try:
         async with api_client(ref.kubeconfig, ref.context) as api:
             server = str(api.configuration.host)

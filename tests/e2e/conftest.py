@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from gpufed.kube.client import api_client
+from gpufed.localenv import manifests
 from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
 from gpufed.localenv.topology import Topology, default_topology
 
@@ -141,21 +142,9 @@ class Clusters:
         until: str = "Complete",
     ) -> None:
         """Create a one-pod Job (backoffLimit 0) and wait for its `until` condition."""
-        main: dict[str, Any] = {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.01-py3"}
-        if gpus:
-            main["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-        template = {
-            "metadata": {"annotations": annotations or {}},
-            "spec": {"restartPolicy": "Never", "containers": [main]},
-        }
         self.create(
             context,
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"backoffLimit": 0, "template": template},
-            },
+            manifests.job(name, namespace, gpus=str(gpus) if gpus else None, pod_annotations=annotations or {}),
         )
         self.kubectl(
             context, "wait", "-n", namespace, f"--for=condition={until}", f"job/{name}", "--timeout=90s", timeout=100

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufed.localenv.demo import APP, DEFAULT_NAMESPACE, Demo, DemoSettings, Narrator
+from gpufed.localenv.demo import DEFAULT_NAMESPACE, Demo, DemoSettings
+from gpufed.localenv.manifests import APP
 from gpufed.localenv.podnet import NS_PREFIX, missing_requirements
+from gpufed.localenv.steps import Narrator
 from tests.e2e.conftest import REPO, Clusters
 from tests.e2e.helpers import leftovers, processes
 

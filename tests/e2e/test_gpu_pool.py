@@ -23,7 +23,7 @@ import yaml
 
 from gpufed.apis.wire import ClusterID
 from gpufed.kube.client import client_from_dict
-from gpufed.localenv import launcher
+from gpufed.localenv import manifests, supervise
 from gpupool.capacity import PodShape
 from gpupool.estimator.client import EstimatorClient, EstimatorError, from_provider
 from tests.e2e.conftest import Clusters
@@ -56,7 +56,7 @@ def allocatable(clusters: Clusters, node: str) -> int:
 
 
 def gone(pid: int) -> bool:
-    return launcher._proc_start_time(pid) is None  # reaps it (the launcher's child) once it exited
+    return supervise.start_time(pid) is None  # reaps it (the launcher's child) once it exited
 
 
 def exists(clusters: Clusters, node: str) -> bool:
@@ -89,20 +89,7 @@ def pool_row(clusters: Clusters, node: str) -> dict[str, Any]:
 
 
 def job(name: str, namespace: str, gpus: int, *, selector: dict[str, str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [
-            {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.01-py3", "resources": {"limits": {GPU: str(gpus)}}}
-        ],
-    }
-    if selector:
-        spec["nodeSelector"] = selector
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"job": name}}, "spec": spec}},
-    }
+    return manifests.job(name, namespace, gpus=str(gpus), pod_labels={"job": name}, node_selector=selector)
 
 
 def job_pod(clusters: Clusters, namespace: str, name: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufed.localenv import launcher
+from gpufed.localenv import supervise
 from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment, LocalSettings
 from gpufed.localenv.pki import ensure_pki
 from gpufed.localenv.topology import Topology
@@ -22,7 +22,7 @@ SOLO_BASE_PORT = 18100
 
 
 def _ours(state_dir: Path, bin_dir: Path) -> list[int]:
-    return launcher._orphans(state_dir, bin_dir)
+    return supervise.orphans(state_dir, bin_dir)
 
 
 def _listening(port: int) -> bool:
@@ -80,7 +80,7 @@ def test_component_failure_then_clean_down_then_up(clusters: Clusters, tmp_path:
     assert kwok_pid is not None
     os.kill(kwok_pid, signal.SIGKILL)
     for _ in range(100):
-        if launcher._proc_start_time(kwok_pid) is None:
+        if supervise.start_time(kwok_pid) is None:
             break
         time.sleep(0.05)
     assert not asyncio.run(env.status())[0].healthy, "a dead component makes the cluster unhealthy"
@@ -93,7 +93,7 @@ def test_component_failure_then_clean_down_then_up(clusters: Clusters, tmp_path:
     assert stopped == 6
     assert _ours(state_dir, bin_dir) == []
     for pid in pids:
-        assert pid is not None and launcher._proc_start_time(pid) is None, pid
+        assert pid is not None and supervise.start_time(pid) is None, pid
     for port in ports.all().values():
         assert not _listening(port), port
     assert not state_dir.exists()

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufed.localenv import kwokcfg
 from tests.e2e.conftest import Clusters
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gpufed.apis.wire import ClusterID
+from gpufed.localenv import manifests
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import deployment, eventually, offload, peered_session
 
@@ -75,31 +76,7 @@ def test_gpu_job_runs_on_a_provider_through_the_real_scheduler(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:
     offload(clusters, namespace)
-    clusters.create(
-        "consumer",
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "train", "namespace": namespace},
-            "spec": {
-                "completions": 3,
-                "parallelism": 3,
-                "backoffLimit": 0,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "nvcr.io/nvidia/pytorch:24.01-py3",
-                                "resources": {"limits": {"nvidia.com/gpu": "2"}},
-                            }
-                        ],
-                    }
-                },
-            },
-        },
-    )
+    clusters.create("consumer", manifests.job("train", namespace, gpus="2", completions=3, parallelism=3))
     clusters.kubectl(
         "consumer", "wait", "-n", namespace, "--for=condition=Complete", "job/train", "--timeout=90s", timeout=100
     )
@@ -380,25 +357,7 @@ def test_kill_9_during_a_50_pod_burst_loses_and_duplicates_nothing(
         clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids['gpu-a']}"
     )
     clusters.create(
-        "consumer",
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "burst", "namespace": namespace},
-            "spec": {
-                "completions": 50,
-                "parallelism": 50,
-                "backoffLimit": 0,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {"name": "main", "image": "x", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
-                        ],
-                    }
-                },
-            },
-        },
+        "consumer", manifests.job("burst", namespace, image="x", requests=SMALL, completions=50, parallelism=50)
     )
     # Kill the virtual kubelet while the burst is being offloaded: some twins exist, some do not.
     eventually("first twins created", lambda: len(twins(clusters, ids, namespace)["gpu-a"]) >= 5, timeout=60)

@@ -24,7 +24,7 @@ from gpufed.kube import rest
 from gpufed.kube.client import client_from_dict
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import deployment, eventually, gpufed, offload, out, peered_session
-from vkprovider.forge.pods import Target
+from vkprovider.forge.meta import Target
 from vkprovider.remote.tokens import PodTokens, TokenSettings
 
 pytestmark = pytest.mark.e2e

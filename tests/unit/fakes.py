@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import datetime as dt
 import itertools
 import json
 import uuid
@@ -32,14 +31,11 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from gpufed.apis.wire import ORIGIN_UID_LABEL
+from gpufed.kube.times import rfc3339
 from vkprovider.forge.pods import TERMINAL_PHASES, local_status
 from vkprovider.node.provider import NodeState, Notify, ProviderError, Twin
 
 Key = tuple[str, str]
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---------------------------------------------------------------------------------------- provider
@@ -76,7 +72,7 @@ class FakeProvider:
         self.updates: list[Key] = []
         self.deletes: list[tuple[str, str, str, int]] = []  # (ns, name, uid, grace), each call
         self.notified: list[Key] = []
-        self._notify: Notify | None = None
+        self.subscribers: list[Notify] = []
 
     # ---- driving the backend (tests)
 
@@ -131,15 +127,20 @@ class FakeProvider:
 
     def _changed(self, namespace: str, name: str) -> None:
         self.notified.append((namespace, name))
-        if self._notify is not None:
-            self._notify(namespace, name)
+        self._tell(namespace, name)
+
+    def _tell(self, namespace: str, name: str) -> None:
+        for notify in self.subscribers:
+            notify(namespace, name)
 
     # ---- PodProvider
 
-    async def run(self, notify: Notify) -> None:
-        self._notify = notify
+    def subscribe(self, notify: Notify) -> None:
+        self.subscribers.append(notify)
+
+    async def run(self) -> None:
         for key in list(self.pods):
-            notify(*key)
+            self._tell(*key)
         self.ready.set()
         await asyncio.Event().wait()
 
@@ -190,7 +191,7 @@ class FakeProvider:
         if grace_period_s == 0 or self.finish_deletes:
             self.vanish(namespace, name)
         elif not pod["metadata"].get("deletionTimestamp"):
-            pod["metadata"]["deletionTimestamp"] = _now()
+            pod["metadata"]["deletionTimestamp"] = rfc3339()
             self._changed(namespace, name)
 
     def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
@@ -344,7 +345,7 @@ class FakeApiServer:
         new.setdefault("kind", KINDS.get(resource, resource))
         meta = new.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", _now())
+        meta.setdefault("creationTimestamp", rfc3339())
         if "name" not in meta and meta.get("generateName"):
             meta["name"] = meta["generateName"] + meta["uid"][:5]
         self.objects[(resource, meta.get("namespace") or "", meta["name"])] = new
@@ -472,7 +473,7 @@ class FakeApiServer:
             grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
         if key[0] == "pods" and grace:
             if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = _now()
+                meta["deletionTimestamp"] = rfc3339()
                 meta["deletionGracePeriodSeconds"] = grace
                 self._emit(key[0], "MODIFIED", obj)
             return web.json_response(obj)

@@ -1,16 +1,16 @@
 """The written contract of `vkprovider.node.provider.PodProvider`, as checks any implementation must pass.
 
 Each check is a plain async function taking a `ConformanceHarness`: the provider under test (not yet
-running: the check runs it and cancels it), how to make a local pod, and how to drive the backend
+running: the check subscribes to it, runs it and cancels it), how to make a local pod, and how to drive the backend
 behind the provider. Nothing here knows any implementation: the unit tests run the checks against
 `fakes.FakeProvider`, the e2e suite against `RemoteProvider` on real clusters. Each check uses fresh
 pod names (so a shared backend is fine) and deletes the twins it created, with grace 0, on the way out.
 
 Checked: ready after run; a created twin is seen with the local UID; create is idempotent; deleting
 a missing twin succeeds; delete removes; a twin of another UID keeps being reported with that UID
-(and is neither replaced by a create nor deleted by a delete of the other UID); notify is called
-with the LOCAL key on create, change and removal; pod_status is a `{"status": {...}}` patch with the
-twin's phase; Succeeded/Failed twins are terminal.
+(and is neither replaced by a create nor deleted by a delete of the other UID); every subscriber is
+notified with the LOCAL key on create, change and removal; pod_status is a `{"status": {...}}` patch
+with the twin's phase; Succeeded/Failed twins are terminal.
 """
 
 from __future__ import annotations
@@ -46,10 +46,15 @@ class _Run:
     h: ConformanceHarness
     #: LOCAL keys passed to notify, in order.
     notified: list[tuple[str, str]] = field(default_factory=list)
+    #: LOCAL keys passed to a second subscriber, in order.
+    also_notified: list[tuple[str, str]] = field(default_factory=list)
     created: list[tuple[str, str, str]] = field(default_factory=list)
 
     def notify(self, namespace: str, name: str) -> None:
         self.notified.append((namespace, name))
+
+    def also_notify(self, namespace: str, name: str) -> None:
+        self.also_notified.append((namespace, name))
 
     def name(self, what: str) -> str:
         return f"conf-{what}-{uuid.uuid4().hex[:6]}"
@@ -76,7 +81,9 @@ class _Run:
 @contextlib.asynccontextmanager
 async def _running(h: ConformanceHarness) -> AsyncIterator[_Run]:
     run = _Run(h)
-    task = asyncio.create_task(h.provider.run(run.notify))
+    h.provider.subscribe(run.notify)
+    h.provider.subscribe(run.also_notify)
+    task = asyncio.create_task(h.provider.run())
     try:
         await h.wait_for(lambda: h.provider.ready.is_set() or task.done())
         if task.done():
@@ -199,6 +206,20 @@ async def check_notify_uses_the_local_key(h: ConformanceHarness) -> None:
         assert ours and all(k == key for k in ours)
 
 
+async def check_every_subscriber_is_notified(h: ConformanceHarness) -> None:
+    async with _running(h) as r:
+        name = r.name("subscribers")
+        key = (h.namespace, name)
+        _pod, uid = await r.create(name)
+        await h.wait_for(lambda: key in r.notified and key in r.also_notified)
+        seen, also_seen = len(r.notified), len(r.also_notified)
+        await h.provider.delete_pod(h.namespace, name, uid, 0)
+        # The removal reaches both subscribers.
+        await h.wait_for(
+            lambda: r.twin(name) is None and key in r.notified[seen:] and key in r.also_notified[also_seen:]
+        )
+
+
 async def check_pod_status_is_a_status_patch_with_the_phase(h: ConformanceHarness) -> None:
     async with _running(h) as r:
         name = r.name("status")
@@ -242,6 +263,7 @@ CHECKS: tuple[Check, ...] = (
     check_graceful_delete_stops,
     check_twin_of_another_uid_keeps_its_uid,
     check_notify_uses_the_local_key,
+    check_every_subscriber_is_notified,
     check_pod_status_is_a_status_patch_with_the_phase,
     check_terminal_twins,
 )

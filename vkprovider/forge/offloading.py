@@ -22,7 +22,7 @@ Invariants:
   ValueError naming the part, never another exception (the webhook answers it with 400).
 
 Does not: decide which namespaces are offloaded (the webhook's cache of NamespaceOffloadings does),
-or validate the selector (the CRD schema and `gpufed.apis.models.NodeSelector` do).
+or validate the selector (the CRD schema and `gpufed.apis.offloading.NodeSelector` do).
 """
 
 from __future__ import annotations

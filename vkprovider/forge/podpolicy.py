@@ -1,7 +1,7 @@
 """The consumer's early check of a provider's offload pod-security policy.
 
 Owns: `violations(pod, policy)`, what in a local pod the provider's policy
-(`gpufed.apis.models.OffloadPodSecurity`, published in the TwinNamespace status) refuses — privileged
+(`gpufed.apis.offloading.OffloadPodSecurity`, published in the TwinNamespace status) refuses — privileged
 containers, hostNetwork/hostPID/hostIPC, hostPath volumes, added capabilities not allowed — and
 `refusal(provider, violations)`, the message the user reads on the pod, which names the offending
 fields and the Tenant field that would allow them. The rules are those of the provider's
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpufed.apis.models import ALL_CAPABILITIES, OffloadPodSecurity, capability_name
+from gpufed.apis.offloading import ALL_CAPABILITIES, OffloadPodSecurity, capability_name
 from peering.podsecurity import CONTAINER_KINDS, FIELD, HOST_NAMESPACE_FIELDS
 
 #: Event reason of a pod refused by a provider's offload policy (the pod's status reason stays ProviderFailed).

@@ -1,10 +1,9 @@
 """Pod forge: a consumer's local pod <-> its remote twin on a provider, as plain API dicts.
 
-Owns: what a remote twin pod looks like (metadata, origin labels, the spec with everything that only
-makes sense on the consumer removed), the status patch that mirrors the twin's status onto the local
-pod, the terminal status reported when a pod is deleted, which ConfigMaps and Secrets a pod needs
-(their copies are `forge.reflection`'s), and the ownership test every update/delete of a remote
-object must pass.
+Owns: what a remote twin pod looks like (the shared twin metadata of `forge.meta` plus the origin
+node, and the spec with everything that only makes sense on the consumer removed), the status patch
+that mirrors the twin's status onto the local pod, the terminal status reported when a pod is
+deleted, and which ConfigMaps and Secrets a pod needs (their copies are `forge.reflection`'s).
 
 Invariants: a remote twin always carries the origin labels (consumer ClusterID, local UID, and for
 pods the virtual node); nothing bound to the consumer cluster (service-account names, the
@@ -20,7 +19,8 @@ points every container at the consumer's API server (see `vkprovider.forge.token
 projected service-account token volumes (and their mounts) are dropped and the twin has no identity.
 
 Does not: talk to any API server, decide when to create/update/delete, translate IPs itself (the
-caller hands in `to_local_ip`), or request tokens (vkprovider.remote.tokens does).
+caller hands in `to_local_ip`), request tokens (vkprovider.remote.tokens does), or test ownership
+(`forge.meta.owned_by`).
 
 Pure: no I/O, no client imports; inputs are the dicts the API server returns and are never mutated.
 """
@@ -32,30 +32,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL
+from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.apis.wire import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    ORIGIN_CLUSTER_LABEL,
     ORIGIN_NODE_LABEL,
-    ORIGIN_UID_LABEL,
     VIRTUAL_NODE_TAINT_KEY,
     VIRTUAL_NODE_TYPE_LABELS,
 )
 from vkprovider.forge import tokens
+from vkprovider.forge.meta import GPUFED_PREFIX, Target, origin_labels, twin_metadata
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
-#: Annotation kubectl writes on `apply`: it describes the local object, not the twin.
-LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
-#: Prefix of gpufed's own labels/annotations and of every label only virtual nodes carry.
-GPUFED_PREFIX = "gpufed.io/"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Name prefix of the projected service-account volume the ServiceAccount admission plugin adds.
 SA_VOLUME_PREFIX = "kube-api-access-"
-#: ConfigMap every kube-api-access volume projects (the consumer's cluster CA).
-ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
-SA_TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"  # noqa: S105 -- a Secret type, not a password
 #: Tolerations the DefaultTolerationSeconds admission plugin adds (the provider's adds its own).
 DEFAULT_TOLERATION_KEYS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 DEFAULT_TOLERATION_SECONDS = 300
@@ -66,18 +56,6 @@ KILLED_EXIT_CODE = 137
 DELETED_REASON = "PodDeleted"
 #: strategic-merge directive that replaces a merge-keyed list instead of merging into it.
 _REPLACE = {"$patch": "replace"}
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a twin goes: consumer identity, owning virtual node, twin namespace on the provider."""
-
-    consumer: str
-    node: str
-    namespace: str
-    provider: str = ""
-    #: The virtual node's GPU pool product: the twin may only run on provider nodes of it.
-    gpu_product: str | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -92,47 +70,6 @@ class Reference:
 def is_terminal(pod: Mapping[str, Any]) -> bool:
     """Whether the pod reached a phase it never leaves."""
     return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-
-
-# ---------------------------------------------------------------- metadata
-
-
-def _annotations(meta: Mapping[str, Any], *, drop_gpufed: bool) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (meta.get("annotations") or {}).items():
-        # last-applied describes the local object; a later `kubectl apply` against the provider would
-        # compute a wrong three-way diff from it.
-        if key == LAST_APPLIED_ANNOTATION:
-            continue
-        # gpufed.io/* annotations are our own bookkeeping on the consumer side (webhook decisions,
-        # offloading state); on the provider they would be mistaken for the provider's own.
-        if drop_gpufed and key.startswith(GPUFED_PREFIX):
-            continue
-        out[key] = value
-    return out
-
-
-def _origin_labels(local_meta: Mapping[str, Any], target: Target) -> dict[str, str]:
-    return {
-        ORIGIN_CLUSTER_LABEL: target.consumer,
-        ORIGIN_UID_LABEL: str(local_meta.get("uid", "")),
-        MANAGED_BY_LABEL: MANAGED_BY,
-    }
-
-
-def _twin_metadata(local: Mapping[str, Any], target: Target, extra_labels: Mapping[str, str]) -> dict[str, Any]:
-    # A whitelist, not a copy: ownerReferences point at consumer objects (the provider's garbage
-    # collector would delete the twin at once), uid/resourceVersion/creationTimestamp/managedFields
-    # are server-assigned, generateName is moot (the name is fixed), finalizers belong to consumer
-    # controllers (nobody would remove them remotely), deletion fields are the server's.
-    meta = local.get("metadata") or {}
-    return {
-        "name": meta.get("name", ""),
-        "namespace": target.namespace,
-        # origin labels last: a local label must not be able to forge ownership.
-        "labels": {**(meta.get("labels") or {}), **extra_labels},
-        "annotations": _annotations(meta, drop_gpufed=True),
-    }
 
 
 # ---------------------------------------------------------------- pod spec
@@ -302,14 +239,14 @@ def remote_pod(local: Mapping[str, Any], target: Target, identity: tokens.PodIde
     dropped.
     """
     meta = local.get("metadata") or {}
-    labels = {**_origin_labels(meta, target), ORIGIN_NODE_LABEL: target.node}
+    labels = {**origin_labels(meta, target), ORIGIN_NODE_LABEL: target.node}
     spec = _remote_spec(local.get("spec") or {}, identity)
     if target.gpu_product:
         _pin_product(spec, target.gpu_product)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _twin_metadata(local, target, labels),
+        "metadata": twin_metadata(local, target, labels),
         "spec": spec,
     }
 
@@ -577,11 +514,3 @@ def references(pod: Mapping[str, Any]) -> list[Reference]:
         key = (ref.kind, ref.name)
         optional[key] = optional.get(key, True) and ref.optional
     return sorted(Reference(kind, name, opt) for (kind, name), opt in optional.items())
-
-
-def owned_by(remote: Mapping[str, Any], consumer: str, uid: str | None = None) -> bool:
-    """Whether `remote` is the twin of an object of `consumer` (of the object `uid` when given)."""
-    labels = (remote.get("metadata") or {}).get("labels") or {}
-    if labels.get(ORIGIN_CLUSTER_LABEL) != consumer:
-        return False
-    return uid is None or labels.get(ORIGIN_UID_LABEL) == uid

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
 from gpufed.apis.quantity import format_quantity
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot

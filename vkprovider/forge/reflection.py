@@ -31,15 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufed.apis.wire import ORIGIN_NODE_LABEL
-from vkprovider.forge.pods import (
-    ROOT_CA_CONFIGMAP,
-    SA_TOKEN_SECRET_TYPE,
-    Target,
-    _annotations,
-    _origin_labels,
-    _twin_metadata,
-    owned_by,
-)
+from vkprovider.forge.meta import ROOT_CA_CONFIGMAP, Target, origin_labels, owned_by, twin_annotations, twin_metadata
 
 __all__ = [
     "ALLOW_ANNOTATION",
@@ -52,7 +44,7 @@ __all__ = [
     "KINDS",
     "KINDS_BY_NAME",
     "REFLECTION_MANAGER",
-    "ROOT_CA_CONFIGMAP",
+    "SA_TOKEN_SECRET_TYPE",
     "SECRET",
     "SERVICE",
     "SERVICE_NAME_LABEL",
@@ -83,6 +75,7 @@ REFLECTION_MANAGER = "reflection.gpufed.io"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 #: Deprecated way of naming an Ingress's class (still honoured by most controllers).
 INGRESS_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
+SA_TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"  # noqa: S105 -- a Secret type, not a password
 #: Secrets whose content only means something to the consumer's API server.
 CLUSTER_BOUND_SECRET_TYPES = frozenset({SA_TOKEN_SECRET_TYPE, "bootstrap.kubernetes.io/token"})
 _OPAQUE = "Opaque"
@@ -167,8 +160,8 @@ def policy(obj: Mapping[str, Any], namespace_annotations: Mapping[str, str]) -> 
 
 def _metadata(local: Mapping[str, Any], target: Target, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     meta = local.get("metadata") or {}
-    # origin labels last (inside _twin_metadata): a local label cannot forge ownership.
-    metadata = _twin_metadata(local, target, {**(extra or {}), **_origin_labels(meta, target)})
+    # origin labels last (inside twin_metadata): a local label cannot forge ownership.
+    metadata = twin_metadata(local, target, {**(extra or {}), **origin_labels(meta, target)})
     # Not even a local one: the origin node marks pod twins of one virtual node, and reflected
     # objects belong to none (every virtual node of the namespace shares them).
     metadata["labels"].pop(ORIGIN_NODE_LABEL, None)
@@ -178,7 +171,7 @@ def _metadata(local: Mapping[str, Any], target: Target, extra: Mapping[str, str]
 def _data_object(local: Mapping[str, Any], target: Target, kind: Kind, fields: tuple[str, ...]) -> dict[str, Any]:
     metadata = _metadata(local, target)
     # Only last-applied is dropped: annotations on ConfigMaps/Secrets are the user's data (as in pods).
-    metadata["annotations"] = _annotations(local.get("metadata") or {}, drop_gpufed=False)
+    metadata["annotations"] = twin_annotations(local.get("metadata") or {}, drop_gpufed=False)
     out: dict[str, Any] = {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": metadata}
     for field in fields:
         if field in local:

@@ -11,7 +11,7 @@ refresher needs without the local pod (`read_token_secret`), and when a token is
 Secret layout (type Opaque, base64 `data`, in the twin namespace, named `gpufed-token-<pod>`):
 - data: `token-<i>` (the i-th token source's token), `ca.crt` (the consumer's CA, from its
   `kube-root-ca.crt` ConfigMap), `namespace` (the pod's CONSUMER namespace);
-- labels: the origin labels of `pods._origin_labels` (origin-uid = the LOCAL pod's UID) and
+- labels: the origin labels of `meta.origin_labels` (origin-uid = the LOCAL pod's UID) and
   `gpufed.io/token-for-pod=<pod name>` (shortened with a hash beyond 63 characters);
 - annotations: `gpufed.io/token-pod`, `gpufed.io/token-namespace`, `gpufed.io/token-service-account`,
   `gpufed.io/token-sources` (JSON list of {key, audience, expirationSeconds}),
@@ -25,10 +25,11 @@ keeps its value; the twin keeps `automountServiceAccountToken: false` (the provi
 its own).
 
 Does not: request tokens, read or write anything (vkprovider.remote.tokens does), or decide which
-pods get an identity (the caller hands `pods.remote_pod` a `PodIdentity` or None).
+pods get an identity (the caller hands `pods.remote_pod` a `PodIdentity` or None). Imports only
+`forge.meta` of the forge: `forge.pods` builds on this module, never the other way round.
 
 Pure: no I/O, no client imports; inputs are never mutated, except the spec handed to `rewrite_spec`
-(pods.remote_pod's own deep copy).
+(`forge.pods.remote_pod`'s own deep copy).
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
-from vkprovider.forge import pods
+from gpufed.kube.times import parse_rfc3339, rfc3339
+from vkprovider.forge.meta import ROOT_CA_CONFIGMAP, Target, origin_labels
 
 #: Data key of the i-th token source.
 TOKEN_KEY_PREFIX = "token-"  # noqa: S105 -- a key prefix, not a password
@@ -83,7 +85,6 @@ TOKEN_EXPIRES_AT_ANNOTATION = "gpufed.io/token-expires-at"  # noqa: S105
 API_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 API_PORT_ENV = "KUBERNETES_SERVICE_PORT"
 NAMESPACE_FIELD = "metadata.namespace"
-_RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
 _NAME_TAIL = re.compile(r"[-.]+$")
 
 
@@ -227,7 +228,7 @@ def _rewrite_sources(
             out.append(_secret_source(identity, [_item(key, token)]))
             continue
         config_map = source.get("configMap")
-        if config_map is not None and config_map.get("name") == pods.ROOT_CA_CONFIGMAP:
+        if config_map is not None and config_map.get("name") == ROOT_CA_CONFIGMAP:
             # The consumer's CA: the provider's own kube-root-ca.crt has the same name and would
             # make clients distrust the consumer's API server.
             wanted = config_map.get("items")
@@ -290,7 +291,7 @@ def rewrite_spec(spec: dict[str, Any], identity: PodIdentity) -> None:
 # ---------------------------------------------------------------- the Secret
 
 
-def binding_of(pod: Mapping[str, Any], target: pods.Target, identity: PodIdentity) -> TokenBinding:
+def binding_of(pod: Mapping[str, Any], target: Target, identity: PodIdentity) -> TokenBinding:
     """The binding of `pod`'s tokens, their Secret to be `identity.secret_name` in `target.namespace`."""
     meta = pod.get("metadata") or {}
     return TokenBinding(
@@ -318,20 +319,15 @@ def token_request(binding: TokenBinding, source: TokenSource) -> dict[str, Any]:
     }
 
 
-def format_time(value: datetime) -> str:
-    """RFC 3339 in UTC, whole seconds (what Kubernetes writes)."""
-    return value.astimezone(UTC).strftime(_RFC3339)
-
-
 def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp (timezone-aware), or None when `value` is not one."""
+    """The RFC 3339 time of an annotation or a TokenRequest status, or None when `value` is not one
+    (then the token counts as due)."""
     if not isinstance(value, str) or not value:
         return None
     try:
-        parsed = datetime.fromisoformat(value)
+        return parse_rfc3339(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _b64(value: str) -> str:
@@ -347,7 +343,7 @@ def secret_for(binding: TokenBinding, tokens: Mapping[str, IssuedToken], ca_pem:
     data = {s.key: _b64(tokens[s.key].token) for s in binding.sources}
     data[CA_KEY] = _b64(ca_pem)
     data[NAMESPACE_KEY] = _b64(binding.pod_namespace)
-    labels = pods._origin_labels({"uid": binding.pod_uid}, pods.Target(binding.consumer, "", binding.twin_namespace))
+    labels = origin_labels({"uid": binding.pod_uid}, Target(binding.consumer, "", binding.twin_namespace))
     labels[TOKEN_FOR_POD_LABEL] = pod_label_value(binding.pod_name)
     sources = [
         {"key": s.key, "audience": s.audience, "expirationSeconds": s.expiration_seconds} for s in binding.sources
@@ -364,8 +360,8 @@ def secret_for(binding: TokenBinding, tokens: Mapping[str, IssuedToken], ca_pem:
                 TOKEN_NAMESPACE_ANNOTATION: binding.pod_namespace,
                 TOKEN_SERVICE_ACCOUNT_ANNOTATION: binding.service_account,
                 TOKEN_SOURCES_ANNOTATION: json.dumps(sources, separators=(",", ":")),
-                TOKEN_ISSUED_AT_ANNOTATION: format_time(min(t.issued_at for t in issued)),
-                TOKEN_EXPIRES_AT_ANNOTATION: format_time(min(t.expires_at for t in issued)),
+                TOKEN_ISSUED_AT_ANNOTATION: rfc3339(min(t.issued_at for t in issued)),
+                TOKEN_EXPIRES_AT_ANNOTATION: rfc3339(min(t.expires_at for t in issued)),
             },
         },
         "type": SECRET_TYPE,
@@ -375,7 +371,7 @@ def secret_for(binding: TokenBinding, tokens: Mapping[str, IssuedToken], ca_pem:
 
 def token_secret(
     pod: Mapping[str, Any],
-    target: pods.Target,
+    target: Target,
     identity: PodIdentity,
     tokens: Mapping[str, IssuedToken],
     ca_pem: str,

@@ -16,7 +16,7 @@ Owns the aiohttp server on the address and port the Node publishes
   node_/container_cpu_usage_seconds_total, node_/container_memory_working_set_bytes,
   container_start_time_seconds; `container`, `pod`, `namespace` labels), from `pod_usage`.
 
-Every request is authenticated and authorised first (`kubeletauth`): anonymous 401, not allowed
+Every request is authenticated and authorised first (`auth`): anonymous 401, not allowed
 403. A pod not bound to this node (or unknown, or whose UID differs from the URL's) is 404 — this
 door never reaches pods of other nodes. Provider refusals map to 404 (NotFound), 400
 (InvalidInput) or 502 with the provider's message.
@@ -27,7 +27,6 @@ Does not: obtain its certificate (`servingcert`), or reach the provider itself (
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -41,6 +40,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import parse_rfc3339, rfc3339
 from vkprovider.kubelet import streams
 from vkprovider.kubelet.auth import Authenticator, Authorizer, User, attributes, user_from_peercert
 from vkprovider.kubelet.servingcert import ServingTLS
@@ -117,7 +117,7 @@ def log_options(q: Mapping[str, str]) -> LogOptions:
     since_time = q.get("sinceTime") or None
     if since_time is not None:
         try:
-            dt.datetime.fromisoformat(since_time.replace("Z", "+00:00"))
+            parse_rfc3339(since_time)
         except ValueError:
             raise BadRequestError(f"invalid sinceTime {since_time!r}: not RFC 3339") from None
     opts = LogOptions(
@@ -149,10 +149,6 @@ def command_request(q: Any) -> streams.CommandRequest:
 
 
 # ---- metrics
-
-
-def _ts(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Usage:
@@ -219,10 +215,10 @@ def stats_summary(node: str, start_time: float, usage: Sequence[PodUsage]) -> di
     """A stats/v1alpha1 Summary of the pods' usage (the node's own figures are their sums)."""
 
     def cpu(t: float, cores: float, seconds: float) -> dict[str, Any]:
-        return {"time": _ts(t), "usageNanoCores": int(cores * 1e9), "usageCoreNanoSeconds": int(seconds * 1e9)}
+        return {"time": rfc3339(t), "usageNanoCores": int(cores * 1e9), "usageCoreNanoSeconds": int(seconds * 1e9)}
 
     def mem(t: float, ws: int) -> dict[str, Any]:
-        return {"time": _ts(t), "workingSetBytes": ws, "usageBytes": ws}
+        return {"time": rfc3339(t), "workingSetBytes": ws, "usageBytes": ws}
 
     pods = []
     now = time.time()
@@ -230,11 +226,11 @@ def stats_summary(node: str, start_time: float, usage: Sequence[PodUsage]) -> di
         pods.append(
             {
                 "podRef": {"name": p.name, "namespace": p.namespace, "uid": p.uid},
-                "startTime": _ts(min((c.start_time for c in p.containers), default=p.timestamp)),
+                "startTime": rfc3339(min((c.start_time for c in p.containers), default=p.timestamp)),
                 "containers": [
                     {
                         "name": c.name,
-                        "startTime": _ts(c.start_time),
+                        "startTime": rfc3339(c.start_time),
                         "cpu": cpu(p.timestamp, c.cpu_cores, c.cpu_seconds),
                         "memory": mem(p.timestamp, c.memory_working_set_bytes),
                     }
@@ -249,7 +245,7 @@ def stats_summary(node: str, start_time: float, usage: Sequence[PodUsage]) -> di
     return {
         "node": {
             "nodeName": node,
-            "startTime": _ts(start_time),
+            "startTime": rfc3339(start_time),
             "cpu": cpu(
                 now,
                 sum(c.cpu_cores for p in usage for c in p.containers),

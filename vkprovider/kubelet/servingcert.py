@@ -21,7 +21,7 @@ Owns:
   but one that is presented must verify.
 - `serving_csr_problems`: the pure check the approver applies to a CSR's content.
 
-Does not: approve CSRs (the controller does), authenticate requests (`kubeletauth`), or log keys.
+Does not: approve CSRs (the controller does), authenticate requests (`auth`), or log keys.
 """
 
 from __future__ import annotations

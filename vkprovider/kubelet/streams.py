@@ -17,7 +17,7 @@ runs after the consumer's API server upgraded a connection; it turns the streams
 `client_port_forward`): what a provider implementation runs against another API server's
 pods/exec|attach|portforward after `gpufed.kube.upgrade` switched the connection to SPDY.
 
-Does not: upgrade HTTP connections, authenticate anyone, or frame SPDY (see `spdy`).
+Does not: upgrade HTTP connections, authenticate anyone, or frame SPDY (`vkprovider.spdy`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from typing import Any
 import structlog
 
 from vkprovider.node.provider import ByteSink, ByteSource, Duplex, ExecIO, ExecResult, ProviderError, TermSize
-from vkprovider.spdy.session import Session, SpdyError, Stream
+from vkprovider.spdy.frames import SpdyError
+from vkprovider.spdy.session import Session
+from vkprovider.spdy.stream import Stream
 
 #: Remote-command protocol versions, most preferred first (the API server picks v5 since 1.29).
 REMOTE_COMMAND_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from gpufed.apis.wire import VIRTUAL_NODE_EXCLUSION_LABELS, VIRTUAL_NODE_TAINT
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.metrics import GaugeMap
+from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from vkprovider.node.provider import NodeProvider, NodeState
 
@@ -93,14 +93,6 @@ class NodeSettings:
     owner_references: tuple[Mapping[str, Any], ...] = ()
     #: Extra labels (on top of the provider's).
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _micro_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def conditions(state: NodeState, previous: list[Mapping[str, Any]], now: str) -> list[dict[str, Any]]:
@@ -165,7 +157,7 @@ class NodeController:
         return {
             "capacity": dict(state.capacity),
             "allocatable": dict(state.allocatable),
-            "conditions": conditions(state, previous, _now()),
+            "conditions": conditions(state, previous, rfc3339()),
             # Only the kubelet API's own address: no Hostname (the node's name resolves nowhere, and
             # an API server preferring Hostname would dial it; upgrade tools would try to reach it).
             "addresses": [{"type": "InternalIP", "address": s.address}],
@@ -348,7 +340,7 @@ class NodeController:
         spec = {
             "holderIdentity": name,
             "leaseDurationSeconds": self.settings.lease_duration_s,
-            "renewTime": _micro_now(),
+            "renewTime": rfc3339(micro=True),
         }
         if lease is None:
             await rest.create(

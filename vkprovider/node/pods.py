@@ -34,7 +34,6 @@ Does not: know the provider (see `provider.PodProvider`), schedule, or touch pod
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
+from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from vkprovider import defaults
 from vkprovider.forge.pods import (
@@ -96,12 +96,25 @@ class PodSettings:
     unplaced_timeout_s: float | None = DEFAULT_UNPLACED_TIMEOUT_S
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class PodController:
-    def __init__(self, api: Any, provider: PodProvider, node: str, settings: PodSettings | None = None) -> None:
+    """Keeps the twins of the pods bound to `node` in line with them (see the module docstring).
+
+    `on_change` is called after every change of a local pod bound to the node (e.g. to re-advertise
+    capacity); `releasing` is awaited before a pod stops holding the node's resources (terminal
+    status, deletion), so the node can lower what it advertises before the scheduler sees the
+    resources free. The controller subscribes to `provider`'s twin notifications when constructed.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        provider: PodProvider,
+        node: str,
+        settings: PodSettings | None = None,
+        *,
+        on_change: Callable[[], None] | None = None,
+        releasing: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
+    ) -> None:
         self.api = api
         self.provider = provider
         self.node = node
@@ -116,16 +129,14 @@ class PodController:
         self._finished: set[str] = set()
         #: UIDs of pods being failed back -> (reason, message): their twin is never created again.
         self._failing: dict[str, tuple[str, str]] = {}
-        #: Called after every change of a local pod bound to the node (e.g. to re-advertise capacity).
-        self.listeners: list[Callable[[], None]] = []
-        #: Awaited before a pod stops holding the node's resources (terminal status, deletion), so
-        #: the node can lower what it advertises before the scheduler sees the resources free.
-        self.releasing: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None
+        self._on_change = on_change
+        self._releasing = releasing
         self._log = structlog.get_logger().bind(node=node)
         #: Local phase of every known pod (what `gpufed_offloaded_pods` counts).
         self._phases: dict[Key, str] = {}
         #: UID -> (monotonic time first seen, twin creation observed) of pods not yet seen running.
         self._offloading: dict[str, tuple[float, bool]] = {}
+        provider.subscribe(self._notify)
 
     def _count(self, key: Key, phase: str | None) -> None:
         """Move `key` from its previous phase's count to `phase`'s (None: it is gone)."""
@@ -173,8 +184,8 @@ class PodController:
             elif phase != "Pending":
                 self._offloading.pop(uid, None)
         self.queue.add(key)
-        for listener in self.listeners:
-            listener()
+        if self._on_change is not None:
+            self._on_change()
 
     # ---- what the kubelet API serves (kubeletapi.PodSource)
 
@@ -207,7 +218,7 @@ class PodController:
 
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.provider.run(self._notify))
+            tg.create_task(self.provider.run())
             tg.create_task(
                 watch(
                     self.api,
@@ -270,8 +281,8 @@ class PodController:
         return await self._check_placed(pod, twin)
 
     async def _release(self, pod: Mapping[str, Any]) -> None:
-        if self.releasing is not None:
-            await self.releasing(pod)
+        if self._releasing is not None:
+            await self._releasing(pod)
 
     async def _check_placed(self, pod: dict[str, Any], twin: Twin) -> float | None:
         """Fail back a pod whose twin stayed unplaced too long; else when to look again."""
@@ -301,7 +312,7 @@ class PodController:
             if self.provider.twin(namespace, name) is not None:
                 return self.settings.deletion_poll_s
         await self._release(pod)
-        await self._patch_status(pod, failed_back_status(pod, now=_now(), reason=reason, message=message))
+        await self._patch_status(pod, failed_back_status(pod, now=rfc3339(), reason=reason, message=message))
         await events.emit(self.api, pod, type_="Warning", reason=reason, message=message, component=COMPONENT)
         self._failing.pop(meta["uid"], None)
         FAILED_BACK.labels(self.node, reason).inc()
@@ -348,7 +359,7 @@ class PodController:
             final = terminated_status(
                 pod,
                 twin.raw if twin is not None else None,
-                now=_now(),
+                now=rfc3339(),
                 message=f"stopped on the provider because the pod was deleted (node {self.node})",
             )
             if status_differs(final, pod):

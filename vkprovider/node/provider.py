@@ -1,32 +1,20 @@
 """The contract between the virtual kubelet's controllers and a provider (DESIGN.md §3).
 
 Owns: `PodProvider` and `NodeProvider` (what `vkprovider.node` needs from whatever runs pods),
-`Twin` (what the provider knows of one local pod's remote twin), `NodeState`, and `ProviderError`
-(a refusal users must see). The contract, which `tests/unit/provider_conformance.py` checks against
-every implementation (fakes included):
+`StreamingProvider` (what the kubelet API needs), `Twin` (what the provider knows of one local pod's
+remote twin), `NodeState`, and `ProviderError` (a refusal users must see). Each method's docstring
+is its part of the contract; `tests/unit/provider_conformance.py` checks the `PodProvider` half
+against every implementation (fakes included). In short:
 
-- `run(notify)` watches the provider; it calls `notify(namespace, name)` with the LOCAL key of a pod
-  whenever its twin appears, changes or disappears, and sets `ready` once its view is complete
-  (every twin that exists is in `twins()`). It runs until cancelled.
-- `twins()` / `twin(ns, name)` answer from that view without I/O. A twin carries the LOCAL pod's UID
-  it was created for; a twin whose UID is not the local pod's is stale and must be deleted.
-- `create_pod(pod)` creates the twin of a local pod. Idempotent: a twin of the same UID that
-  already exists is success. Refusals (quota, policy, a missing ConfigMap) raise `ProviderError`
-  with a message for the user; transient failures raise `ProviderError(retry=True)`.
-  A pod that can never run there raises `ProviderError(fail_back=True)`.
-- `update_pod(pod)` brings the mutable fields of an existing twin in line (images, deadline).
-- `delete_pod(ns, name, uid, grace_period_s)` stops the twin of that UID; a missing twin is success.
-- `pod_status(pod, twin)` is the status the LOCAL pod should show, as the body of a strategic-merge
-  patch of its status subresource (`{"status": {...}}`), in local terms (IPs translated).
-- `NodeProvider.node_state()` is what the virtual node advertises now; it raises nothing: an
-  unhealthy provider is a NodeState with ready False and the reason.
-- `StreamingProvider` serves the kubelet API (`vkprovider.kubelet.server`) for pods bound to the
-  node, always given the LOCAL pod (the API checked it is bound to this node): `container_logs`
-  is an async iterator of raw log bytes (errors before the first chunk: `ProviderError` with
-  reason `NotFound` or `InvalidInput`); `exec_in_container` / `attach_to_container` run until the
-  remote process ends and return its `ExecResult`, pumping the `ExecIO` streams meanwhile;
-  `port_forward` joins one client connection (`Duplex`) to `port` of the pod until either side
-  closes; `pod_usage` reports CPU/memory of the given pods (missing pods are left out).
+- `subscribe(notify)` registers a callback before `run()`; `run()` watches the provider until
+  cancelled, calls every subscriber with the LOCAL key of a pod whenever its twin appears, changes
+  or disappears, and sets `ready` once its view is complete.
+- `twins()` / `twin(ns, name)` answer from that view without I/O; a twin carries the LOCAL pod's
+  UID it was created for, and one whose UID is not the local pod's is stale.
+- `create_pod`, `update_pod`, `delete_pod` act on the twin of one local pod (idempotent; refusals
+  are `ProviderError`); `pod_status` says what the local pod's status should be.
+- `NodeProvider.node_state()` is what the virtual node advertises now.
+- `StreamingProvider` serves logs, exec, attach, port-forward and usage of pods bound to the node.
 
 Does not: talk to the consumer's API server (the controllers do), or decide when to retry.
 """
@@ -90,25 +78,81 @@ class NodeState:
 
 
 class PodProvider(Protocol):
+    """Where the twins of the pods bound to a virtual node run."""
+
+    #: Set by `run()` once its view is complete (every twin that exists is in `twins()`).
     ready: asyncio.Event
 
-    async def run(self, notify: Notify) -> None: ...
+    def subscribe(self, notify: Notify) -> None:
+        """Register `notify`, called with the LOCAL (namespace, name) of a pod whenever its twin
+        appears, changes or disappears, from the next notification on.
 
-    def twins(self) -> list[Twin]: ...
+        Called before `run()`; must not block or do I/O and raises nothing. Every registered callback
+        is called, in the order they were registered; registering the same callback twice makes it
+        called twice. Callbacks run on the event loop and must return at once.
+        """
+        ...
 
-    def twin(self, namespace: str, name: str) -> Twin | None: ...
+    async def run(self) -> None:
+        """Watch the provider until cancelled: keep the view `twins()` answers from, notify every
+        subscriber of each change, and set `ready` once the view is complete.
 
-    async def create_pod(self, pod: Mapping[str, Any]) -> None: ...
+        Never returns on its own; a failure it cannot recover from raises (the caller's TaskGroup
+        then stops the node). Run once per provider object.
+        """
+        ...
 
-    async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None: ...
+    def twins(self) -> list[Twin]:
+        """Every twin in the current view, without I/O (empty before the view is complete)."""
+        ...
 
-    async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_s: int) -> None: ...
+    def twin(self, namespace: str, name: str) -> Twin | None:
+        """The twin of the LOCAL pod namespace/name in the current view, without I/O; None when
+        there is none. A twin whose `origin_uid` is not the local pod's UID is stale."""
+        ...
 
-    def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]: ...
+    async def create_pod(self, pod: Mapping[str, Any]) -> None:
+        """Create the twin of the local `pod` (bound to the node, not terminal).
+
+        Idempotent: a twin of the same UID that already exists is success, and a twin of ANOTHER
+        UID under that name is neither adopted nor replaced. Raises `ProviderError` with a message
+        for the user on a refusal (quota, policy, a missing ConfigMap); `retry=True` for transient
+        failures, `retry=False` for refusals that only change when the pod or the policy does, and
+        `fail_back=True` for a pod that can never run there.
+        """
+        ...
+
+    async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None:
+        """Bring the mutable fields of the existing `twin` in line with the local `pod` (container
+        images, activeDeadlineSeconds). Idempotent: nothing to change is success. Raises
+        `ProviderError` when the provider refuses the change."""
+        ...
+
+    async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_s: int) -> None:
+        """Stop the twin of the LOCAL pod namespace/name created for `uid`, with `grace_period_s`.
+
+        Idempotent: a missing twin, or one created for another UID, is success (and is left
+        alone). With grace 0 the twin leaves the view at once; with a grace period it shows as
+        `deleting` until the provider has stopped it. Raises `ProviderError` when the provider
+        refuses or cannot be reached.
+        """
+        ...
+
+    def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
+        """The status the LOCAL `pod` should show, as the body of a strategic-merge patch of its
+        status subresource (`{"status": {...}}`), in local terms (IPs translated), taken from
+        `twin` without I/O. Never sets `qosClass`; raises nothing."""
+        ...
 
 
 class NodeProvider(Protocol):
-    async def node_state(self) -> NodeState: ...
+    """Where a virtual node's capacity and health come from."""
+
+    async def node_state(self) -> NodeState:
+        """What the virtual node advertises now. Raises nothing: an unhealthy provider is a
+        NodeState with `ready` False and the reason. Called every few seconds and on every pod
+        change, so it answers from what the provider already knows where it can."""
+        ...
 
 
 # ---- the kubelet API's needs (StreamingProvider)
@@ -141,9 +185,13 @@ class ByteSource(Protocol):
 
 
 class ByteSink(Protocol):
-    async def write(self, data: bytes) -> None: ...
+    async def write(self, data: bytes) -> None:
+        """Send `data` (all of it, or raise when the other side is gone)."""
+        ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """End this direction; further writes fail. Closing twice is harmless."""
+        ...
 
 
 class Duplex(ByteSource, ByteSink, Protocol):
@@ -198,14 +246,33 @@ class PodUsage:
 
 
 class StreamingProvider(Protocol):
-    def container_logs(self, pod: Mapping[str, Any], container: str, opts: LogOptions) -> AsyncIterator[bytes]: ...
+    """What the kubelet API (`vkprovider.kubelet.server`) serves for pods bound to the node. Every
+    method is given the LOCAL pod, already checked to be bound to this node."""
+
+    def container_logs(self, pod: Mapping[str, Any], container: str, opts: LogOptions) -> AsyncIterator[bytes]:
+        """The raw log bytes of `container`, as they arrive (until the end, or forever with
+        `opts.follow`). Errors before the first chunk: `ProviderError` with reason `NotFound` (no
+        such pod, twin or container) or `InvalidInput` (options the provider rejects)."""
+        ...
 
     async def exec_in_container(
         self, pod: Mapping[str, Any], container: str, command: Sequence[str], io: ExecIO
-    ) -> ExecResult: ...
+    ) -> ExecResult:
+        """Run `command` in `container` until the remote process ends, pumping the `io` streams
+        meanwhile, and return how it ended. Raises `ProviderError` when it cannot start."""
+        ...
 
-    async def attach_to_container(self, pod: Mapping[str, Any], container: str, io: ExecIO) -> ExecResult: ...
+    async def attach_to_container(self, pod: Mapping[str, Any], container: str, io: ExecIO) -> ExecResult:
+        """Attach the `io` streams to the running `container` until it ends or the caller leaves;
+        its `ExecResult` as for exec. Raises `ProviderError` when it cannot attach."""
+        ...
 
-    async def port_forward(self, pod: Mapping[str, Any], port: int, stream: Duplex) -> None: ...
+    async def port_forward(self, pod: Mapping[str, Any], port: int, stream: Duplex) -> None:
+        """Join one client connection (`stream`) to `port` of the pod until either side closes.
+        Raises `ProviderError` when the port cannot be reached."""
+        ...
 
-    async def pod_usage(self, pods: Sequence[Mapping[str, Any]]) -> list[PodUsage]: ...
+    async def pod_usage(self, pods: Sequence[Mapping[str, Any]]) -> list[PodUsage]:
+        """CPU and memory of the given pods; pods the provider has no figures for are left out.
+        Raises `ProviderError` only when the provider cannot be asked at all."""
+        ...

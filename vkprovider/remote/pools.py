@@ -42,20 +42,30 @@ class Usage:
 
 
 class PoolView:
+    """One pool node's PodProvider and NodeProvider over the shared `provider`.
+
+    Whoever runs `provider` fans its notifications out to every view's `notify`, which passes them
+    all on to the view's subscribers (a twin of another pool is None in this view's `twin()`, so its
+    pod controller does nothing for it). `draining` may change later (the pool stops being wanted,
+    or is wanted again).
+    """
+
     def __init__(
         self,
         provider: RemoteProvider,
         feed: CapacityFeed | None,
         pool: Pool,
         usage: Callable[[str], Usage],
+        *,
+        draining: bool = False,
     ) -> None:
         self.provider = provider
         self.feed = feed
         self.pool = pool
         self.usage = usage
-        self.draining = False
+        self.draining = draining
         self.ready = provider.ready
-        self._notify: Notify | None = None
+        self._subscribers: list[Notify] = []
 
     def _mine(self, twin: Twin | None) -> Twin | None:
         if twin is None or origin_node(twin.raw, self.provider.settings.node) != self.pool.node:
@@ -65,16 +75,16 @@ class PoolView:
     # ---- PodProvider
 
     def notify(self, namespace: str, name: str) -> None:
-        if self._notify is not None:
-            self._notify(namespace, name)
+        """A twin of the shared provider changed: tell this view's subscribers."""
+        for notify in self._subscribers:
+            notify(namespace, name)
 
-    async def run(self, notify: Notify) -> None:
-        """The shared provider runs elsewhere; this only subscribes the pool's controller to it."""
-        self._notify = notify
-        try:
-            await asyncio.Event().wait()
-        finally:
-            self._notify = None
+    def subscribe(self, notify: Notify) -> None:
+        self._subscribers.append(notify)
+
+    async def run(self) -> None:
+        """The shared provider runs elsewhere (and sets `ready`); nothing to watch here until cancelled."""
+        await asyncio.Event().wait()
 
     def twins(self) -> list[Twin]:
         return [t for t in self.provider.twins() if self._mine(t) is not None]

@@ -6,13 +6,12 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   twins (label `gpufed.io/origin-cluster-id=<consumer>`; each twin names its pool node in
   `gpufed.io/origin-node`) and on the namespace's Events;
 - creating twins (forge.pods.remote_pod) after the ConfigMaps and Secrets they reference exist in
-  the twin namespace (copied from the consumer with the reflection forge, never overwriting an
-  object gpufed did not create, refused when annotated `gpufed.io/skip-reflection`) and, with
-  `tokens`, after their consumer-issued service-account token Secret exists (remote.tokens),
-  deleting them with UID preconditions, mapping API refusals to `ProviderError` with the provider's
-  own message (e.g. the quota's "exceeded quota: gpufed-grant, requested: ...");
+  the twin namespace (`remote.references`) and, with `tokens`, after their consumer-issued
+  service-account token Secret exists (remote.tokens), deleting them with UID preconditions,
+  mapping API refusals to `ProviderError` with the provider's own message (`remote.refusals`, e.g.
+  the quota's "exceeded quota: gpufed-grant, requested: ...");
 - before creating the twin of a GPU pod, asking `placement` (the capacity estimator) whether any
-  provider node can take it: a definite no is `ProviderError(fail_back=True)`;
+  provider node can take it (`remote.placement`): a definite no is `ProviderError(fail_back=True)`;
 - the provider's offload pod-security policy, as each Ready TwinNamespace's `status.podSecurity`
   publishes it: a pod it refuses (privileged, host namespaces, hostPath, added capabilities) gets no
   twin and `ProviderError(reason=OffloadPolicyRefused, retry=False)` with the reason
@@ -20,30 +19,35 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   same way), but tried again when that namespace's policy changes. The provider's API server
   enforces the policy anyway; its refusal (403 from the admission policy or Pod Security
   Admission) is mapped the same way, with the API server's message;
-- telling listeners (reflection) when a twin namespace becomes Ready or goes;
+- telling `reflection` (the `NamespaceReflection` it is built with) when a twin namespace becomes
+  Ready or goes, and asking it for a namespace's annotations (its allow-list mode);
 - remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
   replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement);
 - the grant (this provider's accepted ResourceSlices, consumer side, namespace gpufed) and the
   provider's health (its API answers), which pool nodes advertise.
 
+Construction takes the collaborators: the two API clients, the IP translator, the token issuer,
+the estimator's `placement` (None: static capacity, nobody to ask) and the `reflection` (None: no
+object reflection). Subscribers to twin changes register with `subscribe`, before `run`.
+
 Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials:
-the provider client is built once per process (certificate rotation is issue 11's).
+the provider client is built once per process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
-from gpufed.apis.models import API_VERSION, GPU_RESOURCE, OffloadPodSecurity
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.offloading import OffloadPodSecurity
 from gpufed.apis.quantity import parse
 from gpufed.apis.wire import (
     ORIGIN_CLUSTER_LABEL,
@@ -55,13 +59,15 @@ from gpufed.apis.wire import (
 )
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
-from gpupool.capacity import Placement
-from peering import podsecurity
-from peering.grants import pod_requests
-from vkprovider.forge import podpolicy, reflection
+from vkprovider.forge import podpolicy
 from vkprovider.forge import pods as forge
+from vkprovider.forge.meta import Target, owned_by
 from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin
+from vkprovider.remote.placement import PlacementGate, Placer
+from vkprovider.remote.references import ReferenceCopier
+from vkprovider.remote.refusals import ADMISSION_REFUSED, refusal
 from vkprovider.remote.tokens import PodTokens
 from vkprovider.remote.translate import Identity, IPTranslator
 
@@ -87,15 +93,6 @@ class RemoteSettings:
     unplaceable_grace_s: float = 30.0
 
 
-#: Reason of a pod failed back because no provider node can take it.
-UNPLACEABLE = "GPUUnplaceable"
-#: Reason while a GPU pod waits (locally, no twin) for the provider to have room.
-WAITING_FOR_GPUS = "WaitingForGPUs"
-#: Reason of a pod the provider's API server refused at admission for another policy than gpufed's
-#: (Pod Security Admission, another ValidatingAdmissionPolicy): deterministic, so not retried.
-ADMISSION_REFUSED = "AdmissionRefused"
-
-
 @dataclass(frozen=True)
 class Grant:
     """What the provider granted this consumer (all accepted ResourceSlices together)."""
@@ -115,15 +112,27 @@ class Health:
     message: str
 
 
-#: (local pod, pool product) -> the estimator's answer, or None when it cannot say.
-Placer = Callable[[Mapping[str, Any], str | None], Awaitable[Placement | None]]
+class NamespaceReflection(Protocol):
+    """What the provider needs of the reflection of offloaded namespaces (`remote.reflection`)."""
+
+    def start_namespace(self, local_ns: str, twin_ns: str) -> None:
+        """Start reflecting `local_ns` into `twin_ns` (its TwinNamespace became Ready)."""
+        ...
+
+    def stop_namespace(self, local_ns: str) -> None:
+        """Stop reflecting `local_ns` (its TwinNamespace went)."""
+        ...
+
+    def namespace_annotations(self, local_ns: str) -> Mapping[str, str]:
+        """The annotations of `local_ns` as last seen (empty when unknown)."""
+        ...
 
 
 def _unix(timestamp: str | None) -> float | None:
     if not timestamp:
         return None
     try:
-        return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+        return parse_rfc3339(timestamp).timestamp()
     except ValueError:
         return None
 
@@ -139,6 +148,8 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 class RemoteProvider:
+    """The twins of one consumer at one provider (see the module docstring)."""
+
     def __init__(
         self,
         local_api: Any,
@@ -146,6 +157,9 @@ class RemoteProvider:
         settings: RemoteSettings,
         translator: IPTranslator | None = None,
         tokens: PodTokens | None = None,
+        *,
+        placement: Placer | None = None,
+        reflection: NamespaceReflection | None = None,
     ) -> None:
         self.local = local_api
         self.remote = remote_api
@@ -165,9 +179,16 @@ class RemoteProvider:
         self._slices: dict[str, dict[str, Any]] = {}
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._synced: dict[str, asyncio.Event] = {}
-        #: (twin namespace, kind, name) -> resourceVersion of the local object last copied there.
-        self._copied: dict[tuple[str, str, str], str] = {}
-        self._notify: Notify = lambda _ns, _name: None
+        #: Told when a twin namespace becomes Ready or goes (None: nothing is reflected).
+        self.reflection = reflection
+        self.references = ReferenceCopier(
+            local_api,
+            remote_api,
+            settings.consumer,
+            settings.provider,
+            reflection.namespace_annotations if reflection is not None else lambda _ns: {},
+        )
+        self._subscribers: list[Notify] = []
         #: local namespace -> pods refused because it had no Ready twin namespace yet.
         self._waiting: dict[str, set[str]] = {}
         #: local namespace -> the provider's offload policy there (None: not published, e.g. an
@@ -176,26 +197,30 @@ class RemoteProvider:
         #: local namespace -> pods refused by an admission policy (tried again when it changes).
         self._policy_refused: dict[str, set[str]] = {}
         self._tg: asyncio.TaskGroup | None = None
-        #: Called with (local namespace, twin namespace) when a twin namespace becomes Ready and with
-        #: (local namespace, None) when it goes (reflection starts and stops its reflectors).
-        self.namespace_listeners: list[Callable[[str, str | None], None]] = []
-        #: A namespace's annotations (the reflection policy's allow-list mode), from reflection.
-        self.namespace_annotations: Callable[[str], Mapping[str, str]] = lambda _ns: {}
         #: Pool node -> its GPU product (twins of that node are pinned to it).
         self.pool_products: dict[str, str | None] = {}
         #: Asked before a GPU pod's twin is created (None: nobody to ask).
-        self.placement: Placer | None = None
+        self.placement = (
+            PlacementGate(placement, settings.provider, settings.unplaceable_grace_s) if placement is not None else None
+        )
         #: Called when this provider's ResourceSlices change.
         self.slice_listeners: list[Callable[[], None]] = []
         self._health: tuple[float, Health] | None = None
-        #: Local pod UID -> when the estimator first said it cannot be placed.
-        self._unplaceable: dict[str, float] = {}
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
 
     # ---- provider view
 
-    async def run(self, notify: Notify) -> None:
-        self._notify = notify
+    def subscribe(self, notify: Notify) -> None:
+        """Register `notify` for the LOCAL key of every twin that appears, changes or goes."""
+        self._subscribers.append(notify)
+
+    def _notify(self, namespace: str, name: str) -> None:
+        for notify in self._subscribers:
+            notify(namespace, name)
+
+    async def run(self) -> None:
+        """Watch TwinNamespaces, ResourceSlices and per Ready twin namespace its twins and Events,
+        until cancelled; `ready` once every twin namespace's twins have been listed."""
         twins_synced = asyncio.Event()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -248,8 +273,8 @@ class RemoteProvider:
             if old:
                 self.local_ns.pop(old, None)
                 self._stop_watches(old)
-                for listener in self.namespace_listeners:
-                    listener(local, None)
+                if self.reflection is not None:
+                    self.reflection.stop_namespace(local)
             return
         self._set_pod_security(local, st.get("podSecurity"))
         if not twin or self.twin_ns.get(local) == twin:
@@ -258,8 +283,8 @@ class RemoteProvider:
         self.local_ns[twin] = local
         if self._tg is not None:
             self._start_watches(twin)
-        for listener in self.namespace_listeners:
-            listener(local, twin)
+        if self.reflection is not None:
+            self.reflection.start_namespace(local, twin)
         # Pods refused because this namespace had no twin yet go again now, not after their backoff.
         for name in sorted(self._waiting.pop(local, set())):
             self._notify(local, name)
@@ -398,7 +423,7 @@ class RemoteProvider:
 
     # ---- pods
 
-    def _target(self, namespace: str, name: str, node: str) -> forge.Target:
+    def _target(self, namespace: str, name: str, node: str) -> Target:
         twin_ns = self.twin_ns.get(namespace)
         if twin_ns is None:
             self._waiting.setdefault(namespace, set()).add(name)
@@ -407,16 +432,18 @@ class RemoteProvider:
                 f"(run `gpufed offload-namespace {namespace}`, or wait for its twin namespace)",
                 reason="NamespaceNotOffloaded",
             )
-        return forge.Target(self.settings.consumer, node, twin_ns, self.settings.provider, self.pool_products.get(node))
+        return Target(self.settings.consumer, node, twin_ns, self.settings.provider, self.pool_products.get(node))
 
     async def create_pod(self, pod: Mapping[str, Any]) -> None:
         namespace, name = _key(pod)
         node = str((pod.get("spec") or {}).get("nodeName") or self.settings.node)
         target = self._target(namespace, name, node)
         self._check_pod_security(pod)
-        await self._check_placement(pod, target)
+        if self.placement is not None and (namespace, name) not in self._twins:
+            # The estimator's answer is authoritative only when given: an unreachable one lets the pod through.
+            await self.placement.check(pod, target.gpu_product)
         for ref in forge.references(pod):
-            await self._copy_reference(namespace, ref, target)
+            await self.references.copy(namespace, ref, target)
         identity = await self.tokens.ensure(pod, target) if self.tokens is not None else None
         body = forge.remote_pod(pod, target, identity)
         url = rest.path("v1", "pods", namespace=target.namespace)
@@ -426,10 +453,10 @@ class RemoteProvider:
             if e.conflict:
                 await self._adopt(pod, target)
                 return
-            refusal = self._refusal(e, f"the provider {self.settings.provider} refused the pod")
-            if refusal.reason in (podpolicy.REASON, ADMISSION_REFUSED):
+            refused = refusal(e, f"the provider {self.settings.provider} refused the pod")
+            if refused.reason in (podpolicy.REASON, ADMISSION_REFUSED):
                 self._policy_refused.setdefault(namespace, set()).add(name)
-            raise refusal from e
+            raise refused from e
         # Seen at once: the next reconcile must not create it again before the watch reports it.
         self._twins.setdefault((namespace, name), created)
 
@@ -444,117 +471,22 @@ class RemoteProvider:
             self._policy_refused.setdefault(namespace, set()).add(name)
             raise ProviderError(podpolicy.refusal(self.settings.provider, found), reason=podpolicy.REASON, retry=False)
 
-    async def _check_placement(self, pod: Mapping[str, Any], target: forge.Target) -> None:
-        """Fail back a GPU pod the estimator says no provider node can take (its answer is
-        authoritative only when given: an unreachable estimator lets the pod through)."""
-        if self.placement is None or _key(pod) in self._twins:
-            return
-        gpus = pod_gpus(pod)
-        if gpus <= 0:
-            return
-        uid = str(pod["metadata"].get("uid") or "")
-        answer = await self.placement(pod, target.gpu_product)
-        if answer is None or answer.placeable:
-            self._unplaceable.pop(uid, None)
-            return
-        what = f"{gpus} GPUs" + (f" of {target.gpu_product}" if target.gpu_product else "")
-        now = time.monotonic()
-        for stale in [u for u, t in self._unplaceable.items() if now - t > 10 * self.settings.unplaceable_grace_s]:
-            del self._unplaceable[stale]  # pods deleted while they waited
-        waited = now - self._unplaceable.setdefault(uid, now)
-        if waited < self.settings.unplaceable_grace_s:
-            raise ProviderError(
-                f"waiting for {what} to free up at provider {self.settings.provider} "
-                f"(failed back after {self.settings.unplaceable_grace_s:g}s): {answer.reason}",
-                reason=WAITING_FOR_GPUS,
-            )
-        self._unplaceable.pop(uid, None)
-        raise ProviderError(
-            f"provider {self.settings.provider} cannot place this pod ({what}): {answer.reason}",
-            reason=UNPLACEABLE,
-            fail_back=True,
-        )
-
-    async def _adopt(self, pod: Mapping[str, Any], target: forge.Target) -> None:
+    async def _adopt(self, pod: Mapping[str, Any], target: Target) -> None:
         namespace, name = _key(pod)
-        existing = await self._get_remote(rest.path("v1", "pods", name, namespace=target.namespace))
+        existing = await self.references.get_remote(rest.path("v1", "pods", name, namespace=target.namespace))
         if existing is None:
             raise ProviderError("the twin was being replaced; retrying", reason="TwinConflict")
-        if not forge.owned_by(existing, self.settings.consumer):
+        if not owned_by(existing, self.settings.consumer):
             raise ProviderError(
                 f"pod {target.namespace}/{name} on {self.settings.provider} was not created by gpufed; "
                 "it is left alone and this pod cannot be offloaded under that name",
                 reason="NameCollision",
                 retry=True,
             )
-        if forge.owned_by(existing, self.settings.consumer, pod["metadata"]["uid"]):
+        if owned_by(existing, self.settings.consumer, pod["metadata"]["uid"]):
             self._twins.setdefault((namespace, name), existing)
             return
         raise ProviderError("an earlier twin with this name is still being removed; retrying", reason="TwinConflict")
-
-    async def _get_remote(self, url: str) -> dict[str, Any] | None:
-        try:
-            return await rest.get(self.remote, url)
-        except KubeError as e:
-            raise self._refusal(e, f"cannot read from provider {self.settings.provider}") from e
-
-    async def _copy_reference(self, namespace: str, ref: forge.Reference, target: forge.Target) -> None:
-        plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
-        try:
-            local = await rest.get(self.local, rest.path("v1", plural, ref.name, namespace=namespace))
-        except KubeError as e:
-            raise ProviderError(
-                f"cannot read {ref.kind} {namespace}/{ref.name}: {e}", reason="ReferenceUnreadable"
-            ) from e
-        if local is None:
-            if ref.optional:
-                return
-            raise ProviderError(
-                f'{ref.kind} "{ref.name}" not found in namespace {namespace}: the pod cannot start on '
-                f"{self.settings.provider} until it exists",
-                reason="ReferenceNotFound",
-            )
-        decision = reflection.policy(local, self.namespace_annotations(namespace))
-        if decision.reason in ("Skipped", "NotAllowed"):  # the reflector would remove the copy again
-            raise ProviderError(
-                f"{ref.kind} {namespace}/{ref.name} is not reflected ({decision.message}): the pod needs it on "
-                f"{self.settings.provider} and cannot be offloaded without it",
-                reason="ReferenceNotReflected",
-            )
-        rv = str(local["metadata"].get("resourceVersion"))
-        cache_key = (target.namespace, ref.kind, ref.name)
-        if self._copied.get(cache_key) == rv:
-            return
-        # The same copy the Secret/ConfigMap reflector makes (the pod cannot wait for it).
-        twin = (reflection.remote_config_map if ref.kind == "ConfigMap" else reflection.remote_secret)(local, target)
-        if twin is None:
-            return
-        url = rest.path("v1", plural, ref.name, namespace=target.namespace)
-        existing = await self._get_remote(url)
-        if existing is not None and not forge.owned_by(existing, self.settings.consumer):
-            raise ProviderError(
-                f"{ref.kind} {target.namespace}/{ref.name} on {self.settings.provider} was not created by gpufed; "
-                "it is left alone",
-                reason="NameCollision",
-            )
-        try:
-            await rest.apply(self.remote, url, twin, what=f"copy {ref.kind} {ref.name}")
-        except KubeError as e:
-            raise self._refusal(e, f"cannot copy {ref.kind} {ref.name} to {self.settings.provider}") from e
-        self._copied[cache_key] = rv
-
-    def _refusal(self, e: KubeError, what: str) -> ProviderError:
-        if e.transient:
-            return ProviderError(f"{what}: {e}", reason="ProviderUnavailable")
-        if e.status == 403 and "exceeded quota" in str(e):
-            return ProviderError(f"{what}: {e}", reason="QuotaExceeded")
-        if e.status in (403, 422) and f"ValidatingAdmissionPolicy '{podsecurity.POLICY_NAME}'" in str(e):
-            return ProviderError(f"{what}: {e}", reason=podpolicy.REASON, retry=False)
-        if e.status in (403, 422) and ("ValidatingAdmissionPolicy" in str(e) or "violates PodSecurity" in str(e)):
-            return ProviderError(f"{what}: {e}", reason=ADMISSION_REFUSED, retry=False)
-        if e.status == 422:
-            return ProviderError(f"{what}: {e}", reason="InvalidPod", retry=False)
-        return ProviderError(f"{what}: {e}", reason="ProviderFailed")
 
     async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None:
         """Images and activeDeadlineSeconds are the mutable fields of a running pod that matter."""
@@ -577,7 +509,7 @@ class RemoteProvider:
                 self.remote, rest.path("v1", "pods", meta["name"], namespace=meta["namespace"]), patch
             )
         except KubeError as e:
-            raise self._refusal(e, "cannot update the twin") from e
+            raise refusal(e, "cannot update the twin") from e
 
     async def delete_pod(self, namespace: str, name: str, uid: str, grace_period_s: int) -> None:
         pod = self._twins.get((namespace, name))
@@ -598,7 +530,7 @@ class RemoteProvider:
         except KubeError as e:
             if e.conflict:  # the UID precondition: that twin is already gone
                 return
-            raise self._refusal(e, "cannot delete the twin") from e
+            raise refusal(e, "cannot delete the twin") from e
         if self.tokens is not None:
             await self.tokens.forget(namespace, name, meta["namespace"], uid=uid)
         if grace_period_s == 0:
@@ -642,8 +574,3 @@ class RemoteProvider:
             health = Health(False, "ProviderUnreachable", f"the provider's API does not answer: {str(e)[:300]}")
         self._health = (time.monotonic(), health)
         return health
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod requests (as the scheduler counts them)."""
-    return int(pod_requests(pod).get(GPU_RESOURCE, Decimal(0)))

@@ -41,14 +41,14 @@ from typing import Any
 
 import structlog
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import NAMESPACE_OFFLOADING
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
 from vkprovider.forge import reflection as forge
-from vkprovider.forge.pods import Target
+from vkprovider.forge.meta import Target
 from vkprovider.forge.tokens import TOKEN_FOR_POD_LABEL
 from vkprovider.remote.translate import Identity, IPTranslator
 

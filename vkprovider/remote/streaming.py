@@ -24,7 +24,6 @@ caller (the kubelet API did), or keep connections between calls.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from gpufed.apis.quantity import parse
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.upgrade import open_upgraded
 from vkprovider.kubelet import streams
 from vkprovider.node.provider import (
@@ -76,7 +76,7 @@ def _started(pod: Mapping[str, Any], container: str) -> float | None:
         if cs.get("name") == container:
             started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
             if started:
-                return dt.datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
+                return parse_rfc3339(str(started)).timestamp()
     return None
 
 
@@ -181,7 +181,7 @@ class RemoteStreaming:
         meta = pod["metadata"]
         uid = str(meta.get("uid") or "")
         ts_s = item.get("timestamp")
-        ts = dt.datetime.fromisoformat(str(ts_s).replace("Z", "+00:00")).timestamp() if ts_s else time.time()
+        ts = parse_rfc3339(str(ts_s)).timestamp() if ts_s else time.time()
         containers = []
         for c in item.get("containers") or []:
             usage = c.get("usage") or {}

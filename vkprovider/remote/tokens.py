@@ -35,7 +35,7 @@ import structlog
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
-from vkprovider.forge import pods as forge
+from vkprovider.forge import meta
 from vkprovider.forge import tokens as tf
 from vkprovider.node.provider import ProviderError
 
@@ -110,7 +110,7 @@ class PodTokens:
         name = str((pod.get("metadata") or {}).get("name", ""))
         return tf.PodIdentity(tf.token_secret_name(name), self.settings.api_host, self.settings.api_port)
 
-    async def ensure(self, pod: Mapping[str, Any], target: forge.Target) -> tf.PodIdentity | None:
+    async def ensure(self, pod: Mapping[str, Any], target: meta.Target) -> tf.PodIdentity | None:
         """Make the token Secret of `pod` in `target.namespace` hold fresh tokens; its identity.
 
         Call before creating the twin. Tokens not yet due are not requested again. ProviderError:
@@ -129,7 +129,7 @@ class PodTokens:
                 existing = await rest.get(self.remote, url)
             except KubeError as e:
                 raise _provider_refusal(e, f"cannot read Secret {target.namespace}/{identity.secret_name}") from e
-            if existing is not None and not forge.owned_by(existing, self.consumer):
+            if existing is not None and not meta.owned_by(existing, self.consumer):
                 raise ProviderError(
                     f"Secret {target.namespace}/{identity.secret_name} on the provider was not created by gpufed; "
                     "it is left alone and this pod cannot get its service-account token under that name",
@@ -167,7 +167,7 @@ class PodTokens:
                     namespace,
                     pod_name,
                 )
-                if not (forge.owned_by(existing, self.consumer, uid) and same_pod):
+                if not (meta.owned_by(existing, self.consumer, uid) and same_pod):
                     self._log.info("token secret of another owner left alone", namespace=twin_namespace, secret=key[1])
                     return
                 try:
@@ -219,7 +219,7 @@ class PodTokens:
             ok.add(namespace)
             for item in items:
                 state = tf.read_token_secret(item)
-                if state is None or not forge.owned_by(item, self.consumer):
+                if state is None or not meta.owned_by(item, self.consumer):
                     self._log.warning(
                         "unreadable token secret left alone",
                         namespace=namespace,
@@ -261,7 +261,7 @@ class PodTokens:
             url = rest.path("v1", "secrets", key[1], namespace=key[0])
             existing = await rest.get(self.remote, url)  # the latest state: ensure may have refreshed it
             state = tf.read_token_secret(existing) if existing is not None else None
-            if existing is None or state is None or not forge.owned_by(existing, self.consumer):
+            if existing is None or state is None or not meta.owned_by(existing, self.consumer):
                 self._schedule.pop(key, None)
                 return
             if not state.due(self.clock(), self._fraction):
@@ -335,7 +335,7 @@ class PodTokens:
         return ca
 
     async def _read_consumer_ca(self, namespace: str, fallback: str | None) -> str:
-        url = rest.path("v1", "configmaps", forge.ROOT_CA_CONFIGMAP, namespace=namespace)
+        url = rest.path("v1", "configmaps", meta.ROOT_CA_CONFIGMAP, namespace=namespace)
         try:
             config_map = await rest.get(self.local, url)
         except KubeError as e:
@@ -349,7 +349,7 @@ class PodTokens:
         if fallback is not None:
             return fallback
         raise ProviderError(
-            f'ConfigMap "{forge.ROOT_CA_CONFIGMAP}" (key {tf.CA_KEY}) not found in namespace {namespace}: '
+            f'ConfigMap "{meta.ROOT_CA_CONFIGMAP}" (key {tf.CA_KEY}) not found in namespace {namespace}: '
             "the pod's service-account volume cannot be served",
             reason="ReferenceNotFound",
         )

@@ -49,7 +49,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, ClusterID
-from gpufed.localenv import launcher
+from gpufed.localenv import supervise
 from gpufed.localenv.kwokcfg import EXIT_CODE_ANNOTATION
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, PodRecord, Snapshot, record, running
@@ -133,8 +133,8 @@ def component(clusters: Clusters, cluster: str, name: str) -> int:
 
 
 def gone(pid: int) -> bool:
-    # _proc_start_time also reaps the launcher's own children.
-    if launcher._proc_start_time(pid) is None:
+    # start_time also reaps the launcher's own children.
+    if supervise.start_time(pid) is None:
         return True
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -53,9 +53,10 @@ from typing import Any
 
 import pytest
 
-from gpufed.apis.models import GROUP, KINDS
+from gpufed.apis.kinds import KINDS
+from gpufed.apis.meta import GROUP
 from gpufed.apis.wire import ClusterID
-from gpufed.localenv import launcher
+from gpufed.localenv import components, supervise
 from gpufed.localenv.podnet import PodNetwork, missing_requirements
 from netfabric.render import INTERFACE_PREFIX
 from tests.e2e.conftest import Clusters
@@ -179,7 +180,7 @@ def _in_namespaces(pids: dict[int, str], namespaces: list[str]) -> dict[int, str
 
 async def _controller_pid(clusters: Clusters, context: str) -> int:
     status = {c.name: c for c in await clusters.env.status()}[context]
-    pid = next(c.pid for c in status.components if c.name == launcher.CONTROLLER)
+    pid = next(c.pid for c in status.components if c.name == components.CONTROLLER)
     assert pid is not None, f"no gpufed controller recorded for {context}"
     return pid
 
@@ -197,7 +198,7 @@ async def _wait(what: str, probe: Callable[[], Any], timeout: float, interval: f
 
 
 async def _gone(pid: int, timeout: float = 30) -> None:
-    await _wait(f"pid {pid} to exit", lambda: launcher._proc_start_time(pid) is None, timeout, interval=0.1)
+    await _wait(f"pid {pid} to exit", lambda: supervise.start_time(pid) is None, timeout, interval=0.1)
 
 
 def all_running(namespace: str) -> Callable[[Snapshot], bool]:
@@ -397,7 +398,7 @@ async def test_controller_restarts_and_the_webhook_failure_policy(drill: Drill) 
     clusters, ledger, ns = drill.clusters, drill.ledger, drill.namespace
     webhook_config = ["get", "mutatingwebhookconfiguration", "gpufed-offloading"]
     ca_before = clusters.kubectl_json("consumer", *webhook_config)["webhooks"][0]["clientConfig"]["caBundle"]
-    log = clusters.env.log_path("gpu-a", launcher.CONTROLLER)
+    log = clusters.env.log_path("gpu-a", components.CONTROLLER)
 
     # the provider's controller: an ordinary stop and start
     ready_lines = log.read_text(errors="replace").count('"controller ready"')

@@ -12,7 +12,7 @@ import pytest
 
 from bench import apicost, report
 from bench.apicost import AuditEvent
-from gpufed.localenv.launcher import CONTROLLER
+from gpufed.localenv.components import CONTROLLER
 from tests.paths import UNIT_DATA
 
 DATA = UNIT_DATA

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from wireguard_tools import WireguardKey
 
-from gpufed.apis.models import API_VERSION, GatewaySpec, NetworkConfigSpec, RemoteNetworkSpec
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.network import GatewaySpec, NetworkConfigSpec, RemoteNetworkSpec
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, SYSTEM_NAMESPACE, ClusterID
 from netfabric import ops
 from netfabric import plan as plans

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpufed.apis.models import CIDRPair, ExternalIP, NetworkConfigSpec, RemoteNetworkSpec
+from gpufed.apis.network import CIDRPair, ExternalIP, NetworkConfigSpec, RemoteNetworkSpec
 from netfabric import plan
 from netfabric.ipam import PoolExhausted, RangeMap
 from netfabric.render import interface_name, mark_for, table_name

@@ -1,4 +1,4 @@
-"""Generated bad input for the peering handshake (issue 11): replays, forged or mutated answers, wrong keys.
+"""Generated bad input for the peering handshake: replays, forged or mutated answers, wrong keys.
 
 Owns the property that `peering.handshake.verify` answers every hostile answer with a refusal
 (`Verdict(accepted=False, reason=<Refusal>, message)`) and never raises: mutated CSR bytes (which

@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL
-from gpufed.apis.models import GPU_RESOURCE as GPU
+from gpufed.apis.pool import GPU_PRODUCT_LABEL
+from gpufed.apis.pool import GPU_RESOURCE as GPU
 from peering import grants
 from peering.grants import (
     Decision,

@@ -1,4 +1,4 @@
-"""Generated bad input for gpufed's CRs (issue 11): ResourceSlice, NamespaceOffloading, ForeignCluster, Tenant.
+"""Generated bad input for gpufed's CRs: ResourceSlice, NamespaceOffloading, ForeignCluster, Tenant.
 
 Owns the property that hostile or malformed custom resources are refused in the documented way:
 the pydantic models raise `ValidationError` (never another exception type), quantities raise
@@ -19,14 +19,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from gpufed.apis.models import (
-    SLICE_RESOURCES,
-    ChallengeWire,
-    ForeignClusterSpec,
-    NamespaceOffloadingSpec,
-    ResourceSliceSpec,
-    TenantSpec,
-)
+from gpufed.apis.offloading import NamespaceOffloadingSpec
+from gpufed.apis.peering import ChallengeWire, ForeignClusterSpec, ResourceSliceSpec, TenantSpec
+from gpufed.apis.pool import SLICE_RESOURCES
 from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import OFFLOADING_LABEL
 from peering import handshake

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.app.workloads import VIRTUAL_KUBELET, Workloads, WorkloadSettings, load
 from tests.paths import REPO
 from tests.unit.fakes import serve

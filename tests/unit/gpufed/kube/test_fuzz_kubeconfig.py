@@ -1,4 +1,4 @@
-"""Generated bad kubeconfigs (issue 11): garbage YAML, missing contexts, bad base64, wrong types.
+"""Generated bad kubeconfigs: garbage YAML, missing contexts, bad base64, wrong types.
 
 Owns the property that `gpufed.kube.client.api_client` (kubeconfig files: `gpufed peer`, `info`,
 `controller`, ...) and `client_from_dict` (credentials read from a Secret) answer every malformed

@@ -11,7 +11,7 @@ import sys
 PROBE = """
 import json, resource, sys
 import gpufed.cli  # what every `gpufed` process imports, then what its verb imports:
-import gpufed.app.controller, gpufed.app.virtual_kubelet, gpufed.ops.doctor, gpufed.localenv.demo
+import gpufed.app.controller, gpufed.app.virtual_kubelet, gpufed.ops.doctor.report, gpufed.localenv.demo
 from gpufed.kube import library
 out = {"lazy": not library.fully_loaded(), "modules": sum(m.startswith("kubernetes_asyncio") for m in sys.modules)}
 from kubernetes_asyncio import client

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import ClusterID
 from gpufed.kube.queue import WorkQueue
 from gpupool.agent.agent import GPUAgent, GPUAgentError, GPUAgentSettings

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufed.localenv import launcher
+from gpufed.localenv import components, supervise
 from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment, LocalSettings
 from gpufed.localenv.topology import Topology, default_topology
 
@@ -27,7 +25,7 @@ def _one_cluster(base_port: int) -> Topology:
 
 def _fake_bins(d: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    for b in launcher.BINARIES:
+    for b in components.BINARIES:
         f = d / b
         f.write_text("#!/bin/sh\nexit 0\n")
         f.chmod(0o755)
@@ -87,7 +85,7 @@ def test_different_topology_is_refused_while_running(tmp_path: Path) -> None:
             "topology": default_topology().model_dump(mode="json", by_alias=True),
             "clusters": {
                 "consumer": {
-                    "components": {"etcd": {"pid": sleeper.pid, "start_time": launcher._proc_start_time(sleeper.pid)}}
+                    "components": {"etcd": {"pid": sleeper.pid, "start_time": supervise.start_time(sleeper.pid)}}
                 }
             },
         }
@@ -98,30 +96,6 @@ def test_different_topology_is_refused_while_running(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
-
-
-def test_process_identity_survives_pid_reuse_checks() -> None:
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        st = launcher._proc_start_time(p.pid)
-        assert st is not None
-        assert launcher._alive(p.pid, st)
-        assert not launcher._alive(p.pid, st + 1), "a different start time means a different process"
-    finally:
-        p.kill()
-        p.wait()
-    assert not launcher._alive(p.pid, st)
-
-
-def test_zombies_count_as_dead() -> None:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    while True:  # wait until it has exited but was not reaped
-        try:
-            if Path(f"/proc/{p.pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                break
-        except OSError:
-            break
-    assert launcher._proc_start_time(p.pid) is None
 
 
 def test_down_without_state_is_a_no_op(tmp_path: Path) -> None:
@@ -135,34 +109,13 @@ def test_down_stops_recorded_processes_and_removes_state(tmp_path: Path) -> None
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     state = {
         "topology": {},
-        "clusters": {"c": {"components": {"etcd": {"pid": p.pid, "start_time": launcher._proc_start_time(p.pid)}}}},
+        "clusters": {"c": {"components": {"etcd": {"pid": p.pid, "start_time": supervise.start_time(p.pid)}}}},
     }
     (state_dir / "state.json").write_text(json.dumps(state))
     env = LocalEnvironment(LocalSettings(state_dir, tmp_path / "bin"), default_topology())
     assert env.down() == 1
-    assert launcher._proc_start_time(p.pid) is None, "the recorded process must be gone"
+    assert supervise.start_time(p.pid) is None, "the recorded process must be gone"
     assert not state_dir.exists()
-
-
-def test_orphans_only_match_our_binaries(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    shell = bin_dir / "sh"
-    shutil.copy("/bin/sh", shell)
-    (tmp_path / "state").mkdir()
-    # Both mention the state dir; only the one whose executable is in bin_dir is ours.
-    ours = subprocess.Popen([str(shell), "-c", "sleep 30; true", str(tmp_path / "state" / "kwok.yaml")])
-    theirs = subprocess.Popen(["/bin/sh", "-c", f"sleep 30; echo {tmp_path / 'state' / 'kwok.yaml'}"])
-    # A sibling environment whose directory merely starts with the same name is not ours either.
-    sibling = subprocess.Popen([str(shell), "-c", "sleep 30; true", str(tmp_path / "state-other" / "kwok.yaml")])
-    try:
-        found = launcher._orphans(tmp_path / "state", bin_dir)
-        assert ours.pid in found and theirs.pid not in found and sibling.pid not in found
-        assert os.getpid() not in found
-    finally:
-        for p in (ours, theirs, sibling):
-            p.kill()
-            p.wait()
 
 
 def test_changed_topology_of_a_stopped_environment_discards_old_state(tmp_path: Path) -> None:
@@ -185,7 +138,7 @@ def test_changed_topology_of_a_stopped_environment_discards_old_state(tmp_path: 
 
 def test_metrics_server_is_a_supervised_component_of_every_cluster(tmp_path: Path) -> None:
     env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
-    assert "metrics-server" in launcher.COMPONENTS and "metrics-server" in launcher.BINARIES
+    assert "metrics-server" in components.COMPONENTS and "metrics-server" in components.BINARIES
     cmd = env._command(env.topology.cluster("gpu-a"), "metrics-server")
     assert cmd[0] == str(tmp_path / "bin" / "metrics-server")
     pki = env.pki("gpu-a")
@@ -203,15 +156,6 @@ def test_metrics_server_is_a_supervised_component_of_every_cluster(tmp_path: Pat
     assert all(len(v) == 1 for v in ms.values())
 
 
-def test_every_controller_serves_the_capacity_estimator_on_its_port(tmp_path: Path) -> None:
-    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
-    for spec in env.topology.clusters:
-        cmd = env._command(spec, launcher.CONTROLLER)
-        port = env.topology.ports(spec.name).estimator
-        assert f"--estimator-port={port}" in cmd and "--estimator-host=127.0.0.1" in cmd, spec.name
-    assert env.topology.ports("gpu-b").estimator == 20048
-
-
 def test_apiserver_audit_log_is_opt_in(tmp_path: Path) -> None:
     topo = default_topology(base_port=20000)
     plain = LocalEnvironment(LocalSettings(tmp_path / "a", tmp_path / "bin"), topo)
@@ -225,7 +169,7 @@ def test_apiserver_audit_log_is_opt_in(tmp_path: Path) -> None:
         f"--audit-policy-file={policy}",
         f"--audit-log-path={env.audit_log_path('gpu-a')}",
         "--audit-log-format=json",
-        f"--audit-log-maxsize={launcher.AUDIT_LOG_MAX_MB}",
+        f"--audit-log-maxsize={components.AUDIT_LOG_MAX_MB}",
     ):
         assert flag in cmd, flag
     assert "level: Metadata" in policy.read_text() and "RequestReceived" in policy.read_text()

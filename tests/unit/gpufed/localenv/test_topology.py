@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.errors import GpufedError
 from gpufed.localenv.topology import (
     DEFAULT_POD_CIDR,
     DEFAULT_SERVICE_CIDR,
     GPU_MEMORY_LABEL,
     PORTS_PER_CLUSTER,
     Topology,
+    TopologyError,
     default_topology,
     load_topology,
 )
@@ -124,7 +126,16 @@ def test_load_topology_from_yaml(tmp_path: Path) -> None:
 def test_load_topology_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("clusters: []\n")
-    with pytest.raises(ValueError, match=r"invalid topology .*bad\.yaml"):
+    with pytest.raises(TopologyError, match=r"invalid topology .*bad\.yaml") as err:
         load_topology(bad)
-    with pytest.raises(ValueError, match="cannot read topology"):
+    assert isinstance(err.value, GpufedError) and err.value.exit_code == 1
+    with pytest.raises(TopologyError, match="cannot read topology"):
         load_topology(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("clusters: [\n")
+    with pytest.raises(TopologyError, match=r"cannot read topology .*broken\.yaml"):
+        load_topology(tmp_path / "broken.yaml")
+
+
+def test_an_out_of_range_default_topology_is_a_topology_error() -> None:
+    with pytest.raises(TopologyError, match="basePort"):
+        default_topology(base_port=65000)

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import ESTIMATOR_CONFIGMAP, ESTIMATOR_TLS_SECRET, SYSTEM_NAMESPACE, ClusterID
 from gpufed.devtools import protogen as codegen
 from gpufed.kube import manifests

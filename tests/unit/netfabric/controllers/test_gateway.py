@@ -15,7 +15,7 @@ from unittest.mock import MagicMock
 import pytest
 from wireguard_tools import WireguardKey
 
-from gpufed.apis.models import API_VERSION
+from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import SYSTEM_NAMESPACE
 from netfabric.controllers.gateway import (
     DOWN_AFTER,

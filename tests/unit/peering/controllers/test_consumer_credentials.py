@@ -12,13 +12,14 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gpufed.apis.models import API_VERSION, ForeignClusterSpec
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.peering import ForeignClusterSpec
 from gpufed.apis.wire import PROVIDER_LABEL, SYSTEM_NAMESPACE, ClusterID, pending_key_secret, remote_kubeconfig_secret
 from gpufed.kube import rest
 from peering.controllers.consumer import ConsumerRole
 from peering.controllers.identity import Identity
 from tests.unit.fakes import FakeApiServer, running, serve, until
-from tests.unit.gpufed.ops.test_doctor import certificate
+from tests.unit.gpufed.ops.doctor.scenario import certificate
 
 CONSUMER = ClusterID("cons-creds-0001")
 PROVIDER = ClusterID("prov-creds-0001")

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from gpufed.apis.models import GPU_PRODUCT_LABEL, NamespaceOffloadingSpec
+from gpufed.apis.offloading import NamespaceOffloadingSpec
+from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.apis.wire import OFFLOADING_LABEL, REMOTE_CLUSTER_LABEL, ClusterID
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError

@@ -36,11 +36,11 @@ from gpufed.apis.wire import (
     VIRTUAL_NODE_TAINT,
     VIRTUAL_NODE_TAINT_KEY,
 )
-from vkprovider.forge import offloading, pods
+from vkprovider.forge import meta, offloading, pods
 from vkprovider.forge.tokens import PodIdentity
 from vkprovider.webhook.server import Webhook, WebhookServerSettings, review_response
 
-TARGET = pods.Target(consumer="consumer-1a2b3c4d", node="gpufed-gpu-a", namespace="team-consumer-1a2b3c4d")
+TARGET = meta.Target(consumer="consumer-1a2b3c4d", node="gpufed-gpu-a", namespace="team-consumer-1a2b3c4d")
 IDENTITY = PodIdentity("gpufed-token-p", "10.0.0.1", 6443)
 
 
@@ -190,7 +190,7 @@ HOSTILE_POD = {
 @example(HOSTILE_POD, True, None)
 def test_remote_pod_keeps_its_invariants(pod: dict[str, Any], with_identity: bool, product: str | None) -> None:
     before = copy.deepcopy(pod)
-    target = pods.Target(TARGET.consumer, TARGET.node, TARGET.namespace, gpu_product=product)
+    target = meta.Target(TARGET.consumer, TARGET.node, TARGET.namespace, gpu_product=product)
     twin = pods.remote_pod(pod, target, IDENTITY if with_identity else None)
     assert pod == before, "the input pod is never modified"
     json.dumps(twin)  # a valid API body
@@ -208,7 +208,7 @@ def test_remote_pod_keeps_its_invariants(pod: dict[str, Any], with_identity: boo
     # GPU intent (quantities included, valid or not: the provider's API server judges them) is kept.
     for local, remote in zip(pod["spec"]["containers"], spec["containers"], strict=True):
         assert remote.get("resources") == local.get("resources")
-    assert pods.owned_by(twin, TARGET.consumer, pod["metadata"]["uid"])
+    assert meta.owned_by(twin, TARGET.consumer, pod["metadata"]["uid"])
 
 
 @bounded(40)

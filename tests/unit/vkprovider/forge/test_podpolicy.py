@@ -1,6 +1,7 @@
 """The offload pod-security policy: the model, the consumer's pure check (every refused field,
 allowed cases, per-tenant overrides), the provider's admission policy and namespace projection,
-and how the remote provider refuses (early, from the published policy, or from the API server's 403)."""
+and how the remote provider refuses early, from the published policy (the API server's refusals:
+tests/unit/vkprovider/remote/test_refusals.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpufed.apis.models import OffloadPodSecurity, TenantPolicy, TenantSpec, TwinNamespaceStatus, capability_name
+from gpufed.apis.offloading import OffloadPodSecurity, TwinNamespaceStatus, capability_name
+from gpufed.apis.peering import TenantPolicy, TenantSpec
 from gpufed.apis.wire import CONSUMER_LABEL
-from gpufed.kube.client import KubeError
 from peering import podsecurity
-from peering.controllers.provider import _pod_security, _published
+from peering.controllers.tenant_namespaces import pod_security, published
 from vkprovider.forge.podpolicy import REASON, Violation, refusal, violations
 from vkprovider.node.provider import ProviderError
-from vkprovider.remote.provider import ADMISSION_REFUSED, RemoteProvider, RemoteSettings
+from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 
 DEFAULT = OffloadPodSecurity()
 
@@ -228,11 +229,11 @@ def test_the_provider_reads_and_publishes_the_tenant_policy() -> None:
     tenant = {
         "spec": {"consumerClusterId": "c", "publicKey": "k", "policy": {"podSecurity": {"allowPrivileged": True}}}
     }
-    assert _pod_security(tenant) == OffloadPodSecurity(allow_privileged=True)
-    assert _pod_security({"spec": {"policy": {"maxResources": {"bogus": "1"}}}}) == DEFAULT  # unreadable: strictest
+    assert pod_security(tenant) == OffloadPodSecurity(allow_privileged=True)
+    assert pod_security({"spec": {"policy": {"maxResources": {"bogus": "1"}}}}) == DEFAULT  # unreadable: strictest
     # Empty lists are left out of the applied status; the booleans always say what is refused.
-    assert _published(DEFAULT) == {"allowPrivileged": False, "allowHostNamespaces": False, "allowHostPath": False}
-    assert _published(OffloadPodSecurity(allowed_capabilities=["NET_ADMIN"]))["allowedCapabilities"] == ["NET_ADMIN"]
+    assert published(DEFAULT) == {"allowPrivileged": False, "allowHostNamespaces": False, "allowHostPath": False}
+    assert published(OffloadPodSecurity(allowed_capabilities=["NET_ADMIN"]))["allowedCapabilities"] == ["NET_ADMIN"]
 
 
 # ---- the remote provider: early refusal, API server refusal, a policy change
@@ -241,7 +242,7 @@ def test_the_provider_reads_and_publishes_the_tenant_policy() -> None:
 def remote() -> tuple[RemoteProvider, list[tuple[str, str]]]:
     provider = RemoteProvider(None, None, RemoteSettings(consumer="consumer-1", provider="gpu-a", node="gpufed-gpu-a"))
     notified: list[tuple[str, str]] = []
-    provider._notify = lambda ns, name: notified.append((ns, name))
+    provider.subscribe(lambda ns, name: notified.append((ns, name)))
     return provider, notified
 
 
@@ -279,24 +280,3 @@ async def test_without_a_published_policy_the_provider_decides() -> None:
     provider._check_pod_security(pod(securityContext={"privileged": True}))  # no early refusal
     provider._on_twin_namespace("DELETED", twin_namespace({"allowPrivileged": False}))
     assert "team" not in provider.pod_security
-
-
-def test_the_api_servers_admission_refusals_are_final() -> None:
-    provider, _ = remote()
-    ours = KubeError(
-        "pods \"p\" is forbidden: ValidatingAdmissionPolicy 'gpufed-offload-policy' with binding "
-        "'gpufed-offload-policy' denied request: privileged containers are refused (container main: "
-        "securityContext.privileged=true); ask the provider to allow it in "
-        "Tenant spec.policy.podSecurity.allowPrivileged",
-        status=403,
-    )
-    err = provider._refusal(ours, "the provider gpu-a refused the pod")
-    assert (err.reason, err.retry) == (REASON, False)
-    assert "privileged containers are refused (container main" in str(err)
-    psa = KubeError('pods "p" is forbidden: violates PodSecurity "baseline:latest": privileged', status=403)
-    assert (provider._refusal(psa, "x").reason, provider._refusal(psa, "x").retry) == (ADMISSION_REFUSED, False)
-    # RBAC not yet in place (a twin namespace being bound) and quota stay retried.
-    rbac = KubeError('pods is forbidden: User "gpufed:consumer:c" cannot create resource "pods"', status=403)
-    assert provider._refusal(rbac, "x").retry
-    quota = KubeError('pods "p" is forbidden: exceeded quota: gpufed-grant', status=403)
-    assert provider._refusal(quota, "x").reason == "QuotaExceeded"

@@ -13,13 +13,12 @@ from gpufed.apis.wire import (
     ORIGIN_UID_LABEL,
     VIRTUAL_NODE_TAINT_KEY,
 )
+from vkprovider.forge.meta import Target, owned_by
 from vkprovider.forge.pods import (
     TERMINAL_PHASES,
     Reference,
-    Target,
     is_terminal,
     local_status,
-    owned_by,
     references,
     remote_pod,
     status_differs,

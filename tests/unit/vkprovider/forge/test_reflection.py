@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, ORIGIN_CLUSTER_LABEL, ORIGIN_NODE_LABEL, ORIGIN_UID_LABEL
-from vkprovider.forge.pods import LAST_APPLIED_ANNOTATION, Target
+from vkprovider.forge.meta import LAST_APPLIED_ANNOTATION, Target
 from vkprovider.forge.reflection import (
     ALLOW_ANNOTATION,
     CONFIG_MAP,

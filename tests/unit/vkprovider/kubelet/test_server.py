@@ -120,6 +120,8 @@ def test_log_options_are_validated_like_the_kubelet() -> None:
     opts = log_options({"follow": "true", "timestamps": "1", "tailLines": "0", "limitBytes": "10", "sinceSeconds": "5"})
     assert opts == LogOptions(follow=True, timestamps=True, tail_lines=0, limit_bytes=10, since_seconds=5)
     assert log_options({"sinceTime": "2026-11-21T10:00:00Z"}).since_time == "2026-11-21T10:00:00Z"
+    for good in ("2026-11-21T11:00:00.5+01:00", "9999-12-31T23:59:59-01:00"):  # the last: past datetime's UTC range
+        assert log_options({"sinceTime": good}).since_time == good
     for bad in (
         {"tailLines": "-1"},
         {"tailLines": "x"},
@@ -127,11 +129,14 @@ def test_log_options_are_validated_like_the_kubelet() -> None:
         {"sinceSeconds": "0"},
         {"follow": "yes"},
         {"sinceTime": "yesterday"},
+        {"sinceTime": "2026-11-21T10:00:00"},  # no zone: RFC 3339 needs Z or an offset, as the kubelet's parser does
         {"sinceSeconds": "5", "sinceTime": "2026-11-21T10:00:00Z"},
         {"stream": "Both"},
     ):
         with pytest.raises(kubeletapi.BadRequestError):
             log_options(bad)
+    with pytest.raises(kubeletapi.BadRequestError, match=r"invalid sinceTime 'yesterday': not RFC 3339"):
+        log_options({"sinceTime": "yesterday"})
 
 
 USAGE = [
@@ -179,6 +184,10 @@ def test_stats_summary_shape() -> None:
     assert pod["memory"]["workingSetBytes"] == 320 * 2**20
     assert [c["name"] for c in pod["containers"]] == ["main", "side"]
     assert s["node"]["memory"]["workingSetBytes"] == 320 * 2**20
+    # metav1.Time: whole seconds in UTC
+    assert s["node"]["startTime"] == "2027-01-15T05:13:20Z"
+    assert (pod["startTime"], pod["containers"][0]["startTime"]) == ("2027-01-15T07:43:20Z", "2027-01-15T07:43:20Z")
+    assert pod["cpu"]["time"] == pod["memory"]["time"] == "2027-01-15T08:00:00Z"
 
 
 def test_serving_csr_checks() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,12 +77,16 @@ def pod(name: str, uid: str = "", *, phase: str = "Pending", node: str = NODE, g
 
 
 @contextlib.asynccontextmanager
-async def started(provider: FakeProvider | None = None, pods: Sequence[dict[str, Any]] = ()) -> AsyncIterator[Env]:
+async def started(
+    provider: FakeProvider | None = None,
+    pods: Sequence[dict[str, Any]] = (),
+    releasing: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
+) -> AsyncIterator[Env]:
     async with serve() as (server, api):
         for p in pods:
             server.create("pods", p)
         provider = provider or FakeProvider()
-        env = Env(server, api, provider, Recording(api, provider, NODE, SETTINGS))
+        env = Env(server, api, provider, Recording(api, provider, NODE, SETTINGS, releasing=releasing))
         async with running(env.controller.run()):
             await until(env.controller.ready.is_set)
             yield env
@@ -332,14 +336,15 @@ async def test_twin_placed_before_the_timeout_is_kept() -> None:
 
 async def test_node_is_told_before_a_pod_stops_holding_its_resources() -> None:
     provider = FakeProvider()
-    async with started(provider) as env:
-        order: list[str] = []
+    order: list[str] = []
+    envs: list[Env] = []
 
-        async def releasing(pod: Any) -> None:
-            phase = env.status(pod["metadata"]["name"]).get("phase")
-            order.append(f"release while {phase}")
+    async def releasing(pod: Any) -> None:
+        phase = envs[0].status(pod["metadata"]["name"]).get("phase")
+        order.append(f"release while {phase}")
 
-        env.controller.releasing = releasing
+    async with started(provider, releasing=releasing) as env:
+        envs.append(env)
         await running_twin(env, "job")
         provider.set_phase(NS, "job", "Succeeded")
         await until(lambda: env.status("job").get("phase") == "Succeeded", what="succeeded")

@@ -76,9 +76,14 @@ class StatusWithoutEnvelope(FakeProvider):
 
 
 class NeverReady(FakeProvider):
-    async def run(self, notify: Callable[[str, str], None]) -> None:
-        self._notify = notify
+    async def run(self) -> None:
         await until(lambda: False, timeout=5)
+
+
+class NotifiesOnlyTheFirstSubscriber(FakeProvider):
+    def subscribe(self, notify: Callable[[str, str], None]) -> None:
+        if not self.subscribers:
+            super().subscribe(notify)
 
 
 @pytest.mark.parametrize(
@@ -90,6 +95,7 @@ class NeverReady(FakeProvider):
         (ReportsNothingTerminal, conf.check_terminal_twins),
         (StatusWithoutEnvelope, conf.check_pod_status_is_a_status_patch_with_the_phase),
         (NeverReady, conf.check_ready_after_run),
+        (NotifiesOnlyTheFirstSubscriber, conf.check_every_subscriber_is_notified),
     ],
     ids=lambda v: getattr(v, "__name__", ""),
 )

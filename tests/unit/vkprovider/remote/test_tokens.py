@@ -28,15 +28,16 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
+from gpufed.kube.times import rfc3339
 from tests.unit.fakes import FakeApiServer, Request, running, until
-from vkprovider.forge.pods import Target, owned_by, remote_pod
+from vkprovider.forge.meta import Target, owned_by
+from vkprovider.forge.pods import remote_pod
 from vkprovider.forge.tokens import (
     TOKEN_FOR_POD_LABEL,
     IssuedToken,
     PodIdentity,
     TokenSource,
     binding_of,
-    format_time,
     read_token_secret,
     refresh_due,
     rewrite_spec,
@@ -381,7 +382,7 @@ class Issuer:
             )
             return _status(409, "Conflict", message)
         expires = self.clock() + timedelta(seconds=body["spec"]["expirationSeconds"])
-        status = {"token": f"jwt-{next(self._serial)}", "expirationTimestamp": format_time(expires)}
+        status = {"token": f"jwt-{next(self._serial)}", "expirationTimestamp": rfc3339(expires)}
         return web.json_response({**body, "status": status}, status=201)
 
     def tokens(self) -> list[tuple[str, str, dict[str, Any]]]:
@@ -534,7 +535,7 @@ async def test_the_refresh_loop_reissues_due_tokens(world: World) -> None:
             await until(lambda: world.token() == "jwt-1", what="the refreshed token")
             await until(lambda: any(e["event"] == "tokens refreshed" for e in logs), what="the refresh logged")
         notes = world.live()["metadata"]["annotations"]
-        assert notes["gpufed.io/token-issued-at"] == format_time(world.clock.now)
+        assert notes["gpufed.io/token-issued-at"] == rfc3339(world.clock.now)
         assert world.issuer.requests[1][2] == world.issuer.requests[0][2], "the same bound request again"
         assert decoded(world.live())["ca.crt"] == CA
     assert "jwt-" not in repr(logs), "a token was logged"

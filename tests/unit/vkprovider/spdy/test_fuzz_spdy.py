@@ -1,12 +1,12 @@
-"""Generated bad SPDY/3.1 input (issue 11): mutated valid sessions, truncations, huge lengths, bad zlib.
+"""Generated bad SPDY/3.1 input: mutated valid sessions, truncations, huge lengths, bad zlib.
 
-Owns the properties that `vkprovider.spdy.session` answers hostile bytes with a protocol error
-(`SpdyError`, never the INTERNAL_ERROR its read loop maps its own bugs to, never another exception),
-never hangs (every await is bounded by a timeout that fails the test), never reads a payload it will
-refuse (an announced length beyond the limit is refused from the 8-byte header alone), and keeps
-memory bounded on decompression bombs. tests/unit/vkprovider/spdy/test_session.py already fuzzes random frames and
-random bytes; this file starts from a realistic exchange and mutates it. Hypothesis runs
-derandomized with explicit `max_examples`; counts are in docs/reliability.md.
+Owns the properties that `vkprovider.spdy` (its `FrameReader` and `Session`) answers hostile bytes with a
+protocol error (`SpdyError`, never the INTERNAL_ERROR the session's read loop maps its own bugs to, never
+another exception), never hangs (every await is bounded by a timeout that fails the test), never reads a
+payload it will refuse (an announced length beyond the limit is refused from the 8-byte header alone), and
+keeps memory bounded on decompression bombs. test_frames.py fuzzes the decoder with random bytes and
+test_session.py a session with random frames; this file starts from a realistic exchange and mutates it.
+Hypothesis runs derandomized with explicit `max_examples`; counts are in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import zlib
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.vkprovider.spdy.test_session import BytesReader, Collector, decode_all
-from vkprovider.spdy.session import (
+from tests.unit.vkprovider.spdy.peers import BytesReader, Collector, decode_all
+from vkprovider.spdy.frames import (
     FLAG_FIN,
     FRAME_TOO_LARGE,
     HEADER_DICTIONARY,
@@ -36,7 +36,6 @@ from vkprovider.spdy.session import (
     HeadersFrame,
     PingFrame,
     RstStreamFrame,
-    Session,
     SettingsFrame,
     SpdyError,
     SynReplyFrame,
@@ -45,6 +44,7 @@ from vkprovider.spdy.session import (
     WindowUpdateFrame,
     encode_frame,
 )
+from vkprovider.spdy.session import Session
 
 WAIT = 10.0  # seconds: any await longer than this counts as a hang
 

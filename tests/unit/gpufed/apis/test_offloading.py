@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpufed.apis import models
-from gpufed.apis.models import NamespaceOffloading, NamespaceOffloadingSpec, NodeSelector, TwinNamespaceSpec
+from gpufed.apis.kinds import KINDS
+from gpufed.apis.offloading import NamespaceOffloading, NamespaceOffloadingSpec, NodeSelector, TwinNamespaceSpec
+from gpufed.apis.pool import GPU_PRODUCT_LABEL
+from gpufed.devtools import crdgen
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
@@ -62,7 +64,7 @@ def test_selector_matching_is_node_affinity() -> None:
             "nodeSelectorTerms": [
                 {
                     "matchExpressions": [
-                        {"key": models.GPU_PRODUCT_LABEL, "operator": "In", "values": [H100]},
+                        {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [H100]},
                         {"key": "gpufed.io/remote-cluster-id", "operator": "NotIn", "values": ["gpu-c-1"]},
                     ]
                 },
@@ -70,10 +72,10 @@ def test_selector_matching_is_node_affinity() -> None:
             ]
         }
     )
-    assert s.matches({models.GPU_PRODUCT_LABEL: H100, "gpufed.io/remote-cluster-id": "gpu-a-1"})
-    assert not s.matches({models.GPU_PRODUCT_LABEL: H100, "gpufed.io/remote-cluster-id": "gpu-c-1"})
-    assert s.matches({models.GPU_PRODUCT_LABEL: A100, "gpufed.io/remote-cluster-id": "gpu-b-1"})
-    assert not s.matches({models.GPU_PRODUCT_LABEL: A100})
+    assert s.matches({GPU_PRODUCT_LABEL: H100, "gpufed.io/remote-cluster-id": "gpu-a-1"})
+    assert not s.matches({GPU_PRODUCT_LABEL: H100, "gpufed.io/remote-cluster-id": "gpu-c-1"})
+    assert s.matches({GPU_PRODUCT_LABEL: A100, "gpufed.io/remote-cluster-id": "gpu-b-1"})
+    assert not s.matches({GPU_PRODUCT_LABEL: A100})
     # A term without expressions matches nothing, as in Kubernetes.
     assert not NodeSelector.model_validate({"nodeSelectorTerms": [{}]}).matches({})
 
@@ -87,11 +89,11 @@ def test_twin_name_is_a_label_and_not_reserved() -> None:
 
 
 def test_crd_enforces_the_name_and_the_remote_name_rule() -> None:
-    crd = models.crd(NamespaceOffloading)
+    crd = crdgen.crd(NamespaceOffloading)
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert crd["spec"]["scope"] == "Namespaced"
     assert schema["x-kubernetes-validations"][0]["rule"] == "self.metadata.name == 'offloading'"
     assert "remoteNamespaceName" in schema["properties"]["spec"]["x-kubernetes-validations"][0]["rule"]
     cols = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert cols == ["Pods", "Mapping", "Phase", "Age"]
-    assert NamespaceOffloading in models.KINDS
+    assert NamespaceOffloading in KINDS

@@ -1,0 +1,198 @@
+"""The peering kinds: ForeignCluster, ResourceSlice and Tenant, and the handshake messages they carry.
+
+Owns: the spec/status shapes of ForeignCluster (both sides: one per peer), ResourceSlice (consumer
+side; mirrored into the tenant namespace on the provider) and Tenant (provider side: one per
+consumer, with its policy), the challenge and answer of the handshake as these objects carry them
+(the CLI is the courier between the clusters), and the validation of their resource maps (known
+resource names, non-negative quantities).
+
+Does not: judge a handshake (`peering.handshake`), decide a grant (`peering.grants`), or reconcile
+these objects (`peering.controllers`).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from gpufed.apis.meta import CLUSTER_ID_PATTERN, Condition, Model
+from gpufed.apis.offloading import OffloadPodSecurity
+from gpufed.apis.pool import SLICE_RESOURCES
+from gpufed.apis.quantity import QuantityError, parse
+from gpufed.apis.wire import MAX_CLUSTER_ID
+
+
+def _check_quantities(v: dict[str, str]) -> dict[str, str]:
+    for name, q in v.items():
+        if name not in SLICE_RESOURCES:
+            raise ValueError(f"unknown resource {name!r}: use one of {', '.join(SLICE_RESOURCES)}")
+        try:
+            if parse(q) < 0:
+                raise ValueError(f"{name} must not be negative")
+        except QuantityError as e:
+            raise ValueError(f"{name}: {e}") from e
+    return v
+
+
+# ---- handshake messages carried by the CRs (the CLI is the courier between the clusters)
+
+
+class ChallengeWire(Model):
+    """A provider's challenge, as `peering.handshake.Challenge.to_wire()` writes it."""
+
+    provider: str
+    consumer: str
+    nonce: str = Field(description="Base64 of the random nonce.")
+    expires_at: str = Field(description="RFC 3339 UTC time after which the challenge is refused.")
+
+
+class Answer(Model):
+    """The consumer's answer: a CSR and its Ed25519 signature over the challenge and the CSR."""
+
+    nonce: str = Field(description="Base64 nonce of the challenge this answers.")
+    csr: str = Field(description="PEM certificate request for the consumer's client certificate.")
+    signature: str = Field(description="Base64 Ed25519 signature of the handshake payload.")
+
+
+# ---- ForeignCluster (both sides: one per peer)
+
+
+class ForeignClusterSpec(Model):
+    cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN, description="The peer's ClusterID.")
+    roles: list[Literal["Provider", "Consumer"]] = Field(min_length=1, description="What the peer is to us.")
+    api_server_url: str = Field(default="", description="The peer's API server, as we reach it.")
+    public_key: str = Field(
+        default="", description="The peer's Ed25519 identity key (PEM), registered by the operator."
+    )
+    challenge: ChallengeWire | None = Field(
+        default=None, description="Provider peers: the provider's current challenge, for our controller to answer."
+    )
+    certificate: str = Field(default="", description="Provider peers: our client certificate it issued (PEM).")
+    ca_data: str = Field(default="", description="Provider peers: the CA of its API server (PEM).")
+
+
+class ForeignClusterStatus(Model):
+    phase: Literal["Pending", "Authenticating", "Peered", "Failed", "Unpeering"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    answer: Answer | None = Field(default=None, description="Provider peers: our answer to its challenge.")
+    kubeconfig_secret: str = Field(
+        default="", description="Provider peers: Secret in the gpufed namespace with our credentials there."
+    )
+
+
+class ForeignCluster(Model):
+    kind: ClassVar[str] = "ForeignCluster"
+    plural: ClassVar[str] = "foreignclusters"
+    scope: ClassVar[str] = "Cluster"
+    short_names: ClassVar[list[str]] = ["fc"]
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("ClusterID", "string", ".spec.clusterId"),
+        ("Roles", "string", ".spec.roles"),
+        ("Phase", "string", ".status.phase"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: ForeignClusterSpec
+    status: ForeignClusterStatus | None = None
+
+
+# ---- ResourceSlice (consumer side; mirrored into the tenant namespace on the provider)
+
+
+class ResourceSliceSpec(Model):
+    provider_cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN)
+    resources: dict[str, str] = Field(description="Requested quantities: cpu, memory, pods, nvidia.com/gpu.")
+    gpu_product: str | None = Field(default=None, description="Only GPUs of this nvidia.com/gpu.product.")
+
+    _resources = field_validator("resources")(_check_quantities)
+
+
+class ResourceSliceStatus(Model):
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Authentication and Resources: Accepted or Denied, with a reason."
+    )
+    granted: dict[str, str] = Field(default_factory=dict, description="What the provider granted.")
+    used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods use of the grant.")
+    node_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="nvidia.com/* labels every GPU node behind the grant shares (copied onto the virtual node).",
+    )
+
+
+class ResourceSlice(Model):
+    kind: ClassVar[str] = "ResourceSlice"
+    plural: ClassVar[str] = "resourceslices"
+    scope: ClassVar[str] = "Namespaced"
+    short_names: ClassVar[list[str]] = ["rslice"]
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("Provider", "string", ".spec.providerClusterId"),
+        ("GPUs", "string", ".spec.resources.nvidia\\.com/gpu"),
+        ("Granted GPUs", "string", ".status.granted.nvidia\\.com/gpu"),
+        ("Resources", "string", '.status.conditions[?(@.type=="Resources")].reason'),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: ResourceSliceSpec
+    status: ResourceSliceStatus | None = None
+
+
+# ---- Tenant (provider side: one per consumer)
+
+
+class TenantPolicy(Model):
+    max_resources: dict[str, str] = Field(default_factory=dict, description="Per-resource ceiling for this consumer.")
+    allowed_gpu_products: list[str] | None = Field(default=None, description="Allowed products; unset allows all.")
+    allow_partial: bool = Field(default=True, description="Grant less than asked when that is all there is.")
+    pod_security: OffloadPodSecurity = Field(
+        default_factory=OffloadPodSecurity,
+        description="Privileged containers, host namespaces, hostPath volumes and added capabilities are "
+        "refused unless allowed here.",
+    )
+
+    _max = field_validator("max_resources")(_check_quantities)
+
+
+class TenantSpec(Model):
+    consumer_cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN)
+    public_key: str = Field(description="The consumer's Ed25519 identity key (PEM).")
+    policy: TenantPolicy = Field(default_factory=TenantPolicy)
+    auth_generation: int = Field(
+        default=1, ge=1, description="Raise to ask for a new handshake (new challenge, new certificate)."
+    )
+    answer: Answer | None = Field(default=None, description="The consumer's answer to the challenge.")
+
+
+class TenantStatus(Model):
+    phase: Literal["Pending", "Challenged", "Authenticated", "Refused"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    granted: dict[str, str] = Field(default_factory=dict, description="Sum of the consumer's granted slices.")
+    used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods request now.")
+    challenge: ChallengeWire | None = Field(default=None, description="The challenge the consumer must answer.")
+    auth_generation: int = Field(default=0, description="The spec.authGeneration the handshake state belongs to.")
+    used_nonces: list[str] = Field(
+        default_factory=list, description="SHA-256 of answered nonces (most recent last); replays are refused."
+    )
+    answered: str = Field(default="", description="SHA-256 of the nonce of the answer the current state results from.")
+    csr_name: str = Field(
+        default="", description="The CertificateSigningRequest of the consumer's current certificate."
+    )
+    certificate: str = Field(default="", description="The consumer's client certificate (PEM).")
+    ca_data: str = Field(default="", description="This cluster's API server CA (PEM).")
+    namespace: str = Field(default="", description="The tenant namespace.")
+    twin_namespaces: list[str] = Field(default_factory=list, description="The consumer's twin namespaces here.")
+
+
+class Tenant(Model):
+    kind: ClassVar[str] = "Tenant"
+    plural: ClassVar[str] = "tenants"
+    scope: ClassVar[str] = "Cluster"
+    short_names: ClassVar[list[str]] = []
+    columns: ClassVar[list[tuple[str, str, str]]] = [
+        ("Consumer", "string", ".spec.consumerClusterId"),
+        ("Phase", "string", ".status.phase"),
+        ("Granted GPUs", "string", ".status.granted.nvidia\\.com/gpu"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    spec: TenantSpec
+    status: TenantStatus | None = None

@@ -1,0 +1,212 @@
+"""A tenant's grants on the provider: each ResourceSlice decided against live capacity, and the
+quotas that enforce the total.
+
+Owns:
+- `CapacityCache`: what the provider role's watches keep (nodes, running pods, every tenant's
+  slices, which consumer owns which namespace), and what the consumers use and hold of it (usage
+  per namespace, every slice's grant with its share of its tenant's usage);
+- `TenantGrants.decide`: every ResourceSlice in the tenant namespace decided against that LIVE
+  capacity (`peering.grants.decide`) and the Tenant's policy, its status written (Authentication
+  and Resources conditions, granted, used, the GPU labels the grant's nodes share) with a Warning
+  Event for a new refusal; then enforcement: a ResourceQuota in each of the consumer's namespaces
+  whose limits sum to the grant (`peering.grants.partition`; the tenant namespace holds control
+  objects only, so its quota is zero).
+
+Does not: authenticate the consumer (`peering.controllers.tenant_handshake`), create namespaces
+(`peering.controllers.tenant_namespaces`), or watch (the provider role fills the cache). The
+arithmetic of a decision is `peering.grants`'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpufed.apis.peering import ResourceSliceSpec, TenantSpec
+from gpufed.apis.pool import GPU_RESOURCE
+from gpufed.apis.quantity import format_quantity, parse
+from gpufed.apis.wire import (
+    CONSUMER_LABEL,
+    GRANT_QUOTA,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    TENANT_PREFIX,
+    ClusterID,
+    tenant_namespace,
+)
+from gpufed.kube import conditions as cond
+from gpufed.kube import events, meta, rest
+from peering import grants
+from peering.controllers import status as st_
+from peering.grants import NodeInfo, PodLoad
+
+QUOTA_NAMES = {
+    "cpu": "requests.cpu",
+    "memory": "requests.memory",
+    GPU_RESOURCE: f"requests.{GPU_RESOURCE}",
+    "pods": "pods",
+}
+
+
+def grant_of(slice_: Mapping[str, Any] | None) -> dict[str, str]:
+    """What a ResourceSlice's status says was granted ({} when nothing is)."""
+    return dict(((slice_ or {}).get("status") or {}).get("granted") or {})
+
+
+def total(items: Iterable[Mapping[str, Decimal]]) -> dict[str, Decimal]:
+    """The per-resource sum of `items`."""
+    out: dict[str, Decimal] = {}
+    for u in items:
+        out = grants.add(out, u)
+    return out
+
+
+def _fmt(resources: Mapping[str, Decimal]) -> dict[str, str]:
+    return {r: format_quantity(v, binary=r == "memory") for r, v in sorted(resources.items())}
+
+
+def policy_of(spec: TenantSpec) -> grants.TenantPolicy:
+    """The Tenant's policy as `peering.grants` decides with it."""
+    return grants.TenantPolicy(
+        maximum={r: parse(q) for r, q in spec.policy.max_resources.items()},
+        allowed_gpu_products=frozenset(spec.policy.allowed_gpu_products)
+        if spec.policy.allowed_gpu_products is not None
+        else None,
+        allow_partial=spec.policy.allow_partial,
+    )
+
+
+@dataclass
+class CapacityCache:
+    """The provider role's watch caches that grants are decided over."""
+
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    #: (namespace, name) -> (namespace, load) of every bound, running pod.
+    pods: dict[tuple[str, str], tuple[str, PodLoad]] = field(default_factory=dict)
+    #: (namespace, name) -> every ResourceSlice in a tenant namespace.
+    slices: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: namespace -> consumer, for the tenant and twin namespaces (from their labels).
+    ns_owner: dict[str, str] = field(default_factory=dict)
+
+    def usage(self, consumer: str) -> dict[str, dict[str, Decimal]]:
+        """What the consumer's pods request now, per namespace it owns (tenant and twins)."""
+        out: dict[str, dict[str, Decimal]] = {}
+        for ns, load in self.pods.values():
+            if self.ns_owner.get(ns) == consumer:
+                out[ns] = grants.add(out.get(ns, {}), load.requests)
+        return out
+
+    def grant_shares(self) -> dict[tuple[str, str], grants.OtherGrant]:
+        """Every slice's grant and its share of its tenant's usage (attributed in slice-name order)."""
+        out: dict[tuple[str, str], grants.OtherGrant] = {}
+        remaining: dict[str, dict[str, Decimal]] = {}
+        for (ns, name), obj in sorted(self.slices.items()):
+            if ns not in remaining:
+                remaining[ns] = total(self.usage(ns[len(TENANT_PREFIX) :]).values())
+            try:
+                granted = {r: parse(q) for r, q in grant_of(obj).items()}
+            except ValueError:
+                continue
+            used = {r: min(remaining[ns].get(r, Decimal(0)), g) for r, g in granted.items()}
+            remaining[ns] = {r: v - used.get(r, Decimal(0)) for r, v in remaining[ns].items()}
+            out[(ns, name)] = grants.OtherGrant(granted, used, (obj.get("spec") or {}).get("gpuProduct"))
+        return out
+
+
+@dataclass(frozen=True)
+class TenantTotals:
+    """A tenant's whole grant and what its pods request now."""
+
+    granted: dict[str, Decimal]
+    used: dict[str, Decimal]
+
+
+class TenantGrants:
+    """Decides the slices of the provider's tenants and applies their quotas."""
+
+    def __init__(self, api: Any, cache: CapacityCache) -> None:
+        self.api = api
+        self.cache = cache
+
+    async def decide(
+        self, spec: TenantSpec, consumer: ClusterID, twins: list[str], status: dict[str, Any]
+    ) -> TenantTotals:
+        """Decide every slice of the tenant, apply its quotas, and fill the grant into `status`."""
+        tns = tenant_namespace(consumer)
+        policy = policy_of(spec)
+        # The watch cache is at least as fresh as the event that queued this reconcile.
+        slices = [obj for (ns, _name), obj in sorted(self.cache.slices.items()) if ns == tns]
+        usage = self.cache.usage(consumer)
+        remaining = total(usage.values())
+        shares = self.cache.grant_shares()
+        pods = [load for _ns, load in self.cache.pods.values()]
+        total_granted: dict[str, Decimal] = {}
+        for s in slices:
+            old = dict(s.get("status") or {})
+            st: dict[str, Any] = {"conditions": list(old.get("conditions") or [])}
+            conds = st["conditions"]
+            auth = cond.condition(
+                "Authentication", True, "Authenticated", f"consumer {consumer} is authenticated", conds
+            )
+            try:
+                sspec = ResourceSliceSpec.model_validate(s.get("spec") or {})
+                request = grants.SliceRequest({r: parse(q) for r, q in sspec.resources.items()}, sspec.gpu_product)
+                own = {r: min(remaining.get(r, Decimal(0)), v) for r, v in request.resources.items()}
+                remaining = {r: v - own.get(r, Decimal(0)) for r, v in remaining.items()}
+                decision = grants.decide(
+                    request,
+                    nodes=self.cache.nodes.values(),
+                    pods=pods,
+                    own_usage=own,
+                    others=[g for key, g in shares.items() if key != (tns, meta.name(s))],
+                    policy=policy,
+                )
+                res = cond.condition("Resources", decision.accepted, decision.reason, decision.message, conds)
+                granted = dict(decision.granted)
+                used = own
+                st["nodeLabels"] = grants.shared_gpu_labels(self.cache.nodes.values(), sspec.gpu_product)
+            except (ValidationError, ValueError) as e:
+                res = cond.condition("Resources", False, "InvalidSlice", f"the slice is invalid: {str(e)[:400]}", conds)
+                granted, used = {}, {}
+            res["observedGeneration"] = meta.generation(s)
+            st["conditions"] = cond.set_condition(cond.set_condition(conds, auth), res)
+            st["granted"] = _fmt(granted)
+            st["used"] = _fmt({r: v for r, v in used.items() if r in granted})
+            total_granted = grants.add(total_granted, granted)
+            if cond.without_times(old) != cond.without_times(st):
+                await st_.write(self.api, "ResourceSlice", "resourceslices", meta.name(s), st, tns)
+                if res["status"] == "False" and cond.reason_of(old.get("conditions"), "Resources") != res["reason"]:
+                    await events.emit(self.api, s, type_="Warning", reason=res["reason"], message=res["message"])
+        # Enforcement: the tenant namespace holds control objects only; the twins share the grant.
+        limits = grants.partition(total_granted, {t: usage.get(t, {}) for t in twins})
+        limits[tns] = {r: Decimal(0) for r in grants.RESOURCES}
+        for ns, hard in limits.items():
+            await self._quota(ns, consumer, hard)
+        used_now = total(usage.values())
+        status["granted"] = _fmt(total_granted)
+        status["used"] = _fmt(used_now)
+        status["twinNamespaces"] = twins
+        status["namespace"] = tns
+        return TenantTotals(total_granted, used_now)
+
+    async def _quota(self, namespace: str, consumer: ClusterID, hard: Mapping[str, Decimal]) -> None:
+        await rest.apply(
+            self.api,
+            rest.path("v1", "resourcequotas", GRANT_QUOTA, namespace=namespace),
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {
+                    "name": GRANT_QUOTA,
+                    "namespace": namespace,
+                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
+                },
+                "spec": {
+                    "hard": {QUOTA_NAMES[r]: format_quantity(v, binary=r == "memory") for r, v in sorted(hard.items())}
+                },
+            },
+        )

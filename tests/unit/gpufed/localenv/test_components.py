@@ -1,0 +1,41 @@
+"""The command lines of the local clusters' components, built without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufed.localenv import components
+from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
+from gpufed.localenv.topology import default_topology
+
+
+def test_every_controller_serves_the_capacity_estimator_on_its_port(tmp_path: Path) -> None:
+    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
+    for spec in env.topology.clusters:
+        cmd = components.command(env, spec, env.topology.ports(spec.name), components.CONTROLLER, audit=False)
+        port = env.topology.ports(spec.name).estimator
+        assert f"--estimator-port={port}" in cmd and "--estimator-host=127.0.0.1" in cmd, spec.name
+    assert env.topology.ports("gpu-b").estimator == 20048
+
+
+def test_every_component_listens_on_loopback_on_its_own_port(tmp_path: Path) -> None:
+    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
+    spec = env.topology.cluster("consumer")
+    ports = env.topology.ports("consumer")
+    assert set(components.ports_of(ports)) == set(components.COMPONENTS)
+    assert len(set(components.ports_of(ports).values())) == len(components.COMPONENTS)
+    for comp in components.COMPONENTS:
+        cmd = components.command(env, spec, ports, comp, audit=False)
+        assert cmd[0] == str(tmp_path / "bin" / comp), comp
+        assert not any("0.0.0.0" in a for a in cmd), comp
+        assert any(str(components.ports_of(ports)[comp]) in a for a in cmd), comp
+
+
+def test_every_identity_has_a_kubeconfig_and_unknown_components_are_refused(tmp_path: Path) -> None:
+    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology())
+    assert {"admin", components.CONTROLLER, components.VIRTUAL_KUBELET} <= set(components.IDENTITIES)
+    spec = env.topology.cluster("gpu-a")
+    with pytest.raises(ValueError, match="nope"):
+        components.command(env, spec, env.topology.ports("gpu-a"), "nope", audit=False)

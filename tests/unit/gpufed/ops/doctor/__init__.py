@@ -1,0 +1,1 @@
+"""tests.unit.gpufed.ops.doctor."""

@@ -1,0 +1,196 @@
+"""The provider role against the in-memory API server: a Tenant from first sight to an
+authenticated consumer with its namespaces, twin, grant and quotas (peering.controllers.provider,
+tenant_handshake, tenant_namespaces, tenant_grants)."""
+
+from __future__ import annotations
+
+import base64
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.offloading import OffloadPodSecurity
+from gpufed.apis.wire import (
+    CONSUMER_CONTROL_ROLE,
+    CONSUMER_LABEL,
+    CONSUMER_WORKLOADS_ROLE,
+    GRANT_QUOTA,
+    SYSTEM_NAMESPACE,
+    TWIN_OF_LABEL,
+    ClusterID,
+    tenant_namespace,
+)
+from gpufed.kube import conditions as cond
+from peering import handshake, podsecurity
+from peering.controllers.identity import Identity
+from peering.controllers.provider import ProviderRole
+from peering.controllers.tenant_grants import CapacityCache, grant_of, total
+from peering.controllers.tenant_namespaces import pod_security, published
+from peering.grants import PodLoad
+from tests.unit.fakes import FakeApiServer, serve
+
+PROVIDER = ClusterID("prov-tenant-0001")
+CONSUMER = ClusterID("cons-tenant-0001")
+TNS = tenant_namespace(CONSUMER)
+CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+
+
+def _role(api: Any) -> ProviderRole:
+    return ProviderRole(api, Identity(PROVIDER, "", Ed25519PrivateKey.generate()))
+
+
+def _tenant(server: FakeApiServer, key: Ed25519PrivateKey, **spec: Any) -> dict[str, Any]:
+    body = {"consumerClusterId": CONSUMER, "publicKey": handshake.public_key_pem(key), **spec}
+    return server.create("tenants", {"metadata": {"name": CONSUMER}, "spec": body}, api_version=API_VERSION)
+
+
+def _status(server: FakeApiServer, resource: str = "tenants", namespace: str = "", name: str = CONSUMER) -> Any:
+    obj = server.get(resource, namespace, name)
+    assert obj is not None
+    return obj.get("status") or {}
+
+
+async def test_a_tenant_whose_name_is_not_its_consumer_is_refused() -> None:
+    async with serve() as (server, api):
+        server.create(
+            "tenants",
+            {"metadata": {"name": "someone-else"}, "spec": {"consumerClusterId": CONSUMER, "publicKey": "k"}},
+            api_version=API_VERSION,
+        )
+        assert await _role(api).reconcile("someone-else") is None
+        status = _status(server, name="someone-else")
+        assert status["phase"] == "Refused"
+        assert cond.reason_of(status["conditions"], "Authentication") == "InvalidTenant"
+        assert server.items("namespaces") == []
+
+
+async def test_a_new_tenant_is_challenged_after_the_admission_policy_is_applied() -> None:
+    async with serve() as (server, api):
+        _tenant(server, Ed25519PrivateKey.generate())
+        requeue = await _role(api).reconcile(CONSUMER)
+        assert requeue is not None and requeue <= handshake.DEFAULT_CHALLENGE_TTL.total_seconds()
+        status = _status(server)
+        assert status["phase"] == "Challenged"
+        assert handshake.Challenge.from_wire(status["challenge"]).consumer == CONSUMER
+        assert cond.reason_of(status["conditions"], "Authentication") == "Challenged"
+        assert server.get("validatingadmissionpolicies", "", podsecurity.POLICY_NAME) is not None
+        assert server.get("validatingadmissionpolicybindings", "", podsecurity.POLICY_NAME) is not None
+
+
+def _answer(server: FakeApiServer, key: Ed25519PrivateKey) -> None:
+    """What `gpufed peer` copies into the Tenant: the consumer's answer to the current challenge."""
+    challenge = handshake.Challenge.from_wire(_status(server)["challenge"])
+    csr = handshake.make_csr(CONSUMER, ec.generate_private_key(ec.SECP256R1()))
+    signature = handshake.sign(key, challenge, csr)
+    answer = {
+        "nonce": base64.b64encode(challenge.nonce).decode(),
+        "csr": csr.decode(),
+        "signature": base64.b64encode(signature).decode(),
+    }
+    server.update("tenants", "", CONSUMER, lambda t: t["spec"].update(answer=answer))
+
+
+def _sign_csr(server: FakeApiServer, name: str) -> None:
+    """What kube-controller-manager does once the CSR is approved."""
+    cert = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nissued\n-----END CERTIFICATE-----\n").decode()
+    server.update("certificatesigningrequests", "", name, lambda c: c["status"].update(certificate=cert))
+
+
+async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_and_quotas() -> None:
+    key = Ed25519PrivateKey.generate()
+    async with serve() as (server, api):
+        _tenant(server, key, policy={"podSecurity": {"allowHostPath": True}})
+        role = _role(api)
+        await role.reconcile(CONSUMER)
+        _answer(server, key)
+        assert await role.reconcile(CONSUMER) == 0.5, "the CSR is submitted and approved, not yet signed"
+        csr_name = _status(server)["csrName"]
+        csr = server.get("certificatesigningrequests", "", csr_name)
+        assert csr is not None and csr["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client"
+        assert [c["type"] for c in csr["status"]["conditions"]] == ["Approved"]
+        assert server.get("namespaces", "", TNS) is not None, "the tenant namespace exists before the certificate"
+        _sign_csr(server, csr_name)
+        server.create(
+            "configmaps",
+            {"metadata": {"name": "kube-root-ca.crt", "namespace": SYSTEM_NAMESPACE}, "data": {"ca.crt": "CA"}},
+        )
+        server.create(
+            "twinnamespaces",
+            {"metadata": {"name": "team-a", "namespace": TNS}, "spec": {"namespace": "team-a"}},
+            api_version=API_VERSION,
+        )
+        await role.reconcile(CONSUMER)
+        await role.reconcile(CONSUMER)
+        status = _status(server)
+        assert status["phase"] == "Authenticated" and status["caData"] == "CA"
+        assert cond.is_true(status["conditions"], "Authentication")
+        assert cond.reason_of(status["conditions"], "PodSecurity") == "Enforced"
+        twin = f"team-a-{CONSUMER}"
+        assert status["twinNamespaces"] == [twin] and status["namespace"] == TNS
+        ns = server.get("namespaces", "", twin)
+        assert ns is not None
+        assert ns["metadata"]["labels"][CONSUMER_LABEL] == CONSUMER
+        assert ns["metadata"]["labels"][TWIN_OF_LABEL] == "team-a"
+        assert {b["metadata"]["name"] for b in server.items("rolebindings", TNS)} == {
+            CONSUMER_CONTROL_ROLE,
+            CONSUMER_WORKLOADS_ROLE,
+        }
+        assert server.get("limitranges", twin, GRANT_QUOTA) is not None
+        assert server.get("resourcequotas", TNS, GRANT_QUOTA) is not None
+        twin_status = _status(server, "twinnamespaces", TNS, "team-a")
+        assert twin_status["phase"] == "Ready" and twin_status["podSecurity"]["allowHostPath"] is True
+
+
+async def test_a_twin_name_taken_by_another_namespace_is_refused() -> None:
+    async with serve() as (server, api):
+        server.create("namespaces", {"metadata": {"name": "taken"}})
+        server.create(
+            "twinnamespaces",
+            {"metadata": {"name": "x", "namespace": TNS}, "spec": {"namespace": "team-a", "twinName": "taken"}},
+            api_version=API_VERSION,
+        )
+        tenant = _tenant(server, Ed25519PrivateKey.generate())
+        role = _role(api)
+        assert await role.namespaces.twins(tenant, CONSUMER, role._log) == []
+        status = _status(server, "twinnamespaces", TNS, "x")
+        assert status["phase"] == "Refused"
+        assert cond.reason_of(status["conditions"], "Ready") == "NamespaceTaken"
+        taken = server.get("namespaces", "", "taken")
+        assert taken is not None and CONSUMER_LABEL not in (taken["metadata"].get("labels") or {})
+
+
+def test_the_tenant_policy_is_read_strictly_and_published_without_empty_lists() -> None:
+    assert pod_security({"spec": {"policy": "unreadable"}}) == OffloadPodSecurity()
+    assert "allowedCapabilities" not in published(OffloadPodSecurity())
+
+
+def test_usage_and_grant_shares_follow_the_cache() -> None:
+    cache = CapacityCache()
+    cache.ns_owner = {TNS: CONSUMER, "team-a": CONSUMER}
+    cache.pods = {
+        ("team-a", "p1"): ("team-a", PodLoad("n1", {"cpu": Decimal(2)})),
+        ("team-a", "p2"): ("team-a", PodLoad("n1", {"cpu": Decimal(1)})),
+        ("other", "p3"): ("other", PodLoad("n1", {"cpu": Decimal(5)})),
+    }
+    assert cache.usage(CONSUMER) == {"team-a": {"cpu": Decimal(3)}}
+    cache.slices = {
+        (TNS, "a"): {"spec": {"gpuProduct": "L4"}, "status": {"granted": {"cpu": "2"}}},
+        (TNS, "b"): {"status": {"granted": {"cpu": "4"}}},
+        (TNS, "bad"): {"status": {"granted": {"cpu": "lots"}}},
+    }
+    shares = cache.grant_shares()
+    assert set(shares) == {(TNS, "a"), (TNS, "b")}, "an unreadable grant is skipped"
+    assert shares[(TNS, "a")].used == {"cpu": Decimal(2)} and shares[(TNS, "a")].gpu_product == "L4"
+    assert shares[(TNS, "b")].used == {"cpu": Decimal(1)}, "usage is attributed in slice-name order"
+    assert grant_of(None) == {} and total([{"cpu": Decimal(1)}, {"cpu": Decimal(2)}]) == {"cpu": Decimal(3)}
+
+
+@pytest.mark.parametrize("kind", ["ADDED", "DELETED"])
+def test_a_slice_outside_tenant_namespaces_is_ignored(kind: str) -> None:
+    role = _role(None)
+    role._on_slice(kind, {"metadata": {"name": "s", "namespace": "default"}})
+    assert role.cache.slices == {}

@@ -1,0 +1,92 @@
+"""A pod's ConfigMaps and Secrets copied into its twin namespace before its twin: the reflector's
+copy, once per resourceVersion, never over a stranger's object, refusals the user can read."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
+from tests.unit.fakes import FakeApiServer, serve
+from vkprovider.forge.meta import Target
+from vkprovider.forge.pods import Reference
+from vkprovider.node.provider import ProviderError
+from vkprovider.remote.references import ReferenceCopier
+
+CONSUMER = "consumer-1a2b3c4d"
+TWIN_NS = "team-consumer-1a2b3c4d"
+TARGET = Target(CONSUMER, "gpufed-gpu-a", TWIN_NS, "gpu-a")
+CONFIG = Reference("ConfigMap", "settings", optional=False)
+
+
+class World:
+    def __init__(self, consumer: FakeApiServer, provider: FakeApiServer, copier: ReferenceCopier) -> None:
+        self.consumer = consumer
+        self.provider = provider
+        self.copier = copier
+        self.annotations: dict[str, str] = {}
+
+    def applies(self) -> int:
+        return len(self.provider.calls("PATCH", f"/api/v1/namespaces/{TWIN_NS}/configmaps/settings"))
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    async with serve() as (consumer, local_api), serve() as (provider, remote_api):
+        box: list[World] = []
+
+        def namespace_annotations(_ns: str) -> Mapping[str, str]:
+            return box[0].annotations
+
+        w = World(consumer, provider, ReferenceCopier(local_api, remote_api, CONSUMER, "gpu-a", namespace_annotations))
+        box.append(w)
+        yield w
+
+
+def config_map(**annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "settings", "namespace": "team", "annotations": annotations},
+        "data": {"lr": "0.1"},
+    }
+
+
+async def test_the_copy_is_the_reflectors_and_made_once_per_version(world: World) -> None:
+    local = world.consumer.create("configmaps", config_map())
+    await world.copier.copy("team", CONFIG, TARGET)
+    copy = world.provider.get("configmaps", TWIN_NS, "settings")
+    assert copy is not None and copy["data"] == {"lr": "0.1"}
+    labels = copy["metadata"]["labels"]
+    assert (labels[ORIGIN_CLUSTER_LABEL], labels[ORIGIN_UID_LABEL]) == (CONSUMER, local["metadata"]["uid"])
+    await world.copier.copy("team", CONFIG, TARGET)
+    assert world.applies() == 1
+
+
+async def test_a_missing_reference_is_refused_unless_optional(world: World) -> None:
+    await world.copier.copy("team", Reference("Secret", "absent", optional=True), TARGET)
+    with pytest.raises(ProviderError) as e:
+        await world.copier.copy("team", Reference("Secret", "absent", optional=False), TARGET)
+    assert e.value.reason == "ReferenceNotFound" and e.value.retry
+    assert str(e.value).startswith('Secret "absent" not found in namespace team')
+
+
+async def test_a_reference_the_reflector_would_remove_is_refused(world: World) -> None:
+    world.consumer.create("configmaps", config_map(**{"gpufed.io/skip-reflection": "true"}))
+    with pytest.raises(ProviderError) as e:
+        await world.copier.copy("team", CONFIG, TARGET)
+    assert e.value.reason == "ReferenceNotReflected"
+    assert world.provider.get("configmaps", TWIN_NS, "settings") is None
+
+
+async def test_a_strangers_object_is_left_alone(world: World) -> None:
+    world.consumer.create("configmaps", config_map())
+    world.provider.create("configmaps", {"metadata": {"name": "settings", "namespace": TWIN_NS}, "data": {"x": "1"}})
+    with pytest.raises(ProviderError) as e:
+        await world.copier.copy("team", CONFIG, TARGET)
+    assert e.value.reason == "NameCollision"
+    stranger = world.provider.get("configmaps", TWIN_NS, "settings")
+    assert stranger is not None and stranger["data"] == {"x": "1"}
+    assert world.applies() == 0

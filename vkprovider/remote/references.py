@@ -1,0 +1,99 @@
+"""`ReferenceCopier`: the ConfigMaps and Secrets a pod needs, copied into its twin namespace before
+its twin is created.
+
+Owns: per reference of a pod (`forge.pods.references`), reading it from the consumer, refusing it
+when the reflection policy would remove the copy again (`gpufed.io/skip-reflection`, a namespace in
+allow-list mode), and applying the same copy the ConfigMap/Secret reflector makes
+(`forge.reflection`) — never over an object gpufed did not create — at most once per resourceVersion
+of the local object. A missing required reference, an unreadable one or a refused copy is a
+`ProviderError` with a message for the user; a missing optional one is skipped.
+
+Does not: keep copies up to date afterwards or delete them (the reflector does), or create twins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
+from vkprovider.forge import reflection
+from vkprovider.forge.meta import Target, owned_by
+from vkprovider.forge.pods import Reference
+from vkprovider.node.provider import ProviderError
+from vkprovider.remote.refusals import refusal
+
+
+class ReferenceCopier:
+    """Copies of one consumer's ConfigMaps and Secrets at one provider."""
+
+    def __init__(
+        self,
+        local_api: Any,
+        remote_api: Any,
+        consumer: str,
+        provider: str,
+        namespace_annotations: Callable[[str], Mapping[str, str]],
+    ) -> None:
+        self.local = local_api
+        self.remote = remote_api
+        self.consumer = consumer
+        self.provider = provider
+        #: A local namespace's annotations (the reflection policy's allow-list mode).
+        self.namespace_annotations = namespace_annotations
+        #: (twin namespace, kind, name) -> resourceVersion of the local object last copied there.
+        self._copied: dict[tuple[str, str, str], str] = {}
+
+    async def get_remote(self, url: str) -> dict[str, Any] | None:
+        """The provider's object at `url` (None: there is none); errors as `ProviderError`."""
+        try:
+            return await rest.get(self.remote, url)
+        except KubeError as e:
+            raise refusal(e, f"cannot read from provider {self.provider}") from e
+
+    async def copy(self, namespace: str, ref: Reference, target: Target) -> None:
+        """Make the copy of `ref` (of local `namespace`) exist in `target.namespace`."""
+        plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
+        try:
+            local = await rest.get(self.local, rest.path("v1", plural, ref.name, namespace=namespace))
+        except KubeError as e:
+            raise ProviderError(
+                f"cannot read {ref.kind} {namespace}/{ref.name}: {e}", reason="ReferenceUnreadable"
+            ) from e
+        if local is None:
+            if ref.optional:
+                return
+            raise ProviderError(
+                f'{ref.kind} "{ref.name}" not found in namespace {namespace}: the pod cannot start on '
+                f"{self.provider} until it exists",
+                reason="ReferenceNotFound",
+            )
+        decision = reflection.policy(local, self.namespace_annotations(namespace))
+        if decision.reason in ("Skipped", "NotAllowed"):  # the reflector would remove the copy again
+            raise ProviderError(
+                f"{ref.kind} {namespace}/{ref.name} is not reflected ({decision.message}): the pod needs it on "
+                f"{self.provider} and cannot be offloaded without it",
+                reason="ReferenceNotReflected",
+            )
+        rv = str(local["metadata"].get("resourceVersion"))
+        cache_key = (target.namespace, ref.kind, ref.name)
+        if self._copied.get(cache_key) == rv:
+            return
+        # The same copy the Secret/ConfigMap reflector makes (the pod cannot wait for it).
+        twin = (reflection.remote_config_map if ref.kind == "ConfigMap" else reflection.remote_secret)(local, target)
+        if twin is None:
+            return
+        url = rest.path("v1", plural, ref.name, namespace=target.namespace)
+        existing = await self.get_remote(url)
+        if existing is not None and not owned_by(existing, self.consumer):
+            raise ProviderError(
+                f"{ref.kind} {target.namespace}/{ref.name} on {self.provider} was not created by gpufed; "
+                "it is left alone",
+                reason="NameCollision",
+            )
+        try:
+            await rest.apply(self.remote, url, twin, what=f"copy {ref.kind} {ref.name}")
+        except KubeError as e:
+            raise refusal(e, f"cannot copy {ref.kind} {ref.name} to {self.provider}") from e
+        self._copied[cache_key] = rv
