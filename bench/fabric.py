@@ -49,6 +49,7 @@ from typing import Any
 from wireguard_tools import WireguardKey
 
 from bench.offload import percentile
+from gpufed import process
 from gpufed.apis.network import (
     DEFAULT_EXTERNAL_CIDR,
     CIDRPair,
@@ -308,19 +309,10 @@ def missing_requirements(wireguard_go: Path) -> list[str]:
 
 
 async def _run(argv: Sequence[str], limit_s: float = 30.0) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), limit_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise FabricBenchError(f"`{' '.join(argv)}` did not finish within {limit_s:g} s") from None
-    if proc.returncode != 0:
-        msg = (err or out).decode(errors="replace").strip()[-500:]
-        raise FabricBenchError(f"`{' '.join(argv)}` failed ({proc.returncode}): {msg}")
-    return out.decode(errors="replace")
+        return (await process.run(argv, timeout_s=limit_s)).stdout
+    except process.CommandError as e:
+        raise FabricBenchError(str(e)) from None
 
 
 @dataclass

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
-from gpufed import PACKAGES
+from gpufed import PACKAGES, process
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
@@ -138,23 +138,18 @@ def max_pods(topology: Topology) -> int:
 
 async def gpufed_cli(*args: str, limit_s: float = 300) -> tuple[int, str]:
     """Run `python -m gpufed.cli ARGS` as a user would; (exit code, stdout + stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gpufed.cli",
-        *args,
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), limit_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        done = await process.run(
+            [sys.executable, "-m", "gpufed.cli", *args],
+            timeout_s=limit_s,
+            cwd=REPO,
+            env={**os.environ, "COLUMNS": "200"},
+            check=False,
+            merge_stderr=True,
+        )
+    except process.CommandTimeoutError:
         return 124, f"timed out after {limit_s:.0f}s"
-    return proc.returncode or 0, out.decode(errors="replace")
+    return done.returncode, done.stdout
 
 
 async def until(what: str, probe: Callable[[], Any], limit_s: float, interval: float = 0.5) -> Any:

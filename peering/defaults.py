@@ -10,8 +10,3 @@ from __future__ import annotations
 
 #: Seconds `gpufed peer`, `unpeer`, `network connect` and `offload-namespace` may take in all.
 OPERATION_TIMEOUT_S = 120.0
-#: Address the metrics server listens on when only a port is given: every interface, as a scrape
-#: target must be reachable from Prometheus (pass a host to narrow it).
-METRICS_HOST = "0.0.0.0"  # noqa: S104 -- a scrape target is meant to be reachable
-#: Seconds between the GPU agent's NVML readings.
-GPU_AGENT_INTERVAL_S = 30.0

@@ -1,9 +1,8 @@
 """Defaults of vkprovider's knobs that `gpufed --help` shows, in a module that imports nothing.
 
 The CLI declares its flags at import time; taking their defaults from here lets every `gpufed`
-command start without loading the parts that use them (the controller, the virtual kubelet, the
-doctor, the local environment). Those modules re-export the values under their own names
-(`gpufed.app.controller.DEFAULT_KUBELET_PORTS`, ...).
+command start without loading the parts that use them (the controller, the virtual kubelet). Those
+modules re-export the values under their own names (`gpufed.app.controller.DEFAULT_KUBELET_PORTS`, ...).
 """
 
 from __future__ import annotations
@@ -16,15 +15,3 @@ VIRTUAL_KUBELET_QPS = 200.0
 VIRTUAL_KUBELET_BURST = 400
 #: Seconds a twin may stay unplaced (Pending on no node) at the provider before the pod is failed back.
 UNPLACED_TIMEOUT_S = 120.0
-#: `gpufed doctor`: seconds one check may take (each check has its own budget).
-DOCTOR_CHECK_TIMEOUT_S = 10.0
-#: `gpufed doctor`: a provider API round trip slower than this (ms) is a WARN.
-DOCTOR_SLOW_API_MS = 1000.0
-#: `gpufed doctor`: underlay MTU assumed when judging a tunnel's MTU (standard Ethernet).
-DOCTOR_UNDERLAY_MTU = 1500
-#: The namespace `gpufed local demo` offloads.
-DEMO_NAMESPACE = "team-a"
-#: `gpufed local`: first loopback port handed out; each cluster gets a block of ports.
-LOCAL_BASE_PORT = 17000
-#: `gpufed local`: seconds a Job's pod runs on a kwok node before it completes with exit code 0.
-LOCAL_JOB_SECONDS = 5.0

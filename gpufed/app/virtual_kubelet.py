@@ -39,11 +39,11 @@ from gpufed.apis.wire import (
     remote_kubeconfig_secret,
 )
 from gpufed.app.pools import PoolManager, PoolSettings
+from gpufed.defaults import METRICS_HOST as DEFAULT_METRICS_HOST
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.budget import set_budget
 from gpufed.kube.client import api_client, client_from_dict
-from gpufed.kube.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from gpufed.kube.metrics import serving
 from gpufed.kube.watch import watch
 from netfabric.controllers.translator import LiveRemapper

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
-from peering.defaults import METRICS_HOST
+from gpufed.defaults import METRICS_HOST
 from vkprovider.defaults import KUBELET_PORTS
 
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from gpufed.apis.wire import parse_cluster_id
 from gpufed.cli.common import Context, Kubeconfig, Output, check_output, fail, run_op
-from vkprovider.defaults import DOCTOR_CHECK_TIMEOUT_S, DOCTOR_SLOW_API_MS, DOCTOR_UNDERLAY_MTU
+from gpufed.defaults import DOCTOR_CHECK_TIMEOUT_S, DOCTOR_SLOW_API_MS, DOCTOR_UNDERLAY_MTU
 
 if TYPE_CHECKING:
     from gpufed.ops.doctor.checks import Report

@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 
 from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, serve
-from peering.defaults import GPU_AGENT_INTERVAL_S, METRICS_HOST
+from gpufed.defaults import METRICS_HOST
+from gpupool.defaults import GPU_AGENT_INTERVAL_S
 
 #: A Node name: an RFC 1123 subdomain.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufed.cli.common import console, fail, run_op
+from gpufed.defaults import DEMO_NAMESPACE, LOCAL_BASE_PORT, LOCAL_JOB_SECONDS
 from gpufed.errors import GpufedError
-from vkprovider.defaults import DEMO_NAMESPACE, LOCAL_BASE_PORT, LOCAL_JOB_SECONDS
 
 if TYPE_CHECKING:
     import structlog

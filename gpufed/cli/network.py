@@ -28,7 +28,8 @@ from gpufed.cli.common import (
     run_op,
     serve,
 )
-from peering.defaults import METRICS_HOST, OPERATION_TIMEOUT_S
+from gpufed.defaults import METRICS_HOST
+from peering.defaults import OPERATION_TIMEOUT_S
 
 if TYPE_CHECKING:
     from netfabric.ops import NetworkOptions

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
-from peering.defaults import METRICS_HOST
+from gpufed.defaults import METRICS_HOST
 from vkprovider.defaults import UNPLACED_TIMEOUT_S, VIRTUAL_KUBELET_BURST, VIRTUAL_KUBELET_QPS
 
 

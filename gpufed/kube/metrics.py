@@ -26,11 +26,12 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 
+from gpufed import defaults
 from gpufed.errors import GpufedError
 
 #: Address the metrics server listens on when only a port is given: every interface, as a scrape
 #: target must be reachable from Prometheus (pass a host to narrow it).
-DEFAULT_HOST = "0.0.0.0"  # noqa: S104 -- a scrape target is meant to be reachable
+DEFAULT_HOST = defaults.METRICS_HOST
 
 
 class MetricsServerError(GpufedError):

@@ -24,11 +24,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from gpufed import defaults
 from gpufed.localenv.launcher import LocalEnvironment
 from gpufed.localenv.podnet import PodNetwork, PodNetworkError, missing_requirements
 from gpufed.localenv.steps import Narrator, Step, exit_code, failures, run_steps, summary_table
 from gpufed.localenv.story import CLIENT_POD_IP, PROVIDERS, Story
-from vkprovider import defaults
 
 #: The namespace the demo offloads.
 DEFAULT_NAMESPACE = defaults.DEMO_NAMESPACE

@@ -46,12 +46,13 @@ from typing import Any
 
 import aiohttp
 
+from gpufed import process
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client, translating
 from gpufed.kube.times import rfc3339
-from gpufed.localenv import components, install, kubeconfig, kwokcfg, metricsserver, process, supervise
+from gpufed.localenv import components, install, kubeconfig, kwokcfg, metricsserver, supervise
 from gpufed.localenv.components import CONTROLLER
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
 from gpufed.localenv.topology import ClusterSpec, Topology

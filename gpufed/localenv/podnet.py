@@ -49,8 +49,8 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from gpufed import process
 from gpufed.errors import GpufedError
-from gpufed.localenv import process
 from netfabric.render import INTERFACE_PREFIX
 
 #: The gateway's address on every pod-side link (what pods route through).

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufed.localenv import process
+from gpufed import process
 from gpufed.localenv.steps import Narrator, StepError
 
 #: Seconds one command may take.

@@ -44,9 +44,9 @@ from gpufed.apis.wire import (
 from gpufed.localenv.launcher import LocalEnvError, LocalEnvironment
 from gpufed.localenv.manifests import APP, JOB, app_manifests, job_manifest, to_yaml
 from gpufed.localenv.podnet import PodNetwork, leftover_namespaces
-from gpufed.localenv.process import CommandError
 from gpufed.localenv.shell import Shell, eventually
 from gpufed.localenv.steps import Narrator, StepError, StepSkipped
+from gpufed.process import CommandError
 
 #: Width the gpufed CLI renders its tables to (rich reads COLUMNS when not on a terminal).
 COLUMNS = 150

@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpufed import defaults
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufed.errors import GpufedError
-from vkprovider import defaults
 
 #: Default pod CIDR of every local cluster (deliberately the same everywhere).
 DEFAULT_POD_CIDR = "10.244.0.0/16"

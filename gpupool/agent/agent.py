@@ -34,9 +34,9 @@ from gpufed.apis.wire import GPU_HEALTH_ANNOTATION, GPU_SOURCE_ANNOTATION
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpupool import defaults
 from gpupool.agent import labels as gl
 from gpupool.agent.nvml import GPUReader, NodeGPUReport
-from peering import defaults
 
 log = structlog.get_logger()
 

@@ -20,9 +20,13 @@ from typing import Any, TypeVar
 from pyroute2 import IPRoute
 from pyroute2.netns import popns, pushns
 
+from gpufed import process
 from gpufed.errors import GpufedError
 
 T = TypeVar("T")
+
+#: Seconds a data-plane command (ip, nft, sysctl, ping, wg) may take before it is killed.
+COMMAND_TIMEOUT_S = 60.0
 
 
 class DataplaneError(GpufedError, RuntimeError):
@@ -41,23 +45,28 @@ class Netns:
     def argv(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv] if self.name else list(argv)
 
-    async def run(self, argv: Sequence[str], stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+    async def run(
+        self,
+        argv: Sequence[str],
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+    ) -> str:
+        """Run `argv` in this namespace to its end (killed after `timeout_s`); its stdout."""
         full = self.argv(argv)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *full,
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, **(env or {})},
-            )
-        except FileNotFoundError as e:
-            raise DataplaneError(f"{full[0]} is not installed: {e}") from e
-        out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
-        if proc.returncode != 0:
-            msg = err.decode(errors="replace").strip() or out.decode(errors="replace").strip()
-            raise DataplaneError(f"`{' '.join(argv[:3])}` in {self.describe()} failed ({proc.returncode}): {msg}")
-        return out.decode(errors="replace")
+            done = await process.run(full, timeout_s=timeout_s, stdin=stdin, env={**os.environ, **(env or {})})
+        except process.CommandTimeoutError as e:
+            raise DataplaneError(
+                f"`{' '.join(argv[:3])}` in {self.describe()} did not finish within {timeout_s:g} s"
+            ) from e
+        except process.CommandError as e:
+            if e.returncode is None:  # could not start
+                raise DataplaneError(f"{full[0]} is not installed: {e}") from e
+            raise DataplaneError(
+                f"`{' '.join(argv[:3])}` in {self.describe()} failed ({e.returncode}): {e.output}"
+            ) from e
+        return done.stdout
 
     async def start_daemon(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
         """Run a program that daemonises (forks and exits once ready): its output must not hold our

@@ -187,7 +187,7 @@ class PodController:
         if self._on_change is not None:
             self._on_change()
 
-    # ---- what the kubelet API serves (kubeletapi.PodSource)
+    # ---- what the kubelet API serves (vkprovider.kubelet.server.PodSource)
 
     def bound_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The local pod bound to this node, as last seen (None: unknown or bound elsewhere)."""

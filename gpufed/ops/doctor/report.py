@@ -27,7 +27,7 @@ from gpufed.apis.meta import API_VERSION, GROUP
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, REMOTE_CLUSTER_LABEL, SYSTEM_NAMESPACE, parse_cluster_id
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
-from gpufed.kube.client import KubeError, api_client, client_from_dict
+from gpufed.kube.client import KubeError, api_client, client_from_dict, require_kubeconfig
 from gpufed.ops.doctor.checks import FAIL, OK, THIS_CLUSTER, WARN, Check, Peer, Report
 from gpufed.ops.doctor.probes import ClientFactory, Probe, Probes, ProviderLink, get_object, list_objects
 from gpufed.ops.doctor.settings import DoctorSettings
@@ -189,8 +189,7 @@ async def diagnose(
 
 @contextlib.asynccontextmanager
 async def _connect(settings: DoctorSettings) -> AsyncIterator[tuple[Any, str]]:
-    if not settings.kubeconfig.exists():
-        raise DoctorError(f"kubeconfig {settings.kubeconfig} does not exist")
+    require_kubeconfig(settings.kubeconfig)
     try:
         async with api_client(settings.kubeconfig, settings.context) as api:
             server = str(api.configuration.host)

@@ -13,8 +13,8 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufed import defaults
 from netfabric.controllers.gateway import HANDSHAKE_STALE_S
-from vkprovider import defaults
 
 #: Seconds one check may take (each check has its own budget).
 DEFAULT_CHECK_TIMEOUT_S = defaults.DOCTOR_CHECK_TIMEOUT_S

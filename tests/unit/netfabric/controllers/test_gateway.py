@@ -25,7 +25,7 @@ from netfabric.controllers.gateway import (
     Health,
     judge,
 )
-from netfabric.drivers.netns import DataplaneError, Netns
+from netfabric.drivers.netns import COMMAND_TIMEOUT_S, DataplaneError, Netns
 from netfabric.drivers.wireguard import PeerStats, TunnelConfig, TunnelDriver
 from netfabric.ipam import RangeMap
 from netfabric.render import GatewayPlan, interface_name, mark_for, nft_ruleset, table_name
@@ -120,7 +120,13 @@ class FakeNs(Netns):
         self.tables: set[str] = set()
         self.forwarding = "0"
 
-    async def run(self, argv: Sequence[str], stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+    async def run(
+        self,
+        argv: Sequence[str],
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+    ) -> str:
         args = list(argv)
         self.runs.append((args, stdin))
         if args[0] == "ping":

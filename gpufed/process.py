@@ -1,4 +1,4 @@
-"""Running one command to its end, under a timeout: the local environment's one subprocess runner.
+"""Running one command to its end, under a timeout: gpufed's one subprocess runner.
 
 Owns: `run` (argv, optional stdin text, environment, working directory, timeout; stdout and stderr
 captured, or stderr merged into stdout; stdout optionally handed over line by line as it comes) and
@@ -7,8 +7,9 @@ what it raises: `CommandError` when the command cannot start or (with `check`) e
 command and ends with the tail of what it said. A command that times out or whose caller is
 cancelled is killed and reaped before `run` returns.
 
-Does not: supervise long-running processes (`supervise` does, for the clusters' components; the
-demo's gateway agents and HTTP servers are `podnet`'s), interpret output, or log.
+Does not: supervise long-running processes (`gpufed.localenv.supervise` does, for the local
+clusters' components; the demo's gateway agents are `gpufed.localenv.podnet`'s, daemons of the data
+plane `netfabric.drivers.netns`'s), interpret output, or log.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gpufed import process
 from gpufed.errors import GpufedError
-from gpufed.localenv import process
 
 
 async def test_a_command_gives_its_exit_status_and_output_apart() -> None:
