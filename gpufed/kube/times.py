@@ -37,3 +37,14 @@ def parse_rfc3339(text: str) -> dt.datetime:
         return parsed.astimezone(dt.UTC)
     except OverflowError:  # a valid time whose UTC is past year 9999 (e.g. 9999-12-31T23:59:59-01:00)
         return parsed
+
+
+def time_or_none(value: object) -> dt.datetime | None:
+    """A time field read from an object (Time, MicroTime, an annotation) as `parse_rfc3339` gives it;
+    None when the field is absent or not RFC 3339 (the caller decides what an unreadable time means)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_rfc3339(value)
+    except ValueError:
+        return None

@@ -46,7 +46,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
-from gpufed.kube.times import parse_rfc3339, rfc3339
+from gpufed.kube.times import rfc3339, time_or_none
 from vkprovider.forge.meta import ROOT_CA_CONFIGMAP, Target, origin_labels
 
 #: Data key of the i-th token source.
@@ -319,17 +319,6 @@ def token_request(binding: TokenBinding, source: TokenSource) -> dict[str, Any]:
     }
 
 
-def parse_time(value: Any) -> datetime | None:
-    """The RFC 3339 time of an annotation or a TokenRequest status, or None when `value` is not one
-    (then the token counts as due)."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return parse_rfc3339(value)
-    except ValueError:
-        return None
-
-
 def _b64(value: str) -> str:
     return base64.b64encode(value.encode()).decode()
 
@@ -415,8 +404,8 @@ def read_token_secret(secret: Mapping[str, Any]) -> TokenSecretState | None:
     return TokenSecretState(
         binding=binding,
         uid=str(meta.get("uid", "")),
-        issued_at=parse_time(notes.get(TOKEN_ISSUED_AT_ANNOTATION)),
-        expires_at=parse_time(notes.get(TOKEN_EXPIRES_AT_ANNOTATION)),
+        issued_at=time_or_none(notes.get(TOKEN_ISSUED_AT_ANNOTATION)),
+        expires_at=time_or_none(notes.get(TOKEN_EXPIRES_AT_ANNOTATION)),
     )
 
 

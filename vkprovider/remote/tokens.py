@@ -35,6 +35,7 @@ import structlog
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.times import time_or_none
 from vkprovider.forge import meta
 from vkprovider.forge import tokens as tf
 from vkprovider.node.provider import ProviderError
@@ -319,7 +320,7 @@ class PodTokens:
             raise ProviderError(f"{what}: the consumer answered without a token", reason="TokenRequestFailed")
         # The requested lifetime bounds the refresh even if the server issues a longer-lived token.
         expires_at = issued_at + timedelta(seconds=source.expiration_seconds)
-        answered = tf.parse_time(status.get("expirationTimestamp"))
+        answered = time_or_none(status.get("expirationTimestamp"))
         if answered is not None:
             expires_at = min(expires_at, answered)
         return tf.IssuedToken(token=token, issued_at=issued_at, expires_at=expires_at)

@@ -26,7 +26,7 @@ from gpufed.apis.kinds import KINDS
 from gpufed.apis.network import split_endpoint
 from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, REMOTE_CLUSTER_LABEL, SYSTEM_NAMESPACE, parse_cluster_id
-from gpufed.kube.times import parse_rfc3339
+from gpufed.kube.times import time_or_none
 from gpufed.ops.doctor.checks import FAIL, OK, RANK, WARN, Check
 from netfabric.ipam import MIN_MTU, WIREGUARD_OVERHEAD_IPV4, WIREGUARD_OVERHEAD_IPV6
 
@@ -34,17 +34,6 @@ from netfabric.ipam import MIN_MTU, WIREGUARD_OVERHEAD_IPV4, WIREGUARD_OVERHEAD_
 CONTROLLER_LEASE = "gpufed-controller"
 
 # ---------------------------------------------------------------------------------------- helpers
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    """A timestamp field of an object read (Time or MicroTime) as an aware UTC datetime; None when the
-    field is absent or not RFC 3339 (a verdict then says "never")."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return parse_rfc3339(value)
-    except ValueError:
-        return None
 
 
 def human(seconds: float) -> str:
@@ -119,7 +108,7 @@ def judge_controller(lease: Mapping[str, Any] | None, now: dt.datetime, *, answe
     (`answering`: e.g. its offloading webhook, its capacity estimator)."""
     if lease is not None:
         spec = lease.get("spec") or {}
-        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+        renewed = time_or_none(spec.get("renewTime")) or time_or_none(spec.get("acquireTime"))
         duration = float(spec.get("leaseDurationSeconds") or 15)
         holder = spec.get("holderIdentity") or "nobody"
         if renewed is None:
@@ -316,10 +305,10 @@ def judge_nodes(
         ready = _ready(n)
         lease = leases.get(name)
         spec = (lease or {}).get("spec") or {}
-        renewed = parse_time(spec.get("renewTime"))
+        renewed = time_or_none(spec.get("renewTime"))
         duration = float(spec.get("leaseDurationSeconds") or 40)
         age = None if renewed is None else (now - renewed).total_seconds()
-        created = parse_time(n["metadata"].get("creationTimestamp"))
+        created = time_or_none(n["metadata"].get("creationTimestamp"))
         registered = None if created is None else (now - created).total_seconds()
         if ready.get("status") != "True":
             why = one_line(f"{ready.get('reason') or 'no Ready condition'}: {ready.get('message') or ''}", 160)
@@ -377,7 +366,7 @@ def judge_tunnel(
         "endpoint"
     ) or f"UDP port {(gateway.get('spec') or {}).get('listenPort')}"
     agent = f"is `gpufed gateway --name {peer}` running on both clusters, and {endpoint} reachable over UDP?"
-    handshake = parse_time(st.get("latestHandshake"))
+    handshake = time_or_none(st.get("latestHandshake"))
     if handshake is None:
         return Check(
             "tunnel",

@@ -1,4 +1,4 @@
-"""Control-plane fault drills on the real local clusters (issue 11): a component dies or its state is
+"""Control-plane fault drills on the real local clusters: a component dies or its state is
 compacted away mid-work, and afterwards no pod is lost, duplicated or resurrected (`ledger.Ledger`)
 and the time to full recovery is printed as `DRILL <name> recovery_s=<x>` (and appended to
 $GPUFED_DRILL_RESULTS).

@@ -1,4 +1,4 @@
-"""Fault drills on the network fabric and on restarts (issue 11, drills 5–8), on the real local clusters.
+"""Fault drills on the network fabric and on restarts (drills 5–8), on the real local clusters.
 
 Owns five drills, each marked `drill`, each judged by the shared `Ledger` (no offloaded pod lost,
 duplicated or resurrected) and each recording its recovery time (`ledger.record`):

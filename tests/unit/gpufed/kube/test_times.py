@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufed.kube.times import parse_rfc3339, rfc3339
+from gpufed.kube.times import parse_rfc3339, rfc3339, time_or_none
 
 
 def test_formats_seconds_and_micro_from_unix_seconds_and_datetimes() -> None:
@@ -52,3 +52,12 @@ def test_round_trips(moment: dt.datetime) -> None:
     aware = moment.replace(tzinfo=dt.UTC)
     assert parse_rfc3339(rfc3339(aware, micro=True)) == aware
     assert parse_rfc3339(rfc3339(aware)) == aware.replace(microsecond=0)
+
+
+def test_timestamps_of_objects_read_are_rfc3339_or_none() -> None:
+    assert time_or_none("2026-11-27T00:24:53Z") == dt.datetime(2026, 11, 27, 0, 24, 53, tzinfo=dt.UTC)
+    micro = time_or_none("2026-11-27T00:24:53.123456Z")
+    assert micro is not None and micro.microsecond == 123456
+    assert time_or_none("2026-11-27T02:24:53+02:00") == dt.datetime(2026, 11, 27, 0, 24, 53, tzinfo=dt.UTC)
+    for absent in (None, "", 42, "yesterday", "2026-11-27T00:24:53"):
+        assert time_or_none(absent) is None, absent

@@ -1,4 +1,4 @@
-"""Generated bad and odd pods (issue 11): the forge's translators and the offloading webhook.
+"""Generated bad and odd pods: the forge's translators and the offloading webhook.
 
 Owns the properties that
 - `forge.pods.remote_pod` turns any API-shaped pod (huge specs, odd and unicode names, missing

@@ -1,4 +1,4 @@
-"""Generated bad requests to the virtual node's kubelet API (issue 11): paths, methods, queries, headers.
+"""Generated bad requests to the virtual node's kubelet API: paths, methods, queries, headers.
 
 Owns the properties that the kubelet API (`vkprovider.kubelet.server`, authn/authz from
 `kubeletauth`) answers any request — traversal attempts (`..`, `%2e%2e`, `%2f`), NUL bytes, odd

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from gpufed.ops.doctor.checks import Check
-from gpufed.ops.doctor.verdicts import human, judge_mtu, judge_nodes, one_line, parse_time
+from gpufed.ops.doctor.verdicts import human, judge_mtu, judge_nodes, one_line
 from tests.unit.gpufed.ops.doctor.scenario import NODE, PROVIDER, stamp
 
 
@@ -39,15 +39,6 @@ def test_a_node_without_a_lease_is_fine_only_just_after_it_registered() -> None:
     assert fresh.status == "OK" and "lease not created yet" in fresh.finding
     old = judge_nodes(PROVIDER, [node(300)], {NODE: None}, now)
     assert old.status == "FAIL" and "renewed never" in old.finding
-
-
-def test_timestamps_of_objects_read_are_rfc3339_or_none() -> None:
-    assert parse_time("2026-11-27T00:24:53Z") == dt.datetime(2026, 11, 27, 0, 24, 53, tzinfo=dt.UTC)
-    micro = parse_time("2026-11-27T00:24:53.123456Z")
-    assert micro is not None and micro.microsecond == 123456
-    assert parse_time("2026-11-27T02:24:53+02:00") == dt.datetime(2026, 11, 27, 0, 24, 53, tzinfo=dt.UTC)
-    for absent in (None, "", 42, "yesterday", "2026-11-27T00:24:53"):
-        assert parse_time(absent) is None, absent
 
 
 def test_findings_are_one_line_with_human_durations() -> None:
