@@ -1,7 +1,7 @@
 """The provider's capacity estimator: live, aggregated GPU capacity served to consumers over gRPC.
 
 - `server`: `EstimatorServer` (provider side) watches the cluster's nodes and pods into a
-  `gpupool.capacity.Inventory` and serves snapshots, placement answers and a snapshot stream over
+  `gpupool.inventory.Inventory` and serves snapshots, placement answers and a snapshot stream over
   mutual TLS to authenticated consumers only;
 - `client`: `EstimatorClient` (consumer side) speaks to it with plain `gpupool.capacity` values;
 - `wire`: the protobuf <-> dataclass conversions both share;

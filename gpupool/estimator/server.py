@@ -2,7 +2,7 @@
 
 Owns:
 - the inventory: watches of the cluster's Nodes and Pods (all namespaces) feeding a
-  `gpupool.capacity.Inventory`; after each effective change (debounced by `debounce_s`) a new
+  `gpupool.inventory.Inventory`; after each effective change (debounced by `debounce_s`) a new
   snapshot is computed and, when any aggregate differs, published under the next revision;
 - the service `gpufed.estimator.v1.Estimator` (estimator.proto): GetCapacity, CanPlace,
   MaxReplicas, and Watch (the current snapshot at once, then one per published revision, and a
@@ -66,7 +66,8 @@ from gpufed.errors import GpufedError
 from gpufed.kube import rest, servingtls
 from gpufed.kube.servingtls import TLSMaterial
 from gpufed.kube.watch import watch
-from gpupool.capacity import Inventory, Snapshot
+from gpupool.capacity import Snapshot
+from gpupool.inventory import Inventory
 from gpupool.estimator import estimator_pb2 as pb
 from gpupool.estimator import wire
 from peering.handshake import CONSUMER_GROUP, consumer_user
