@@ -1,0 +1,1 @@
+"""tests.unit.deploy.local."""
