@@ -67,9 +67,9 @@ from gpufed.kube import rest, servingtls
 from gpufed.kube.servingtls import TLSMaterial
 from gpufed.kube.watch import watch
 from gpupool.capacity import Snapshot
-from gpupool.inventory import Inventory
 from gpupool.estimator import estimator_pb2 as pb
 from gpupool.estimator import wire
+from gpupool.inventory import Inventory
 from peering.handshake import CONSUMER_GROUP, consumer_user
 
 DEFAULT_DEBOUNCE_S = 0.2
