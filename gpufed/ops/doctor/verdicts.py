@@ -393,7 +393,7 @@ def judge_tunnel(
 
 
 def judge_mtu(peer: str, gateway: Mapping[str, Any], *, underlay_mtu: int, connect_cmd: str) -> Check:
-    """The tunnel MTU leaves room for WireGuard's overhead (60 B over IPv4, 80 B over IPv6, DESIGN.md §7)."""
+    """The tunnel MTU leaves room for WireGuard's overhead (60 B over IPv4, 80 B over IPv6)."""
     spec, st = gateway.get("spec") or {}, gateway.get("status") or {}
     configured, applied = int(spec.get("mtu") or 0), int(st.get("mtu") or 0)
     host = ""
