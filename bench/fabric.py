@@ -1,5 +1,6 @@
 """The `fabric` part: pod-to-pod TCP throughput and request RTT through gpufed's data plane (remap NAT +
-WireGuard) against a bare wireguard-go tunnel without our NAT, measured in the same run.
+tunnel filter + WireGuard) against the same path without the tunnel filter and a bare wireguard-go
+tunnel without our nftables table, measured in the same run.
 
 Owns: three throw-away topologies of network namespaces on this machine (no cluster, no traffic leaves
 it), each
@@ -13,7 +14,11 @@ default route via 169.254.1.1), underlay MTU 1500:
   product's own code, in the order `GatewayAgent.apply` uses (`netfabric.plan.gateway_plan`, the
   wireguard-go driver, `set_link` with the MTU the agent would choose, `nft_ruleset` applied with
   `netfabric.drivers.nft`, `set_routes`, ip_forward). The client pod 10.244.1.10 dials the server pod
-  10.244.0.7 at its remapped address; the server sees the client at ITS remapped address.
+  10.244.0.7 at its remapped address; the server sees the client at ITS remapped address. The table
+  includes the tunnel filter (`from_peer` / `to_peer`, conntrack, the allowed sets); its drop counters
+  are read after the runs (`filter_drops`: the measured traffic is legitimate and must not be dropped).
+- `nofilter`: the full path, built the same way, whose two filter base chains (`FILTER_CHAINS`) are then
+  deleted from both gateways' tables: remap NAT + WireGuard without the filter.
 - `bare`: the same two wireguard-go gateways (same driver, keys, keepalive, MTU) with no nftables and no
   remapping: non-overlapping pod addresses, a plain route to the peer's range through the tunnel.
 - `veth`: the same namespaces and links routed over the underlay with no tunnel at all (context only).
@@ -21,7 +26,8 @@ default route via 169.254.1.1), underlay MTU 1500:
 Measured, interleaved (full, bare, veth, full, ...) so machine noise spreads evenly: `iperf3 -c -J`
 throughput (received bits/s; median of the runs) and the latency of 64-byte request/response round
 trips on one TCP connection (TCP_NODELAY, timed in the client with perf_counter_ns; p50/p99 over all
-runs). Targets: full/bare throughput >= 0.90 and RTT (p50) <= 1.10; a missed target is a
+runs). Targets: full/bare throughput >= 0.90 and RTT (p50) <= 1.10, and full/nofilter throughput >=
+0.95 (the filter costs under 5%; its RTT p50 ratio is shown for information); a missed target is a
 result. Needs root, /dev/net/tun, ip, nft, ping, iperf3 and wireguard-go: without them the part fails
 saying which is missing.
 
@@ -72,7 +78,15 @@ from netfabric.drivers.netns import (
 )
 from netfabric.drivers.wireguard import TunnelConfig, WireguardGo
 from netfabric.ipam import DEFAULT_MTU, mtu_for
-from netfabric.render import INTERFACE_PREFIX, GatewayPlan, allowed_ips, interface_name, nft_ruleset
+from netfabric.render import (
+    FILTER_CHAINS,
+    INTERFACE_PREFIX,
+    GatewayPlan,
+    allowed_ips,
+    interface_name,
+    nft_ruleset,
+    nft_update,
+)
 
 DEFAULT_SECONDS = 5.0
 DEFAULT_RUNS = 3
@@ -84,10 +98,13 @@ REQUEST_BYTES = 64
 #: Targets: the full path against the bare tunnel, measured in the same run.
 TARGET_THROUGHPUT_RATIO_MIN = 0.90
 TARGET_RTT_RATIO_MAX = 1.10
+#: Target: the tunnel filter against the same path without it (it costs under 5% of the throughput).
+TARGET_FILTER_THROUGHPUT_RATIO_MIN = 0.95
 
-SCENARIOS = ("full", "bare", "veth")
+SCENARIOS = ("full", "nofilter", "bare", "veth")
 LABELS = {
-    "full": "gpufed: remap NAT + WireGuard",
+    "full": "gpufed: remap NAT + tunnel filter + WireGuard",
+    "nofilter": "gpufed without the tunnel filter (remap NAT + WireGuard)",
     "bare": "bare wireguard-go tunnel (no NAT)",
     "veth": "plain veth routing (no tunnel)",
 }
@@ -223,19 +240,48 @@ def spread_pct(values: Sequence[float]) -> float | None:
     return round((max(values) - min(values)) / median * 100, 1) if median else None
 
 
+def _paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[float | None], list[float | None]]:
+    """a / b of each interleaved round (neighbours in time share the machine's noise): throughput, RTT p50."""
+    thr = [ratio(x, y) for x, y in zip(a["throughput_mbps"]["runs"], b["throughput_mbps"]["runs"], strict=False)]
+    p50 = [ratio(x, y) for x, y in zip(a["rtt"]["per_run_p50_ms"], b["rtt"]["per_run_p50_ms"], strict=False)]
+    return thr, p50
+
+
+def filter_verdicts(scenarios: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """full/nofilter ratios: throughput (>= 0.95: the filter costs under 5%) and RTT p50 (for information).
+    Empty when the run has no `nofilter` path (results of older runs)."""
+    full, nofilter = scenarios["full"], scenarios.get("nofilter")
+    if not nofilter:
+        return {}
+    thr = ratio(full["throughput_mbps"]["median"], nofilter["throughput_mbps"]["median"])
+    p50 = ratio(full["rtt"]["p50_ms"], nofilter["rtt"]["p50_ms"])
+    paired, paired_p50 = _paired(full, nofilter)
+    return {
+        "filter_throughput": {
+            "value": thr,
+            "target": f">= {TARGET_FILTER_THROUGHPUT_RATIO_MIN:.2f}",
+            "met": thr is not None and thr >= TARGET_FILTER_THROUGHPUT_RATIO_MIN,
+            "per_run": paired,
+        },
+        "filter_rtt_p50": {
+            "value": p50,
+            "target": "(for information)",
+            "met": None,
+            "informational": True,
+            "per_run": paired_p50,
+        },
+    }
+
+
 def verdicts(scenarios: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """full/bare ratios against the targets: throughput (>= 0.90) and RTT p50 (<= 1.10); the p99 ratio is
-    judged against the same bound but only for information (the RTT target is read on the p50)."""
+    judged against the same bound but only for information (the RTT target is read on the p50); and,
+    when the run measured it, the filter's cost (`filter_verdicts`)."""
     full, bare = scenarios["full"], scenarios["bare"]
     thr = ratio(full["throughput_mbps"]["median"], bare["throughput_mbps"]["median"])
     p50 = ratio(full["rtt"]["p50_ms"], bare["rtt"]["p50_ms"])
     p99 = ratio(full["rtt"]["p99_ms"], bare["rtt"]["p99_ms"])
-    paired = [
-        ratio(f, b) for f, b in zip(full["throughput_mbps"]["runs"], bare["throughput_mbps"]["runs"], strict=False)
-    ]
-    paired_p50 = [
-        ratio(f, b) for f, b in zip(full["rtt"]["per_run_p50_ms"], bare["rtt"]["per_run_p50_ms"], strict=False)
-    ]
+    paired, paired_p50 = _paired(full, bare)
     return {
         "throughput": {
             "value": thr,
@@ -256,6 +302,7 @@ def verdicts(scenarios: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "met": p99 is not None and p99 <= TARGET_RTT_RATIO_MAX,
             "informational": True,
         },
+        **filter_verdicts(scenarios),
     }
 
 
@@ -380,6 +427,8 @@ class Scenario:
     echo: Daemon | None = None
     #: The client address the server saw (the full path: its remapped twin).
     expect_seen: IPv4Address | None = None
+    #: gateway role -> gpufed's nftables table there (the paths with one).
+    tables: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ns(self, role: str) -> str:
@@ -462,8 +511,8 @@ async def _apply_gateway(
     private_key: str,
 ) -> tuple[GatewayPlan, int]:
     """What `GatewayAgent.apply` does with its inputs, step for step (status writes aside)."""
-    gp = plans.gateway_plan(local, remote, spec.masquerade)
-    peer_ip = IPv4Address(spec.peer_tunnel_address)
+    local_ip, peer_ip = IPv4Address(spec.tunnel_address), IPv4Address(spec.peer_tunnel_address)
+    gp = plans.gateway_plan(local, remote, spec.masquerade, (local_ip, peer_ip))
     cfg = TunnelConfig(
         private_key=private_key,
         peer_public_key=spec.peer_public_key,
@@ -474,9 +523,8 @@ async def _apply_gateway(
     )
     await driver.ensure(ns, gp.interface, cfg)
     mtu = await _agent_mtu(ns, spec)
-    local_ip = IPv4Address(spec.tunnel_address)
     await ns.netlink(lambda ipr: set_link(ipr, gp.interface, local_ip, peer_ip, mtu), "configuring the tunnel")
-    await nft.apply(ns, nft_ruleset(gp))
+    await nft.apply_in_place(ns, nft_update(gp), nft_ruleset(gp))
     mapped = [gp.peer_pod.mapped] + ([gp.peer_external.mapped] if gp.peer_external else [])
     await ns.netlink(lambda ipr: set_routes(ipr, gp.interface, gp.mark, gp.mark, mapped), "routing into the tunnel")
     await ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
@@ -522,7 +570,7 @@ def _gateway_specs(consumer_id: str, provider_id: str, c: _Keys, p: _Keys) -> tu
 
 
 async def _setup_full(sc: Scenario, driver: WireguardGo) -> None:
-    consumer_id, provider_id = f"bench-{sc.tag}-consumer", f"bench-{sc.tag}-provider"
+    consumer_id, provider_id = f"bench-{sc.tag}-{sc.key}-c", f"bench-{sc.tag}-{sc.key}-p"
     specs = fabric_specs(consumer_id, provider_id)
     ck, pk = _Keys.generate(), _Keys.generate()
     cgw, pgw = _gateway_specs(consumer_id, provider_id, ck, pk)
@@ -533,6 +581,7 @@ async def _setup_full(sc: Scenario, driver: WireguardGo) -> None:
     sc.tunnels["cgw"] = gp_c.interface
     sc.target = gp_c.peer_pod.to_mapped(SERVER_POD)
     sc.expect_seen = gp_p.peer_pod.to_mapped(CLIENT_POD)
+    sc.tables = {"cgw": gp_c.table, "sgw": gp_p.table}
     sc.extra = {
         "pod_cidr_both_sides": POD_CIDR,
         "consumer_sees_provider_pods_as": str(gp_c.peer_pod.mapped),
@@ -546,6 +595,23 @@ async def _setup_full(sc: Scenario, driver: WireguardGo) -> None:
 
 def _rule_count(ruleset: str) -> int:
     return sum(1 for line in ruleset.splitlines() if line.startswith("\t\t") and not line.strip().startswith("type "))
+
+
+async def _setup_nofilter(sc: Scenario, driver: WireguardGo) -> None:
+    """The full path, then without the tunnel filter: its base chains deleted from both gateways' tables
+    (nothing else changes: the same NAT, marks, routes, conntrack and WireGuard)."""
+    await _setup_full(sc, driver)
+    for role, table in sc.tables.items():
+        for name in FILTER_CHAINS:
+            await Netns(sc.ns(role)).run(["nft", "delete", "chain", "ip", table, name])
+    sc.extra["filter"] = "removed: " + ", ".join(FILTER_CHAINS)
+
+
+async def _filter_drops(sc: Scenario) -> dict[str, dict[str, int]] | None:
+    """The tunnel filter's drop counters of both gateways (None: the path has no gpufed table)."""
+    if not sc.tables:
+        return None
+    return {role: await nft.counters(Netns(sc.ns(role)), table) for role, table in sc.tables.items()}
 
 
 async def _bare_gateway(
@@ -687,6 +753,7 @@ async def _measure(opts: FabricOptions, progress: Progress) -> dict[str, Any]:
     tag = secrets.token_hex(2)
     scenarios = {
         "full": Scenario("full", tag, CLIENT_POD, SERVER_POD, SERVER_POD),
+        "nofilter": Scenario("nofilter", tag, CLIENT_POD, SERVER_POD, SERVER_POD),
         "bare": Scenario("bare", tag, PLAIN_CLIENT, PLAIN_SERVER, PLAIN_SERVER),
         "veth": Scenario("veth", tag, PLAIN_CLIENT, PLAIN_SERVER, PLAIN_SERVER),
     }
@@ -698,6 +765,7 @@ async def _measure(opts: FabricOptions, progress: Progress) -> dict[str, Any]:
         for sc in scenarios.values():
             await sc.build()
         await _setup_full(scenarios["full"], driver)
+        await _setup_nofilter(scenarios["nofilter"], driver)
         await _setup_bare(scenarios["bare"], driver)
         await _setup_veth(scenarios["veth"])
         for sc in scenarios.values():
@@ -705,7 +773,7 @@ async def _measure(opts: FabricOptions, progress: Progress) -> dict[str, Any]:
             await _start_servers(sc)
         durations["setup_s"] = round(time.monotonic() - started, 1)
         progress(
-            f"fabric: 3 paths up in {durations['setup_s']} s (namespaces gfb{tag}-*); full path dials "
+            f"fabric: {len(scenarios)} paths up in {durations['setup_s']} s (namespaces gfb{tag}-*); full path dials "
             f"{scenarios['full'].target}, MTU {scenarios['full'].mtu}"
         )
         t0 = time.monotonic()
@@ -722,6 +790,7 @@ async def _measure(opts: FabricOptions, progress: Progress) -> dict[str, Any]:
         durations["measure_s"] = round(time.monotonic() - t0, 1)
         path_mtu = {k: await _path_mtu(sc) for k, sc in scenarios.items()}
         tunnel_bytes = {k: await _tunnel_bytes(sc, driver) for k, sc in scenarios.items()}
+        drops = {k: await _filter_drops(sc) for k, sc in scenarios.items()}
         versions = {
             "wireguard_go": await _version([str(driver.binary), "--version"]),
             "iperf3": await _version(["iperf3", "--version"]),
@@ -744,6 +813,7 @@ async def _measure(opts: FabricOptions, progress: Progress) -> dict[str, Any]:
                 "tunnel_mtu": sc.mtu or None,
                 "path_mtu_seen_by_client": path_mtu[k],
                 "tunnel_tx_bytes": tunnel_bytes[k],
+                "filter_drops": drops[k],
                 "iperf3_bytes": sent,
                 **sc.extra,
             }
@@ -770,6 +840,7 @@ async def _measure(opts: FabricOptions, progress: Progress) -> dict[str, Any]:
         "targets": {
             "throughput_ratio_min": TARGET_THROUGHPUT_RATIO_MIN,
             "rtt_p50_ratio_max": TARGET_RTT_RATIO_MAX,
+            "filter_throughput_ratio_min": TARGET_FILTER_THROUGHPUT_RATIO_MIN,
         },
         "scenarios": results,
         "verdicts": verdicts(results),

@@ -9,9 +9,11 @@ features keep theirs beside them: `peering.defaults`, `vkprovider.defaults`, `gp
 
 from __future__ import annotations
 
-#: Address the metrics server listens on when only a port is given: every interface, as a scrape
-#: target must be reachable from Prometheus (pass a host to narrow it).
-METRICS_HOST = "0.0.0.0"  # noqa: S104 -- a scrape target is meant to be reachable
+#: Address the metrics server listens on when only a port is given: loopback, as /metrics answers
+#: anyone who can connect (no authentication). Where Prometheus scrapes from other hosts or pods,
+#: pass `--metrics-host 0.0.0.0` (the Helm chart does, `metrics.host`) and fence the port with a
+#: NetworkPolicy.
+METRICS_HOST = "127.0.0.1"
 #: `gpufed doctor`: seconds one check may take (each check has its own budget).
 DOCTOR_CHECK_TIMEOUT_S = 10.0
 #: `gpufed doctor`: a provider API round trip slower than this (ms) is a WARN.

@@ -73,7 +73,19 @@ def remapper(local: NetworkConfigSpec, remote: RemoteNetworkSpec) -> Remapper:
     )
 
 
-def gateway_plan(local: NetworkConfigSpec, remote: RemoteNetworkSpec, masquerade: bool) -> GatewayPlan:
+def gateway_plan(
+    local: NetworkConfigSpec,
+    remote: RemoteNetworkSpec,
+    masquerade: bool,
+    tunnel: tuple[IPv4Address, IPv4Address] | None = None,
+) -> GatewayPlan:
+    """The data plane of our gateway for `remote`, from our own objects only. `tunnel`: (our, the
+    peer's) tunnel address, so the filter lets exactly the peer's probe through to the gateway.
+
+    What the tunnel filter allows (`netfabric.render.filter_sets`) follows from these objects: our pod
+    CIDR and the addresses we exposed (`NetworkConfig.spec.externalIps`) on one side, the peer's whole
+    pod range (and external range, on the way out) on the other. Which of the peer's pods are twins is
+    not known at the gateway, so the peer's pod range counts as a whole."""
     peer_pod, peer_ext = _maps(remote.real, remote.mapped)
     return GatewayPlan(
         interface=interface_name(remote.cluster_id),
@@ -84,6 +96,8 @@ def gateway_plan(local: NetworkConfigSpec, remote: RemoteNetworkSpec, masquerade
         peer_external=peer_ext,
         external_ips={IPv4Address(e.external_address): IPv4Address(e.address) for e in local.external_ips},
         masquerade=masquerade,
+        tunnel_address=tunnel[0] if tunnel else None,
+        peer_tunnel_address=tunnel[1] if tunnel else None,
     )
 
 

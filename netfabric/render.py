@@ -1,15 +1,24 @@
 """Renderers for one gateway's data plane: the nftables ruleset, the WireGuard UAPI message, names.
 
 Owns: `GatewayPlan` (everything one peering's gateway needs, validated), the nftables text that
-atomically replaces only that peering's table (`nft_ruleset`), the WireGuard cross-platform UAPI
-"set" message (`uapi_set`, https://www.wireguard.com/xplatform/), the peer's allowed IPs
-(`allowed_ips`), and the deterministic per-peering names (`interface_name`, `table_name`, `mark_for`).
+updates only that peering's table in place (`nft_update`) or atomically replaces it (`nft_ruleset`),
+the address sets the tunnel filter allows (`filter_sets`), the WireGuard cross-platform UAPI "set"
+message (`uapi_set`, https://www.wireguard.com/xplatform/), the peer's allowed IPs (`allowed_ips`),
+and the deterministic per-peering names (`interface_name`, `table_name`, `mark_for`).
 
 The rules (see `netfabric.remap` for the model): traffic for the peer is marked (conntrack mark, then
 fwmark, which doubles as the policy-routing table id so the caller can route it into the tunnel even
 when both pod CIDRs are the same); on the way out "remapped -> real" is DNATed; on the way in our
 external-CIDR addresses are DNATed to the real local addresses they stand for, and the peer's real
 source is SNATed to its remapped twin (or masqueraded to the gateway's address instead).
+
+The tunnel filter: every packet forwarded from or into the WireGuard interface passes a chain that
+accepts replies of tracked flows and new flows between the allowed sets only — from the peer's real
+pod range to our pod range or an exposed address, from our pod range to the peer's real pod or
+external range — and drops (and counts, in a named counter per direction) everything else; packets
+from the tunnel to the gateway itself are dropped too, except the peer's probe of our tunnel address.
+The sets are built from this side's own objects only: what the peer's gateway filters is never relied
+on.
 
 Does not: run `nft`, `ip` or `wg`, talk to a WireGuard device, create routes or policy rules (the
 drivers do), allocate ranges (`netfabric.ipam`), or handle IPv6.
@@ -23,7 +32,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, collapse_addresses
 from types import MappingProxyType
 
 from netfabric.ipam import RangeMap
@@ -43,6 +52,13 @@ MARK_MAX = 0xFFFFFFF
 _KUBE_PROXY_BITS = 0xC000
 INTERFACE_PREFIX = "gf-"
 TABLE_PREFIX = "gpufed_"
+#: Named counters of the tunnel filter's drops, by direction: arriving from the peer (forwarded or
+#: addressed to the gateway itself) and leaving into the tunnel.
+DROPPED_FROM_PEER = "dropped_from_peer"
+DROPPED_TO_PEER = "dropped_to_peer"
+DROP_COUNTERS = (DROPPED_FROM_PEER, DROPPED_TO_PEER)
+#: The base chains of the tunnel filter (hooks forward and input); without them the table only translates.
+FILTER_CHAINS = ("filter_forward", "filter_input")
 
 
 class RenderError(ValueError):
@@ -59,7 +75,10 @@ class GatewayPlan:
     `local_pod`: our real pod CIDR. `peer_pod` / `peer_external`: the peer's real pod / external CIDR
     -> how we see it. `external_ips`: an address in OUR external CIDR -> the real local address it
     stands for (DNATed on the way in; a read-only copy is kept). `masquerade`: SNAT inbound traffic to
-    the gateway's own address instead of the peer's remapped twin.
+    the gateway's own address instead of the peer's remapped twin. `tunnel_address` /
+    `peer_tunnel_address`: the two ends of the tunnel; the peer's probe of ours is the one packet the
+    filter lets through to the gateway itself (None: an echo request from the tunnel to any of the
+    gateway's addresses is let through instead).
     """
 
     interface: str
@@ -70,6 +89,8 @@ class GatewayPlan:
     peer_external: RangeMap | None
     external_ips: Mapping[IPv4Address, IPv4Address] = field(default_factory=dict, hash=False)
     masquerade: bool = False
+    tunnel_address: IPv4Address | None = None
+    peer_tunnel_address: IPv4Address | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "external_ips", MappingProxyType(dict(self.external_ips)))
@@ -106,21 +127,40 @@ def _peer_ranges(plan: GatewayPlan) -> list[RangeMap]:
     return [plan.peer_pod] if plan.peer_external is None else [plan.peer_pod, plan.peer_external]
 
 
-def nft_ruleset(plan: GatewayPlan) -> str:
-    """Text for `nft -f -` that atomically replaces only `plan.table` (idempotent on re-apply).
+def filter_sets(plan: GatewayPlan) -> dict[str, list[IPv4Network]]:
+    """The named sets of the tunnel filter, each collapsed to the fewest prefixes, in address order.
 
-    The leading `table` + `delete table` lines make the delete succeed whether or not the table exists.
+    `peer_pods`: the sources a new flow from the peer may have (its real pod range: the tunnel carries
+    real addresses and the filter runs before the SNAT to the remapped twin). `local_reachable`: where
+    such a flow may go (our pod range and the real addresses of our exposed external addresses, which
+    the DNAT has already put in place). `local_pods`: the sources a new flow into the tunnel may have.
+    `peer_reachable`: where it may go (the peer's real pod and external ranges: the way-out DNAT has
+    already turned the remapped address into the real one; the peer's gateway decides which of its
+    external addresses lead anywhere).
     """
-    t, iface, mark = plan.table, f'"{plan.interface}"', _hex(plan.mark)
+
+    def collapsed(nets: list[IPv4Network]) -> list[IPv4Network]:
+        return list(collapse_addresses(nets))
+
+    return {
+        "peer_pods": collapsed([plan.peer_pod.real]),
+        "peer_reachable": collapsed([r.real for r in _peer_ranges(plan)]),
+        "local_pods": collapsed([plan.local_pod]),
+        "local_reachable": collapsed([plan.local_pod, *(IPv4Network(a) for a in plan.external_ips.values())]),
+    }
+
+
+def _chains(plan: GatewayPlan) -> list[tuple[str, str | None, list[str]]]:
+    """(name, hook line or None for a regular chain, rules) of every chain of the table, in order."""
+    iface, mark = f'"{plan.interface}"', _hex(plan.mark)
     ranges = _peer_ranges(plan)
     seen_as = ", ".join(str(r.mapped) for r in ranges)
     marks = [
-        "type filter hook prerouting priority mangle; policy accept;",
         f"iifname {iface} ct mark set {mark}",
         f"iifname != {iface} ip daddr {{ {seen_as} }} ct mark set {mark}",
         f"iifname != {iface} ct mark {mark} meta mark set {mark}",
     ]
-    prenat = ["type nat hook prerouting priority dstnat; policy accept;"]
+    prenat: list[str] = []
     # Way out: remapped -> real.
     for r in ranges:
         if not r.identity:
@@ -129,7 +169,7 @@ def nft_ruleset(plan: GatewayPlan) -> str:
     # Way in: our external-CIDR addresses -> the real local addresses they stand for.
     for ext, real in sorted(plan.external_ips.items()):
         prenat.append(f"iifname {iface} ip daddr {ext} dnat ip to {real}")
-    postnat = ["type nat hook postrouting priority srcnat; policy accept;"]
+    postnat: list[str] = []
     if plan.masquerade:
         postnat.append(f"iifname {iface} oifname != {iface} masquerade")
     else:
@@ -138,13 +178,80 @@ def nft_ruleset(plan: GatewayPlan) -> str:
             if not r.identity:
                 to_mapped = f"ip saddr & {r.real.hostmask} | {r.mapped.network_address}"
                 postnat.append(f"iifname {iface} ip saddr {r.real} snat ip to {to_mapped}")
-    lines = [f"table ip {t}", f"delete table ip {t}", f"table ip {t} {{"]
-    for name, body in (("marks", marks), ("prenat", prenat), ("postnat", postnat)):
+    # The filter sees the addresses after the DNAT (prerouting) and before the SNAT (postrouting).
+    forward = [f"iifname {iface} jump from_peer", f"oifname {iface} jump to_peer"]
+    probe = "icmp type echo-request accept"
+    if plan.tunnel_address is not None and plan.peer_tunnel_address is not None:
+        probe = f"ip saddr {plan.peer_tunnel_address} ip daddr {plan.tunnel_address} {probe}"
+    to_gateway = [
+        f"iifname {iface} ct state established,related accept",
+        f"iifname {iface} {probe}",
+        f'iifname {iface} counter name "{DROPPED_FROM_PEER}" drop',
+    ]
+    from_peer = [
+        "ct state established,related accept",
+        "ip saddr @peer_pods ip daddr @local_reachable accept",
+        f'counter name "{DROPPED_FROM_PEER}" drop',
+    ]
+    to_peer = [
+        "ct state established,related accept",
+        "ip saddr @local_pods ip daddr @peer_reachable accept",
+        f'counter name "{DROPPED_TO_PEER}" drop',
+    ]
+    forward_chain, input_chain = FILTER_CHAINS
+    return [
+        ("marks", "type filter hook prerouting priority mangle; policy accept;", marks),
+        ("prenat", "type nat hook prerouting priority dstnat; policy accept;", prenat),
+        ("postnat", "type nat hook postrouting priority srcnat; policy accept;", postnat),
+        (forward_chain, "type filter hook forward priority filter; policy accept;", forward),
+        (input_chain, "type filter hook input priority filter; policy accept;", to_gateway),
+        ("from_peer", None, from_peer),
+        ("to_peer", None, to_peer),
+    ]
+
+
+def nft_update(plan: GatewayPlan) -> str:
+    """Text for `nft -f -` that brings `plan.table` to the plan in place, in one transaction: the
+    table, its counters, sets and chains are declared (created when missing, kept when present), every
+    chain and set is emptied and filled again. The drop counters and the conntrack state survive; a
+    re-apply of an unchanged plan changes nothing a packet can see. Fails (and `nft_ruleset` is the way
+    out) when a chain of the same name exists with another hook.
+    """
+    t = plan.table
+    chains = _chains(plan)
+    sets = filter_sets(plan)
+    lines = [f"table ip {t} {{"]
+    for name in DROP_COUNTERS:
+        lines += [f"\tcounter {name} {{", "\t}"]
+    for name in sets:
+        lines += [f"\tset {name} {{", "\t\ttype ipv4_addr; flags interval;", "\t}"]
+    for name, hook, _ in chains:
         lines.append(f"\tchain {name} {{")
-        lines.extend(f"\t\t{rule}" for rule in body)
+        if hook is not None:
+            lines.append(f"\t\t{hook}")
         lines.append("\t}")
     lines.append("}")
+    lines += [f"flush chain ip {t} {name}" for name, _, _ in chains]
+    lines += [f"flush set ip {t} {name}" for name in sets]
+    lines += [f"add element ip {t} {name} {{ {', '.join(map(str, nets))} }}" for name, nets in sets.items()]
+    lines.append(f"table ip {t} {{")
+    for name, _, rules in chains:
+        if rules:
+            lines.append(f"\tchain {name} {{")
+            lines.extend(f"\t\t{rule}" for rule in rules)
+            lines.append("\t}")
+    lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def nft_ruleset(plan: GatewayPlan) -> str:
+    """Text for `nft -f -` that atomically replaces only `plan.table` (idempotent on re-apply): the
+    table is deleted and built again as `nft_update` describes it, in one transaction (its drop counters
+    start again at zero).
+
+    The leading `table` + `delete table` lines make the delete succeed whether or not the table exists.
+    """
+    return f"table ip {plan.table}\ndelete table ip {plan.table}\n" + nft_update(plan)
 
 
 def _key(value: str, what: str) -> str:

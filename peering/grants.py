@@ -49,6 +49,8 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Ready, not cordoned, no NoSchedule/NoExecute taint a tenant pod would not tolerate.
     schedulable: bool = True
+    #: Resources the node offers that no grant is made of (MIG slices, other devices, huge pages).
+    extended: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,13 @@ def node_info(node: Mapping[str, object]) -> NodeInfo:
         allocatable=_quantities(status.get("allocatable")),
         labels=dict(meta.get("labels") or {}),
         schedulable=ready and not spec.get("unschedulable") and not blocking,
+        extended=frozenset(r for r in status.get("allocatable") or {} if _ungranted(str(r))),
     )
+
+
+def _ungranted(resource: str) -> bool:
+    """A node resource a pod could request that no grant is made of: a device (`vendor/name`) or huge pages."""
+    return resource not in RESOURCES and ("/" in resource or resource.startswith("hugepages-"))
 
 
 def pod_requests(pod: Mapping[str, object]) -> dict[str, Decimal]:
@@ -306,6 +314,48 @@ def partition(grant: Resources, used: Mapping[str, Resources]) -> dict[str, dict
         for i, n in enumerate(names):
             out[n][r] = used[n].get(r, Decimal(0)) + unit * (each + (1 if i < extra else 0))
     return out
+
+
+# ---- what a grant's quota holds beside the granted resources
+
+#: Ephemeral storage (requests and limits) that each granted pod slot brings to a namespace's quota.
+EPHEMERAL_STORAGE_PER_POD = parse("20Gi")
+#: Object counts of every consumer namespace (twins: what reflection and offloaded pods need, with room;
+#: the consumer cannot create PersistentVolumeClaims, node ports or load balancers at all).
+TWIN_OBJECT_COUNTS = {
+    "count/configmaps": 1000,
+    "count/secrets": 1000,
+    "count/services": 200,
+    "count/endpointslices.discovery.k8s.io": 1000,
+    "count/ingresses.networking.k8s.io": 100,
+    "count/persistentvolumeclaims": 0,
+    "services.nodeports": 0,
+    "services.loadbalancers": 0,
+}
+#: The tenant namespace holds control objects: the consumer's requests, and the token Secrets of its pods.
+TENANT_OBJECT_COUNTS = {
+    **TWIN_OBJECT_COUNTS,
+    "count/twinnamespaces.gpufed.io": 200,
+    "count/resourceslices.gpufed.io": 50,
+}
+#: How a granted resource is named in a ResourceQuota.
+QUOTA_NAMES = {"cpu": "requests.cpu", "memory": "requests.memory", GPU: f"requests.{GPU}", "pods": "pods"}
+
+
+def quota_hard(limits: Resources, extended: Iterable[str], *, tenant: bool) -> dict[str, str]:
+    """`spec.hard` of a consumer namespace's ResourceQuota: the namespace's share of the grant
+    (`limits`, from `partition`), ephemeral storage in proportion to its pods, zero of every other
+    resource the provider's nodes offer (`extended`: MIG slices, other devices, huge pages), and
+    object counts (no node ports, no load balancers, no volume claims)."""
+    hard = {QUOTA_NAMES[r]: _fmt(r, v) for r, v in sorted(limits.items())}
+    storage = format_quantity(limits.get("pods", Decimal(0)) * EPHEMERAL_STORAGE_PER_POD, binary=True)
+    hard["requests.ephemeral-storage"] = storage
+    hard["limits.ephemeral-storage"] = storage
+    for r in sorted(set(extended) - set(RESOURCES)):
+        hard[f"requests.{r}"] = "0"
+    counts = TENANT_OBJECT_COUNTS if tenant else TWIN_OBJECT_COUNTS
+    hard.update({k: str(v) for k, v in counts.items()})
+    return hard
 
 
 #: Label prefixes copied from a provider's GPU nodes onto the consumer's virtual node.

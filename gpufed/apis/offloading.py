@@ -20,17 +20,32 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from gpufed.apis.meta import CLUSTER_ID_PATTERN, Condition, Model
-from gpufed.apis.wire import NAMESPACE_OFFLOADING, SYSTEM_NAMESPACE, TENANT_PREFIX
+from gpufed.apis.wire import NAMESPACE_OFFLOADING, SYSTEM_NAMESPACE
 
-#: Namespaces a twin may never be (a provider's system and gpufed's own).
-RESERVED_NAMESPACES = frozenset({"default", SYSTEM_NAMESPACE})
-RESERVED_NAMESPACE_PREFIXES = ("kube-", TENANT_PREFIX)
+#: Namespaces a twin may never be: the provider's system ones and gpufed's install namespace.
+RESERVED_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", SYSTEM_NAMESPACE})
+#: Prefixes a twin's name may never start with: Kubernetes' own and every name gpufed derives
+#: (tenant namespaces `gpufed-tenant-...`, and any future gpufed namespace).
+RESERVED_NAMESPACE_PREFIXES = ("kube-", f"{SYSTEM_NAMESPACE}-")
+
+
+def reserved_namespace(name: str) -> bool:
+    """Whether `name` is a namespace no twin may take."""
+    return name in RESERVED_NAMESPACES or name.startswith(RESERVED_NAMESPACE_PREFIXES)
 
 
 # ---- the offload pod-security policy (a Tenant's spec.policy.podSecurity, a TwinNamespace's status)
 
 #: A Linux capability as pods name it (`NET_ADMIN`, also `net_admin` or `CAP_NET_ADMIN`), or `ALL`.
 CAPABILITY_PATTERN = r"^[A-Za-z0-9_]+$"
+#: A pod volume source as the pod spec names it (`nfs`, `csi`, `ephemeral`, ...).
+VOLUME_TYPE_PATTERN = r"^[a-z][A-Za-z0-9]*$"
+#: A taint key (`nvidia.com/gpu`, `dedicated`): an optional DNS prefix and a name.
+TAINT_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+#: A PriorityClass name (a DNS subdomain).
+PRIORITY_CLASS_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: The Pod Security levels a provider can hold a tenant's pods to (gpufed's own rules on top).
+POD_SECURITY_LEVELS: tuple[str, ...] = ("baseline", "restricted")
 #: The entry of `allowedCapabilities` that allows adding any capability.
 ALL_CAPABILITIES = "ALL"
 
@@ -47,6 +62,13 @@ class OffloadPodSecurity(Model):
     # Everything is refused unless allowed; the provider's own API server enforces it in the
     # consumer's namespaces (peering.podsecurity), the consumer checks it early (vkprovider.forge.podpolicy).
 
+    level: Literal["baseline", "restricted"] = Field(
+        default="baseline",
+        description="The Pod Security Standard every pod is held to: `baseline` (default: no host ports, no "
+        "Unconfined seccomp/AppArmor, only container SELinux types, safe sysctls, default /proc mount, no Windows "
+        "host processes) or `restricted` (also: non-root users, no privilege escalation, a RuntimeDefault or "
+        "Localhost seccomp profile, every capability dropped). The allowances below are exceptions to it.",
+    )
     allow_privileged: bool = Field(
         default=False, description="Allow privileged containers (`securityContext.privileged: true`)."
     )
@@ -61,10 +83,44 @@ class OffloadPodSecurity(Model):
         "prefix are ignored); `ALL` allows any. Dropping capabilities is always allowed.",
     )
 
+    allow_host_ports: bool = Field(
+        default=False, description="Allow `hostPort` on container ports (hostNetwork pods with ports need it too)."
+    )
+    allowed_volume_types: list[Annotated[str, Field(pattern=VOLUME_TYPE_PATTERN, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Volume types allowed beside configMap, secret, downwardAPI, emptyDir, projected and "
+        "persistentVolumeClaim, e.g. `ephemeral`, `csi`, `nfs` (hostPath: allowHostPath).",
+    )
+    allowed_tolerations: list[Annotated[str, Field(pattern=TAINT_KEY_PATTERN, max_length=317)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Taint keys pods may tolerate beside `nvidia.com/gpu` (and the provider's own not-ready/"
+        "unreachable tolerations with a time limit). A toleration without a key (tolerating every taint) is "
+        "always refused.",
+    )
+    allowed_priority_classes: list[Annotated[str, Field(pattern=PRIORITY_CLASS_PATTERN, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="PriorityClasses pods may name beside the provider's global default one.",
+    )
+
     @field_validator("allowed_capabilities")
     @classmethod
     def _canonical(cls, v: list[str]) -> list[str]:
         return sorted({capability_name(c) for c in v})
+
+    @field_validator("allowed_volume_types", "allowed_tolerations", "allowed_priority_classes")
+    @classmethod
+    def _sorted(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+    @field_validator("allowed_volume_types")
+    @classmethod
+    def _not_host_path(cls, v: list[str]) -> list[str]:
+        if "hostPath" in v:
+            raise ValueError("hostPath volumes are allowed with allowHostPath, not allowedVolumeTypes")
+        return v
 
 
 # ---- TwinNamespace (provider side, in the tenant namespace: the consumer's request for a twin)
@@ -86,7 +142,7 @@ class TwinNamespaceSpec(Model):
     @field_validator("twin_name")
     @classmethod
     def _not_reserved(cls, v: str | None) -> str | None:
-        if v is not None and (v in RESERVED_NAMESPACES or v.startswith(RESERVED_NAMESPACE_PREFIXES)):
+        if v is not None and reserved_namespace(v):
             raise ValueError(f"twin namespace name {v!r} is reserved")
         return v
 
@@ -99,6 +155,12 @@ class TwinNamespaceStatus(Model):
         default=None,
         description="The offload pod-security policy the provider enforces in the twin namespace (its Tenant's "
         "spec.policy.podSecurity), so that the consumer can refuse a pod early with the same reason.",
+    )
+    ingress_annotations: list[str] = Field(
+        default_factory=list,
+        description="Annotations the provider admits on the consumer's Ingresses beside kubernetes.io/ingress.class "
+        "(its Tenant's spec.policy.ingressAnnotations: exact keys, or prefixes ending in `*`), so that reflection "
+        "sends only those.",
     )
 
 

@@ -14,7 +14,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -23,6 +23,11 @@ from gpufed.apis.offloading import OffloadPodSecurity
 from gpufed.apis.pool import SLICE_RESOURCES
 from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import MAX_CLUSTER_ID
+
+#: An Ingress host a tenant may claim: a DNS name, or `*.` and a domain.
+INGRESS_HOST_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: An annotation key, or a key prefix ending in `*`.
+ANNOTATION_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9/])?\*?$"
 
 
 def _check_quantities(v: dict[str, str]) -> dict[str, str]:
@@ -146,8 +151,24 @@ class TenantPolicy(Model):
     allow_partial: bool = Field(default=True, description="Grant less than asked when that is all there is.")
     pod_security: OffloadPodSecurity = Field(
         default_factory=OffloadPodSecurity,
-        description="Privileged containers, host namespaces, hostPath volumes and added capabilities are "
-        "refused unless allowed here.",
+        description="What the consumer's pods may ask of this cluster's nodes: Pod Security baseline (or "
+        "restricted) plus gpufed's rules (volume types, tolerations, priority classes, node names); privileged "
+        "containers, host namespaces, host ports, hostPath volumes and added capabilities are refused unless "
+        "allowed here.",
+    )
+    ingress_hosts: list[Annotated[str, Field(pattern=INGRESS_HOST_PATTERN, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Hosts the consumer's Ingresses may claim: exact names or `*.domain` (any name under "
+        "domain). Empty (default): every Ingress of the consumer is refused. Rules without a host and default "
+        "backends are always refused.",
+    )
+    ingress_annotations: list[Annotated[str, Field(pattern=ANNOTATION_PATTERN, max_length=317)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Annotations the consumer's Ingresses may carry beside `kubernetes.io/ingress.class`: exact "
+        "keys, or a prefix ending in `*`. Any other annotation (an ingress controller's configuration snippet, "
+        "say) refuses the Ingress.",
     )
 
     _max = field_validator("max_resources")(_check_quantities)

@@ -97,6 +97,12 @@ def remote_kubeconfig_secret(provider: ClusterID) -> str:
     return f"gpufed-remote-{provider}"
 
 
+def credentials_reader(provider: ClusterID) -> str:
+    """Consumer-side Role and RoleBinding (namespace `gpufed`) that let the virtual kubelets read the
+    credentials Secret of one provider, and nothing else there."""
+    return f"gpufed-virtual-kubelet-{provider}"
+
+
 def pending_key_secret(provider: ClusterID) -> str:
     """Consumer-side Secret holding the private key of a CSR not yet signed by `provider`."""
     return f"gpufed-csr-key-{provider}"
@@ -110,6 +116,9 @@ VIRTUAL_NODE_EXCLUSION_LABELS = {
     "node.kubernetes.io/exclude-from-external-load-balancers": "true",
     "node.kubernetes.io/exclude-disruption": "true",
 }
+#: Every virtual node's name starts with it; the consumer's admission policy and the serving-certificate
+#: approver confine the virtual kubelets to such nodes.
+VIRTUAL_NODE_PREFIX = "gpufed-"
 TYPE_LABEL = "gpufed.io/type"
 VIRTUAL_NODE_TYPE = "virtual-node"
 #: Labels of every virtual node (`TYPE_LABEL=VIRTUAL_NODE_TYPE` is what selectors use).
@@ -160,3 +169,6 @@ POOL_PRODUCT_LABEL = "gpufed.io/gpu-pool-product"
 CAPACITY_ANNOTATION = "gpufed.io/capacity"
 #: `per-product` (default: one virtual node per GPU product when the provider has several) or `provider`.
 GPU_POOLS_ANNOTATION = "gpufed.io/gpu-pools"
+#: Comma-separated label keys (or prefixes ending in `/` or `*`) the provider's node labels may set on
+#: its virtual nodes beyond the GPU ones; reserved domains (kubernetes.io, k8s.io, gpufed.io) never pass.
+NODE_LABELS_ANNOTATION = "gpufed.io/allowed-node-labels"

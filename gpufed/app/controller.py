@@ -32,6 +32,7 @@ from gpufed.apis.meta import GROUP
 from gpufed.apis.wire import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, SYSTEM_NAMESPACE
 from gpufed.app.supervisor import Supervisor, SupervisorSettings
 from gpufed.app.workloads import Workloads, WorkloadSettings
+from gpufed.defaults import METRICS_HOST
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
@@ -134,7 +135,8 @@ class ControllerSettings:
     workloads: WorkloadSettings = field(default_factory=WorkloadSettings)
     #: Port of the Prometheus /metrics (and /healthz) HTTP server; None: none.
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"  # noqa: S104 -- scraped by Prometheus from other pods
+    #: Address of that server: loopback unless asked (the Helm chart passes 0.0.0.0 for Prometheus).
+    metrics_host: str = METRICS_HOST
 
 
 async def preflight(api: Any) -> None:

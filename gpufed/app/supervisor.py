@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 
 from gpufed.apis.meta import API_VERSION
+from gpufed.apis.wire import VIRTUAL_NODE_PREFIX
 from gpufed.kube import rest
 from gpufed.kube.watch import watch
 
@@ -82,7 +83,7 @@ def exit_with_supervisor(supervisor_pid: int) -> None:
 
 
 def node_name(provider: str) -> str:
-    return f"gpufed-{provider}"
+    return f"{VIRTUAL_NODE_PREFIX}{provider}"
 
 
 class Child:

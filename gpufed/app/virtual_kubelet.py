@@ -3,7 +3,8 @@
 Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
 the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
 clear log line), the provider client (same budget), and under one TaskGroup: one `RemoteProvider`,
-one `Reflection` (started and stopped per twin namespace by the provider's TwinNamespace watch),
+one `Reflection` (started and stopped per twin namespace by the provider's TwinNamespace watch,
+for the namespaces the consumer's NamespaceOffloadings offload to this provider),
 the `CapacityFeed` of the provider's capacity estimator (unless capacity is static), and the
 `PoolManager` running one node + pod controller + kubelet API per GPU pool node; with a metrics
 port, the Prometheus metrics of all of them (`gpufed.kube.metrics`, from the start, so /healthz
@@ -11,6 +12,14 @@ answers while credentials are awaited). The Nodes are
 owned by the provider's ForeignCluster: when that is deleted (unpeer) this process removes them and
 exits; an ordinary stop (SIGTERM, crash, kill -9) leaves the Nodes and their pods in place for the
 next start to adopt.
+
+Joins vkprovider and netfabric (which never import each other): `FabricAddresses` is the fabric's
+live remapper as the IP translator of `vkprovider.remote` and as its `PodAddresses` check (a
+twin's reported address must lie in THIS provider's pod range; anything else, e.g. an address of
+the consumer's own pods or exposed services, is refused). Without a fabric for the peering no range
+is known and addresses are shown as reported (they are not routed to the provider then either).
+The provider's node labels pass the allow-list of `forge.pools` plus the keys the ForeignCluster's
+`gpufed.io/allowed-node-labels` annotation (or `node_label_allow`) names.
 
 Does not: pick ports or restart itself (the controller's supervisor does, or a Deployment).
 """
@@ -22,6 +31,7 @@ import base64
 import contextlib
 import ipaddress
 import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +44,7 @@ from gpufed.apis.wire import (
     CAPACITY_ANNOTATION,
     GPU_POOLS_ANNOTATION,
     IDENTITY_CONFIGMAP,
+    NODE_LABELS_ANNOTATION,
     SYSTEM_NAMESPACE,
     ClusterID,
     remote_kubeconfig_secret,
@@ -43,7 +54,7 @@ from gpufed.defaults import METRICS_HOST as DEFAULT_METRICS_HOST
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.budget import set_budget
-from gpufed.kube.client import api_client, client_from_dict
+from gpufed.kube.client import KubeError, api_client, client_from_dict
 from gpufed.kube.metrics import serving
 from gpufed.kube.watch import watch
 from netfabric.controllers.translator import LiveRemapper
@@ -57,7 +68,7 @@ from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
 from vkprovider.remote.streaming import RemoteStreaming
 from vkprovider.remote.tokens import PodTokens, TokenSettings
-from vkprovider.remote.translate import IPTranslator
+from vkprovider.remote.translate import IPTranslator, PodAddresses
 
 #: Client budget towards each API server (vkprovider.defaults says why).
 DEFAULT_QPS = defaults.VIRTUAL_KUBELET_QPS
@@ -84,6 +95,50 @@ def peering_settings(fc: dict[str, Any], settings: VirtualKubeletSettings) -> tu
     if pools not in ("per-product", "provider"):
         raise VirtualKubeletError(f"{GPU_POOLS_ANNOTATION}={pools!r} on ForeignCluster: use per-product or provider")
     return capacity, pools == "per-product"
+
+
+def node_label_allow(fc: dict[str, Any], settings: VirtualKubeletSettings) -> tuple[str, ...]:
+    """The provider labels allowed beyond the GPU ones: the flags' and the ForeignCluster annotation's."""
+    ann = (fc["metadata"].get("annotations") or {}).get(NODE_LABELS_ANNOTATION) or ""
+    return _entries((*settings.node_label_allow, *ann.split(",")))
+
+
+def _entries(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted({v.strip() for v in values if v.strip()}))
+
+
+class FabricAddresses:
+    """The fabric's live remapper as `vkprovider.remote`'s IPTranslator and PodAddresses."""
+
+    def __init__(self, remapper: LiveRemapper) -> None:
+        self.remapper = remapper
+
+    def to_local_ip(self, ip: str) -> str:
+        return self.remapper.to_local_ip(ip)
+
+    def to_remote_ip(self, ip: str) -> str:
+        return self.remapper.to_remote_ip(ip)
+
+    def refuse_pod_ip(self, remote_ip: str) -> str | None:
+        """Why an address the provider reports for a twin is not that pod's; None when it lies in
+        the provider's own pod range (the only addresses its pods have, as the fabric routes them)."""
+        current = self.remapper.current
+        if current is None:
+            return None  # no fabric for this peering: no range is known, nothing is routed there
+        pods = current.peer_pod.real
+        try:
+            addr = ipaddress.IPv4Address(remote_ip)
+        except ValueError:
+            return f"{remote_ip!r} is no IPv4 address in the provider's pod range {pods}"
+        if current.peer_pod.contains_real(addr):
+            return None
+        if current.local_pod.contains_mapped(addr):
+            return f"it is an address of this cluster's own pods (as the provider reaches them), not in {pods}"
+        if current.local_external is not None and current.local_external.contains_mapped(addr):
+            return f"it is an address this cluster exposes to the provider, not in the provider's pod range {pods}"
+        if current.peer_external is not None and current.peer_external.contains_real(addr):
+            return f"it is in the provider's external range, not in its pod range {pods}"
+        return f"it is outside the provider's pod range {pods}"
 
 
 @dataclass(frozen=True)
@@ -125,6 +180,9 @@ class VirtualKubeletSettings:
     metrics_port: int | None = None
     #: Address the metrics server listens on.
     metrics_host: str = DEFAULT_METRICS_HOST
+    #: Provider node labels allowed on its virtual nodes beyond the GPU ones (keys, or prefixes
+    #: ending in `/` or `*`); the ForeignCluster's `gpufed.io/allowed-node-labels` adds to them.
+    node_label_allow: tuple[str, ...] = ()
 
 
 async def _cluster_id(api: Any) -> str:
@@ -140,7 +198,14 @@ async def _credentials(api: Any, provider: str, log: Any) -> dict[str, Any]:
     name = remote_kubeconfig_secret(ClusterID(provider))
     waited = False
     while True:
-        secret = await rest.get(api, rest.path("v1", "secrets", name, namespace=SYSTEM_NAMESPACE))
+        try:
+            secret = await rest.get(api, rest.path("v1", "secrets", name, namespace=SYSTEM_NAMESPACE))
+        except KubeError as e:
+            if not e.forbidden:
+                raise
+            # The controller grants the read per peering; its grant may not have reached the API
+            # server's authorizer yet (a virtual kubelet started while the controller upgrades).
+            secret = None
         if secret is not None and (secret.get("data") or {}).get("kubeconfig"):
             return dict(yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"])))
         if not waited:
@@ -180,14 +245,18 @@ async def _run(settings: VirtualKubeletSettings) -> None:
         remote_api = await client_from_dict(cfg)
         try:
             set_budget(remote_api, settings.qps, settings.burst)
-            translator = LiveRemapper(api, settings.provider)
-            await translator.load()
+            remapper = LiveRemapper(api, settings.provider)
+            await remapper.load()
+            translator = FabricAddresses(remapper)
+            pod_addresses: PodAddresses = translator
+            label_allow = node_label_allow(fc, settings)
             api_host, api_port = api_endpoint(settings.consumer_api_server or api.configuration.host, translator)
             tokens = PodTokens(
                 api,
                 remote_api,
                 consumer,
                 TokenSettings(api_host, api_port, refresh_fraction=settings.token_refresh_fraction),
+                provider=settings.provider,
             )
             feed = CapacityFeed(remote_api, cfg, remote_cluster=settings.provider) if capacity == "live" else None
             reflection = Reflection(
@@ -199,11 +268,18 @@ async def _run(settings: VirtualKubeletSettings) -> None:
             provider = RemoteProvider(
                 api,
                 remote_api,
-                RemoteSettings(consumer, settings.provider, settings.node_name, settings.node_address),
+                RemoteSettings(
+                    consumer,
+                    settings.provider,
+                    settings.node_name,
+                    settings.node_address,
+                    node_label_allow=label_allow,
+                ),
                 translator,
                 tokens,
                 placement=feed.can_place if feed is not None else None,
                 reflection=reflection,
+                pod_addresses=pod_addresses,
             )
             pools = PoolManager(
                 api,
@@ -237,13 +313,15 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 with contextlib.suppress(VirtualKubeletError):
                     if peering_settings(obj, settings) != (capacity, per_product):
                         changed.set()
+                if node_label_allow(obj, settings) != label_allow:
+                    changed.set()
 
             log.info("virtual kubelet starting", consumer=consumer, capacity=capacity, gpu_pools=per_product)
             async with asyncio.TaskGroup() as tg:
                 tasks = [
                     tg.create_task(pools.run()),
                     tg.create_task(reflection.run()),
-                    tg.create_task(translator.run()),
+                    tg.create_task(remapper.run()),
                     tg.create_task(
                         watch(
                             api,

@@ -130,6 +130,13 @@ def virtual_kubelet(
     ports = (kubelet_port, kubelet_port) if kubelet_port is not None else parse_ports(kubelet_ports or "10250-10253")
     if serving_cert_lifetime < 600:
         raise typer.BadParameter("--serving-cert-lifetime must be >= 600 seconds (the CSR API's minimum)")
+    from gpufed.apis.wire import VIRTUAL_NODE_PREFIX
+
+    if node_name is not None and not node_name.startswith(VIRTUAL_NODE_PREFIX):
+        raise typer.BadParameter(
+            f"--node-name must start with {VIRTUAL_NODE_PREFIX} (the consumer's admission policy confines "
+            "virtual kubelets to such nodes)"
+        )
     from gpufed.app.virtual_kubelet import VirtualKubeletSettings, run
     from vkprovider.kubelet.servingcert import ServingCertSettings
     from vkprovider.node.pods import PodSettings
@@ -145,7 +152,7 @@ def virtual_kubelet(
     settings = VirtualKubeletSettings(
         kubeconfig=kubeconfig,
         provider=provider,
-        node_name=node_name or f"gpufed-{provider}",
+        node_name=node_name or f"{VIRTUAL_NODE_PREFIX}{provider}",
         context=context,
         node_address=node_address,
         kubelet_ports=ports,

@@ -31,6 +31,9 @@ INSTRUMENTED: dict[str, str] = {
     "vkprovider.node.pods": "virtual-kubelet",
     "vkprovider.node.node": "virtual-kubelet",
     "vkprovider.remote.capacity": "virtual-kubelet",
+    "vkprovider.remote.tokens": "virtual-kubelet",
+    "vkprovider.remote.events_relay": "virtual-kubelet",
+    "vkprovider.remote.reflection": "virtual-kubelet",
     "netfabric.controllers.gateway": "gateway",
     "gpupool.agent.agent": "gpu-agent",
 }
@@ -99,7 +102,7 @@ def render() -> str:
         " A unit test fails when this file and the code disagree. -->",
         "",
         "Every long-running `gpufed` component serves Prometheus metrics when given `--metrics-port`"
-        " (env `GPUFED_METRICS_PORT`; off by default) on `--metrics-host` (default `0.0.0.0`):"
+        " (env `GPUFED_METRICS_PORT`; off by default) on `--metrics-host` (default `127.0.0.1`):"
         " `GET /metrics` (Prometheus text format) and `GET /healthz` (`ok`). The Grafana dashboard"
         " `deploy/grafana/gpufed-dashboard.json` has a panel for each metric below.",
         "",

@@ -28,6 +28,8 @@ KINDS: dict[str, tuple[str, bool]] = {
     "Role": ("roles", True),
     "RoleBinding": ("rolebindings", True),
     "CustomResourceDefinition": ("customresourcedefinitions", False),
+    "ValidatingAdmissionPolicy": ("validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
 }
 
 

@@ -12,7 +12,8 @@ prometheus_client objects, names prefixed `gpufed_`, labels of low cardinality â
 UIDs); this module defines none. Scrapes only read the registry: nothing here blocks the loop for
 longer than rendering the text.
 
-Does not: know any gpufed domain, authenticate scrapers (bind to a private address or use a
+Does not: know any gpufed domain, authenticate scrapers (it listens on loopback unless given
+another host; the Helm chart binds every interface of the pod and leaves the fence to a
 NetworkPolicy), or push anywhere.
 """
 
@@ -29,8 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from gpufed import defaults
 from gpufed.errors import GpufedError
 
-#: Address the metrics server listens on when only a port is given: every interface, as a scrape
-#: target must be reachable from Prometheus (pass a host to narrow it).
+#: Address the metrics server listens on when only a port is given: loopback (`gpufed.defaults`);
+#: a scrape target reached from elsewhere is asked for with an explicit host.
 DEFAULT_HOST = defaults.METRICS_HOST
 
 

@@ -1,9 +1,11 @@
 """Raw-JSON REST calls through a kubernetes-asyncio ApiClient: get, create, server-side apply, delete.
 
 Owns: the few verbs the controllers, the CLI and `watch` need, on plain dicts (no generated models,
-so core kinds and gpufed's CRDs are handled alike), URL paths and owner references for objects,
-paginated lists (with `kind`/`apiVersion` filled in on the items, which the API server leaves out,
-and a restart when a continue token expires), and the mapping of every failure to `KubeError`
+so core kinds and gpufed's CRDs are handled alike), URL paths and owner references for objects
+(every name, namespace and subresource is one quoted path segment: `segment` refuses what would
+leave it, so no caller can build a traversal), paginated lists (with `kind`/`apiVersion` filled in
+on the items, which the API server leaves out, and a restart when a continue token expires), and
+the mapping of every failure to `KubeError`
 with the API server's own message (e.g. "pods is forbidden: User ... cannot list resource ...").
 Writes use server-side apply with ONE field manager, `gpufed`; deletes can carry a UID
 precondition.
@@ -14,6 +16,7 @@ Does not: retry, cache or watch (see `watch` and `queue`).
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,14 +33,48 @@ PAGE_SIZE = 500
 REQUEST_TIMEOUT_S = 30.0
 
 
+class InvalidPathError(KubeError):
+    """A name, namespace or subresource that cannot be one segment of a REST path (e.g. `..`, `a/b`).
+
+    Raised before any request is sent; a KubeError with status 400 and reason `Invalid`, so every
+    caller treats it as the final refusal the API server would give an invalid name.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=400, reason="Invalid")
+
+
+#: Characters a path segment may hold unquoted besides letters, digits and `-._~` (RBAC names such
+#: as `system:controller:foo` use `:`).
+_SEGMENT_SAFE = ":"
+
+
+def segment(value: str, what: str = "name") -> str:
+    """`value` as one quoted REST path segment; InvalidPathError when it cannot be one.
+
+    Refused: the empty string, `.` and `..` (a client or proxy normalises them away, climbing out of
+    the namespace), anything holding `/` or `\\`, and control characters. Everything else is
+    percent-quoted (`%`, `?`, `#`, spaces, ... never reach the server as syntax).
+    """
+    if not value or value in (".", "..") or "/" in value or "\\" in value:
+        raise InvalidPathError(f"invalid {what} {value!r}: not a single path segment")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise InvalidPathError(f"invalid {what} {value!r}: control characters")
+    return urllib.parse.quote(value, safe=_SEGMENT_SAFE)
+
+
 def path(api_version: str, plural: str, name: str = "", namespace: str | None = None, sub: str = "") -> str:
-    """URL path of a collection (`name` empty) or an object, optionally a subresource."""
+    """URL path of a collection (`name` empty) or an object, optionally a subresource.
+
+    `namespace`, `name` and `sub` are each one path segment (`segment`): a name such as
+    `../../gpufed/secrets/x` raises InvalidPathError instead of naming another object.
+    """
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    p = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    p = base + (f"/namespaces/{segment(namespace, 'namespace')}" if namespace else "") + f"/{plural}"
     if name:
-        p += f"/{name}"
+        p += f"/{segment(name)}"
     if sub:
-        p += f"/{sub}"
+        p += f"/{segment(sub, 'subresource')}"
     return p
 
 
@@ -271,6 +308,7 @@ async def stream(
 __all__ = [
     "FIELD_MANAGER",
     "PAGE_SIZE",
+    "InvalidPathError",
     "apply",
     "create",
     "delete",
@@ -282,6 +320,7 @@ __all__ = [
     "owner_ref",
     "path",
     "request",
+    "segment",
     "strategic_patch",
     "stream",
 ]

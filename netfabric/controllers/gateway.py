@@ -3,7 +3,9 @@
 Owns: turning this cluster's Gateway, RemoteNetwork, NetworkConfig and private-key Secret for one
 peer into a running data plane — the WireGuard interface (kernel or wireguard-go, chosen per
 `spec.driver`), its tunnel address and MTU, the nftables prefix-NAT table, the policy routing that
-carries marked packets into the tunnel — and keeping it so: it watches the three CRs (the Secret is read on each
+carries marked packets into the tunnel, the tunnel filter that drops whatever the peer sends outside
+the pod and exposed ranges this cluster allows (and whatever would leave into the tunnel outside the
+peer's ranges) — and keeping it so: it watches the three CRs (the Secret is read on each
 pass), re-applies on any change and every `resync_s` (repairing drift such as a flushed table), probes the peer across
 the tunnel and publishes the Connection status (Connected / Degraded / Down with a reason). Recovery
 after an underlay cut needs no action: WireGuard's keepalive re-handshakes and the status follows
@@ -12,7 +14,9 @@ the probe. When the Gateway is deleted it removes everything it created and retu
 Metrics (label `remote_cluster` = the peer): `gpufed_tunnel_up` (1 while the Connection is
 Connected or Degraded, 0 when Down), `gpufed_tunnel_rtt_seconds` (last successful probe) and
 `gpufed_tunnel_last_handshake_timestamp_seconds` (Unix time of the latest WireGuard handshake),
-updated after every probe; dropped on teardown.
+updated after every probe; `gpufed_gateway_dropped_packets_total` (label `direction`: `from_peer`,
+`to_peer`), the tunnel filter's drops, read from the table's named nftables counters after every
+probe (a rebuilt table restarts them at zero; the metric keeps counting up); dropped on teardown.
 
 Does not: allocate ranges or keys (netfabric.ops does, through the peering), render rules
 (netfabric.render), or touch tables, links and rules it did not create. It never logs keys.
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
 from gpufed.apis.meta import API_VERSION
@@ -54,7 +58,16 @@ from netfabric.drivers import nft
 from netfabric.drivers.netns import DataplaneError, Netns, clear_routes, link_mtu, route_device, set_link, set_routes
 from netfabric.drivers.wireguard import KernelWireGuard, PeerStats, TunnelConfig, TunnelDriver, WireguardGo
 from netfabric.ipam import DEFAULT_MTU, IPAMError, mtu_for
-from netfabric.render import RenderError, allowed_ips, interface_name, mark_for, nft_ruleset, table_name
+from netfabric.render import (
+    DROP_COUNTERS,
+    RenderError,
+    allowed_ips,
+    interface_name,
+    mark_for,
+    nft_ruleset,
+    nft_update,
+    table_name,
+)
 
 log = structlog.get_logger()
 
@@ -79,6 +92,14 @@ TUNNEL_HANDSHAKE = Gauge(
     "Unix time of the latest WireGuard handshake with the peer (0: none yet).",
     ["remote_cluster"],
 )
+GATEWAY_DROPPED = Counter(
+    "gpufed_gateway_dropped_packets",
+    "Packets the tunnel filter dropped: from the peer (direction=from_peer) to anything but our pod "
+    "range and exposed addresses, or into the tunnel (direction=to_peer) outside the peer's ranges.",
+    ["remote_cluster", "direction"],
+)
+#: `direction` label of GATEWAY_DROPPED -> the named nftables counter it is read from.
+DROP_DIRECTIONS = {name.removeprefix("dropped_"): name for name in DROP_COUNTERS}
 
 
 @dataclass(frozen=True)
@@ -171,6 +192,8 @@ class GatewayAgent:
         self._written_at = 0.0
         self._since: str | None = None
         self._gateway_status: tuple[str, str, int] | None = None
+        #: The drop counters' packets as last read (a smaller value: the table was rebuilt).
+        self._drops_seen: dict[str, int] = {}
         self.log = log.bind(remote_cluster=settings.name, kind="Gateway")
 
     def _path(self, plural: str, name: str, sub: str = "") -> str:
@@ -235,11 +258,11 @@ class GatewayAgent:
             raise DataplaneError("the peer's public key is not known yet (run `gpufed network connect`)")
         if spec.role == "Client" and not spec.endpoint:
             raise DataplaneError("a client gateway needs spec.endpoint, the server gateway's host:port")
-        gp = plans.gateway_plan(inp.network, inp.remote, spec.masquerade)
+        local_ip, peer_ip = IPv4Address(spec.tunnel_address), IPv4Address(spec.peer_tunnel_address)
+        gp = plans.gateway_plan(inp.network, inp.remote, spec.masquerade, (local_ip, peer_ip))
         driver = self.driver
         if driver is None or spec.driver not in ("auto", driver.name):
             driver = await self._choose_driver(spec.driver)
-        peer_ip = IPv4Address(spec.peer_tunnel_address)
         cfg = TunnelConfig(
             private_key=inp.private_key,
             peer_public_key=spec.peer_public_key,
@@ -251,9 +274,9 @@ class GatewayAgent:
         await driver.ensure(self.ns, gp.interface, cfg)
         self.driver = driver
         mtu = await self._mtu(spec)
-        local_ip = IPv4Address(spec.tunnel_address)
         await self.ns.netlink(lambda ipr: set_link(ipr, gp.interface, local_ip, peer_ip, mtu), "configuring the tunnel")
-        await nft.apply(self.ns, nft_ruleset(gp))
+        # in place: the drop counters and the allowed sets are updated, never recreated, on a re-apply
+        await nft.apply_in_place(self.ns, nft_update(gp), nft_ruleset(gp))
         mapped = [gp.peer_pod.mapped] + ([gp.peer_external.mapped] if gp.peer_external else [])
         await self.ns.netlink(
             lambda ipr: set_routes(ipr, gp.interface, gp.mark, gp.mark, mapped), "routing into the tunnel"
@@ -276,6 +299,9 @@ class GatewayAgent:
         for gauge in (TUNNEL_UP, TUNNEL_RTT, TUNNEL_HANDSHAKE):
             with contextlib.suppress(KeyError):  # never exported (prometheus-client < 0.21 raises then)
                 gauge.remove(self.s.name)
+        for direction in DROP_DIRECTIONS:
+            with contextlib.suppress(KeyError):
+                GATEWAY_DROPPED.remove(self.s.name, direction)
         self.log.info("gateway removed", interface=gp_iface)
 
     # ---- status
@@ -312,6 +338,27 @@ class GatewayAgent:
             self.health = Health(0, float(m.group(1)) if m else None, stats)
         except DataplaneError:
             self.health = Health(self.health.failures + 1, None, stats)
+        await self.count_drops()
+
+    async def count_drops(self) -> None:
+        """Add what the tunnel filter dropped since the last reading to GATEWAY_DROPPED (and log it)."""
+        try:
+            now = await nft.counters(self.ns, _names(self.s.name)[1])
+        except DataplaneError as e:
+            self.log.debug("cannot read the tunnel filter's counters", error=str(e))
+            return
+        for direction, counter in DROP_DIRECTIONS.items():
+            packets = now.get(counter)
+            if packets is None:
+                continue
+            seen = self._drops_seen.get(counter, 0)
+            new = packets - seen if packets >= seen else packets  # a rebuilt table starts again at zero
+            self._drops_seen[counter] = packets
+            GATEWAY_DROPPED.labels(self.s.name, direction).inc(new)
+            if new:
+                self.log.warning(
+                    "tunnel filter dropped packets outside the allowed ranges", direction=direction, packets=new
+                )
 
     def _export(self, phase: str) -> None:
         peer = self.s.name

@@ -8,6 +8,9 @@ Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), le
 - turning the certificate the provider issued (copied into `spec.certificate`) into a kubeconfig
   Secret `gpufed/gpufed-remote-<provider>`, after checking it belongs to the key generated here
   (these Secrets are watched: a current one is not read again, a change is reconciled at once);
+- letting the virtual kubelets read that Secret and no other of `gpufed` (a Role and RoleBinding
+  per peering, peering.controllers.credentials_access), granted before the peering is reported
+  Peered (which starts its virtual kubelet) and revoked when the ForeignCluster goes;
 - mirroring the consumer's ResourceSlices for that provider (namespace `gpufed`) into its tenant
   namespace on the provider with those credentials, copying the provider's decision back into the
   local status, and deleting mirrors whose local slice is gone.
@@ -21,7 +24,8 @@ slices for that provider of what it granted and what is used of it, as its mirro
 units), all dropped when the ForeignCluster goes.
 
 Does not: talk to the provider before it holds credentials there (the CLI carries the handshake),
-or delete anything on unpeer (that is `gpufed unpeer`; Secrets are owned by the ForeignCluster).
+or delete anything on unpeer but the virtual kubelets' access to the credentials (the rest is
+`gpufed unpeer`'s; Secrets are owned by the ForeignCluster).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from peering import handshake
 from peering.controllers import status as st_
+from peering.controllers.credentials_access import CredentialsAccess
 from peering.controllers.identity import Identity
 from peering.controllers.remotes import Remotes
 
@@ -155,6 +160,8 @@ class ConsumerRole:
         #: seconds. Trusted only when it says the Secret is current; anything else is read first.
         self._secret_cache: dict[str, dict[str, Any]] = {}
         self._secrets_synced = False
+        #: Who may read those Secrets: the virtual kubelets, each peering's by name only.
+        self.access = CredentialsAccess(api, self.queue.add)
 
     def _on_fc(self, kind: str, obj: dict[str, Any]) -> None:
         self.queue.add(obj["metadata"]["name"])
@@ -212,6 +219,7 @@ class ConsumerRole:
                     )
                 )
                 tg.create_task(self.watch_secrets())
+                tg.create_task(self.access.run())
                 tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
         finally:
             await self.remotes.close()
@@ -222,6 +230,7 @@ class ConsumerRole:
         fc = await rest.get(self.api, rest.path(API_VERSION, "foreignclusters", name))
         if fc is None or fc["metadata"].get("deletionTimestamp"):
             await self.remotes.drop(name)
+            await self.access.revoke(name)
             _PHASE.remove(name, ROLE)
             RESOURCE_GRANTED.remove(name, ROLE)
             RESOURCE_USED.remove(name, ROLE)
@@ -232,8 +241,12 @@ class ConsumerRole:
         except (ValidationError, ValueError):
             return None  # the CRD schema refuses such objects; nothing sensible to do
         if "Provider" not in spec.roles:
+            await self.access.revoke(provider)
             return None
         log = self._log.bind(remote_cluster=provider, kind="ForeignCluster", name=name)
+        # Before the credentials exist and before the status says Peered (which starts the virtual
+        # kubelet): it finds its Secret readable from its first try.
+        await self.access.grant(fc, provider)
         old = dict(fc.get("status") or {})
         status = dict(old)
         status["conditions"] = list(status.get("conditions") or [])

@@ -5,8 +5,13 @@ namespace), level-triggered and idempotent:
 - the finalizer `gpufed.io/offloading` on the NamespaceOffloading, so neither it nor its
   namespace disappears before the twins are gone;
 - the label `gpufed.io/offloading=<strategy>` on the Namespace (the webhook's namespaceSelector);
-- the RoleBinding `gpufed-reflection` in the namespace, giving the virtual kubelets read access to
-  what they reflect there (ClusterRole `gpufed-virtual-kubelet-reflection`; nothing cluster-wide);
+- the RoleBinding `gpufed-reflection` in the namespace while at least one provider is selected
+  (or its twin is still being removed), giving the virtual kubelets read access to what they
+  reflect there (ClusterRole `gpufed-virtual-kubelet-reflection`; nothing cluster-wide); a
+  namespace offloaded to no provider (strategy Local, no matching virtual node) has none. Every
+  virtual kubelet authenticates as the same identity (ServiceAccount `gpufed/gpufed-virtual-kubelet`,
+  user `gpufed:virtual-kubelet`), so RBAC cannot tell one provider's from another's: which provider
+  may see which namespace is decided by the virtual kubelets from this controller's status (below);
 - one TwinNamespace request per selected provider, named like the namespace, in the tenant
   namespace `gpufed-tenant-<consumer-id>` on that provider (server-side applied with the
   credentials in Secret `gpufed/gpufed-remote-<provider>`), with `spec.twinName` per the mapping
@@ -14,7 +19,11 @@ namespace), level-triggered and idempotent:
   `gpufed.io/remote-cluster-id`) matches `spec.clusterSelector` (strategy Local selects none);
 - removing the requests of providers no longer selected;
 - `status`: phase, one `remoteNamespaces` entry per selected provider (the provider's own verdict
-  on the twin), and the conditions Ready and ProvidersReachable; Warning Events for refused twins.
+  on the twin) and one in phase `Terminating` per provider whose twin is being removed (also when
+  that provider cannot be reached: the condition says so), and the conditions Ready and
+  ProvidersReachable; Warning Events for refused twins. This status is the consumer's record of
+  which (namespace, provider) pairs exist: a virtual kubelet follows a provider's TwinNamespace only
+  for a namespace listed here for that provider, not `Terminating` (`vkprovider.remote.offloaded`).
 
 Deletion (the NamespaceOffloading is deleted, e.g. with its namespace): delete the requests on every
 peered provider, wait until they are gone (requeue), remove the namespace label, then the finalizer.
@@ -96,6 +105,8 @@ class RemoteOutcome:
     namespace: str
     phase: str  # Pending | Ready | Refused | Unreachable | Terminating
     message: str
+    #: Whether the provider answered (a twin being removed stays `Terminating` when it did not).
+    reachable: bool = True
 
     def wire(self) -> dict[str, str]:
         return {"clusterId": self.cluster_id, "namespace": self.namespace, "phase": self.phase, "message": self.message}
@@ -270,7 +281,6 @@ class OffloadingController:
             await self._set_finalizers(obj, [*(obj["metadata"].get("finalizers") or []), FINALIZER])
         if not await self._label_namespace(namespace, spec.pod_offloading_strategy):
             return None  # the namespace is gone; its deletion deletes this object
-        await self._bind_reflection(namespace)
         peered = set(self.providers)
         selected = selected_providers(spec, self.virtual_nodes, peered)
         outcomes: list[RemoteOutcome] = []
@@ -284,8 +294,12 @@ class OffloadingController:
             leaving = await self._remove_twin(namespace, ClusterID(provider), log)
             if leaving is not None:
                 outcomes.append(leaving)  # still being removed: shown until it is gone
-                if leaving.phase == "Unreachable":
+                if not leaving.reachable:
                     unreachable.append(provider)
+        if outcomes or selected:
+            await self._bind_reflection(namespace)
+        else:  # offloaded nowhere: no virtual kubelet reads anything here
+            await rest.delete(self.api, self._rolebinding_path(namespace))
         wanted = [o for o in outcomes if o.cluster_id in selected]
         phase, ok, reason, message = summarize(spec.pod_offloading_strategy, wanted)
         conds = cond.mark(status["conditions"], "Ready", ok, reason, message)
@@ -362,7 +376,8 @@ class OffloadingController:
         except KubeError as e:
             log.warning("provider unreachable", remote_cluster=provider, error=str(e)[:300])
             await self.remotes.drop(provider)
-            return RemoteOutcome(provider, "", "Unreachable", f"cannot remove the twin: {str(e)[:300]}")
+            message = f"cannot reach the provider to remove the twin: {str(e)[:300]}"
+            return RemoteOutcome(provider, "", "Terminating", message, reachable=False)
 
     async def _finalize(self, obj: dict[str, Any], namespace: str, log: Any) -> float | None:
         if FINALIZER not in (obj["metadata"].get("finalizers") or []):
@@ -375,7 +390,7 @@ class OffloadingController:
                 outcomes.append(outcome)
         if outcomes:
             status = {**old, "phase": "Terminating", "remoteNamespaces": [o.wire() for o in outcomes]}
-            unreachable = [o.cluster_id for o in outcomes if o.phase == "Unreachable"]
+            unreachable = [o.cluster_id for o in outcomes if not o.reachable]
             status["conditions"] = cond.mark(
                 list(old.get("conditions") or []),
                 "Ready",

@@ -5,10 +5,13 @@ TwinNamespaces, and gpufed's CSRs and quotas) and the caches they keep (`Capacit
 tenants an event re-queues (capacity churn re-decides every tenant, debounced; heartbeats and
 status-only pod updates re-decide none); readiness once the caches have synced; and `reconcile`,
 level-triggered and idempotent, which for one Tenant validates its spec (phase Refused with an
-`InvalidTenant` condition otherwise), applies the offload admission policy before any namespace of
-the consumer exists, advances the handshake (`tenant_handshake`), and once the consumer is
+`InvalidTenant` condition otherwise), applies the admission policies before any namespace of the
+consumer exists, advances the handshake (`tenant_handshake`), and once the consumer is
 Authenticated ensures its tenant and twin namespaces (`tenant_namespaces`), decides its slices and
-quotas (`tenant_grants`) and sets the `PodSecurity` condition saying what its pods may not do.
+quotas (`tenant_grants`), only then opens the namespaces to the consumer (role bindings once each
+quota is in force, TwinNamespaces Ready), and sets the `PodSecurity` condition saying what its pods
+may not do. The role also watches PriorityClasses: the global default one is allowed in every
+consumer namespace (the provider's Priority admission names it in pods that name none).
 
 Every outcome a human must see is a condition on the Tenant / ResourceSlice / TwinNamespace and,
 for refusals, a Warning Event.
@@ -181,6 +184,16 @@ class ProviderRole:
         if consumer in self.tenants:
             self.queue.add(consumer)
 
+    def _on_priority_class(self, kind: str, obj: dict[str, Any]) -> None:
+        name = meta.name(obj)
+        current = self.namespaces.default_priority_class
+        if kind != "DELETED" and obj.get("globalDefault") is True:
+            self.namespaces.default_priority_class = name
+        elif current == name:
+            self.namespaces.default_priority_class = None
+        if self.namespaces.default_priority_class != current:
+            self._all_tenants()
+
     def _on_twin_request(self, kind: str, obj: dict[str, Any]) -> None:
         tenant = _tenant_of_namespace(meta.namespace(obj))
         if tenant:
@@ -199,6 +212,7 @@ class ProviderRole:
             (rest.path(API_VERSION, "twinnamespaces"), self._on_twin_request, "twinns", None, False),
             ("/apis/certificates.k8s.io/v1/certificatesigningrequests", self._on_labelled, "csrs", label, False),
             ("/api/v1/resourcequotas", self._on_labelled, "quotas", label, False),
+            ("/apis/scheduling.k8s.io/v1/priorityclasses", self._on_priority_class, "priorityclasses", None, False),
         ]
         async with asyncio.TaskGroup() as tg:
             for path_, handler, what, params, gates in informers:
@@ -212,6 +226,7 @@ class ProviderRole:
     async def reconcile(self, name: str) -> float | None:
         tenant = await rest.get(self.api, rest.path(API_VERSION, "tenants", name))
         if tenant is None or meta.is_deleting(tenant):
+            self.namespaces.forget(name)
             _PHASE.remove(name, ROLE)
             RESOURCE_GRANTED.remove(name, ROLE)
             RESOURCE_USED.remove(name, ROLE)
@@ -241,9 +256,23 @@ class ProviderRole:
         if wait is not None:
             requeue = min(requeue, wait)
         if status.get("phase") == "Authenticated":
-            await self.namespaces.ensure_tenant_namespace(tenant, consumer)
-            twins = await self.namespaces.twins(tenant, consumer, log)
-            totals = await self.grants.decide(spec, consumer, twins, status)
+            projection = await self.namespaces.projection(tenant, consumer)
+            if not await self.namespaces.ensure_tenant_namespace(tenant, consumer, projection):
+                status["conditions"] = cond.mark(
+                    status["conditions"],
+                    "Namespaces",
+                    False,
+                    "NamespaceTaken",
+                    f"namespace {TENANT_PREFIX}{consumer} exists and is not consumer {consumer}'s; it is left alone",
+                )
+                await self._write_status(tenant, old_status, status)
+                return requeue
+            plan = await self.namespaces.twins(tenant, consumer, log, projection)
+            # Quotas first: the consumer gets its role bindings in a namespace only once its quota holds.
+            totals = await self.grants.decide(spec, consumer, plan.ready, status)
+            opening = await self.namespaces.open(consumer, plan)
+            if opening is not None:
+                requeue = min(requeue, opening)
             RESOURCE_GRANTED.set({r: float(v) for r, v in totals.granted.items()}, consumer, ROLE)
             RESOURCE_USED.set({r: float(v) for r, v in totals.used.items()}, consumer, ROLE)
             status["conditions"] = cond.mark(

@@ -10,11 +10,13 @@ Owns:
   and Resources conditions, granted, used, the GPU labels the grant's nodes share) with a Warning
   Event for a new refusal; then enforcement: a ResourceQuota in each of the consumer's namespaces
   whose limits sum to the grant (`peering.grants.partition`; the tenant namespace holds control
-  objects only, so its quota is zero).
+  objects only, its quota is `tenant_namespaces`'), with ephemeral storage in proportion to the pods, zero of
+  every other resource the nodes offer (MIG slices, other devices) and object counts
+  (`peering.grants.quota_hard`).
 
-Does not: authenticate the consumer (`peering.controllers.tenant_handshake`), create namespaces
-(`peering.controllers.tenant_namespaces`), or watch (the provider role fills the cache). The
-arithmetic of a decision is `peering.grants`'.
+Does not: authenticate the consumer (`peering.controllers.tenant_handshake`), create namespaces or
+bind the consumer's roles there once the quotas hold (`peering.controllers.tenant_namespaces`), or
+watch (the provider role fills the cache). The arithmetic of a decision is `peering.grants`'.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpufed.apis.peering import ResourceSliceSpec, TenantSpec
-from gpufed.apis.pool import GPU_RESOURCE
 from gpufed.apis.quantity import format_quantity, parse
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
@@ -44,12 +45,7 @@ from peering import grants
 from peering.controllers import status as st_
 from peering.grants import NodeInfo, PodLoad
 
-QUOTA_NAMES = {
-    "cpu": "requests.cpu",
-    "memory": "requests.memory",
-    GPU_RESOURCE: f"requests.{GPU_RESOURCE}",
-    "pods": "pods",
-}
+QUOTA_NAMES = grants.QUOTA_NAMES
 
 
 def grant_of(slice_: Mapping[str, Any] | None) -> dict[str, str]:
@@ -181,11 +177,12 @@ class TenantGrants:
                 await st_.write(self.api, "ResourceSlice", "resourceslices", meta.name(s), st, tns)
                 if res["status"] == "False" and cond.reason_of(old.get("conditions"), "Resources") != res["reason"]:
                     await events.emit(self.api, s, type_="Warning", reason=res["reason"], message=res["message"])
-        # Enforcement: the tenant namespace holds control objects only; the twins share the grant.
+        # Enforcement: the twins share the grant (the tenant namespace's quota, control objects only,
+        # is tenant_namespaces').
         limits = grants.partition(total_granted, {t: usage.get(t, {}) for t in twins})
-        limits[tns] = {r: Decimal(0) for r in grants.RESOURCES}
+        extended = {r for n in self.cache.nodes.values() for r in n.extended}
         for ns, hard in limits.items():
-            await self._quota(ns, consumer, hard)
+            await self._quota(ns, consumer, grants.quota_hard(hard, extended, tenant=False))
         used_now = total(usage.values())
         status["granted"] = _fmt(total_granted)
         status["used"] = _fmt(used_now)
@@ -193,7 +190,7 @@ class TenantGrants:
         status["namespace"] = tns
         return TenantTotals(total_granted, used_now)
 
-    async def _quota(self, namespace: str, consumer: ClusterID, hard: Mapping[str, Decimal]) -> None:
+    async def _quota(self, namespace: str, consumer: ClusterID, hard: Mapping[str, str]) -> None:
         await rest.apply(
             self.api,
             rest.path("v1", "resourcequotas", GRANT_QUOTA, namespace=namespace),
@@ -205,8 +202,6 @@ class TenantGrants:
                     "namespace": namespace,
                     "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
                 },
-                "spec": {
-                    "hard": {QUOTA_NAMES[r]: format_quantity(v, binary=r == "memory") for r, v in sorted(hard.items())}
-                },
+                "spec": {"hard": dict(hard)},
             },
         )

@@ -5,9 +5,19 @@ rises; issuing a challenge (again when it expired or is malformed); judging the 
 once (`peering.handshake.verify`; replays of an answered nonce refused, answered nonces remembered
 in the status); on success, the tenant namespace (so the consumer's RBAC exists before its
 certificate does) and the consumer's CSR submitted to this cluster's CSR API (signer
-kubernetes.io/kube-apiserver-client) and approved; then the issued certificate and this cluster's
-CA published in the Tenant's status (phase Authenticated). Every refusal is an `Authentication`
-condition and a Warning Event.
+kubernetes.io/kube-apiserver-client, a generated name nobody can claim first) and approved; then
+the issued certificate and this cluster's CA published in the Tenant's status (phase
+Authenticated). Every refusal is an `Authentication` condition and a Warning Event.
+
+What is approved: only the request this controller filed for the verified answer
+(`csr_problems`): filed by this controller's own identity (`spec.username`, which the API server
+records and nobody can forge; learnt from the request it files, or once with a
+SelfSubjectReview), for the signer above, with exactly the usages client auth + digital signature,
+no longer than the lifetime asked for, owned by this Tenant, and carrying byte for byte the
+certificate request of the answer that `peering.handshake.verify` accepted (subject
+`CN=<consumer user>, O=gpufed:consumers`, no extensions). Anything else under the recorded name is
+Denied with the reasons (a Warning Event on the Tenant too) and the handshake is refused: the
+consumer runs `gpufed peer` again.
 
 Does not: reconcile the tenant's namespaces beyond asking for the tenant namespace
 (`peering.controllers.tenant_namespaces`), or decide grants (`peering.controllers.tenant_grants`).
@@ -36,7 +46,12 @@ DEFAULT_CERT_SECONDS = 90 * 24 * 3600
 #: Answered nonces remembered per tenant (replays of older ones fail anyway: their challenge expired).
 NONCES_KEPT = 32
 CSR_SIGNER = "kubernetes.io/kube-apiserver-client"
+#: The usages of a consumer's client certificate, no more and no fewer.
+CSR_USAGES = ("digital signature", "client auth")
 _CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+_SELF_REVIEW_PATH = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+#: The reason of a refused certificate request (the CSR's Denied condition, the Tenant's condition and Event).
+CSR_REJECTED = "CSRRejected"
 
 
 def _now() -> dt.datetime:
@@ -53,6 +68,42 @@ def _challenge(wire: Any) -> handshake.Challenge | None:
         return handshake.Challenge.from_wire(wire)
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def csr_problems(
+    csr: dict[str, Any],
+    *,
+    tenant: dict[str, Any],
+    consumer: ClusterID,
+    expected_request: str,
+    own_user: str,
+    max_seconds: int,
+) -> list[str]:
+    """Why `csr` is not the request this controller filed for `tenant`'s verified answer (empty: it is)."""
+    meta = csr.get("metadata") or {}
+    spec = csr.get("spec") or {}
+    problems: list[str] = []
+    if spec.get("signerName") != CSR_SIGNER:
+        problems.append(f"signer {spec.get('signerName')!r} is not {CSR_SIGNER}")
+    if str(spec.get("username") or "") != own_user:
+        problems.append(f"filed by {spec.get('username') or '(nobody)'}, not by this controller ({own_user})")
+    usages = list(spec.get("usages") or [])
+    if sorted(usages) != sorted(CSR_USAGES) or len(set(usages)) != len(usages):
+        problems.append(f"usages must be exactly {list(CSR_USAGES)}, not {usages}")
+    seconds = spec.get("expirationSeconds")
+    if not isinstance(seconds, int) or seconds > max_seconds:
+        problems.append(f"expirationSeconds must be at most {max_seconds}, not {seconds}")
+    tenant_uid = (tenant.get("metadata") or {}).get("uid")
+    if not tenant_uid or not any(ref.get("uid") == tenant_uid for ref in meta.get("ownerReferences") or ()):
+        problems.append(f"not owned by Tenant {consumer}")
+    try:
+        request = base64.b64decode(str(spec.get("request") or ""), validate=True)
+    except ValueError:
+        request = b""
+    # The answer's request passed `handshake.verify` (subject, key, no extensions) before it was filed.
+    if not expected_request or request.strip() != expected_request.encode().strip():
+        problems.append("its certificate request is not the one the consumer signed in its answer")
+    return problems
 
 
 class TenantHandshake:
@@ -72,6 +123,8 @@ class TenantHandshake:
         self.namespaces = namespaces
         self.challenge_ttl = challenge_ttl
         self.cert_seconds = cert_seconds
+        #: This controller's own user name, as the API server records it on requests it files.
+        self._own_user: str | None = None
 
     async def authenticate(
         self, tenant: dict[str, Any], spec: TenantSpec, consumer: ClusterID, status: dict[str, Any], log: Any
@@ -94,7 +147,7 @@ class TenantHandshake:
             if verdict.accepted:
                 log.info("consumer verified", reason=verdict.reason)
                 await self.namespaces.ensure_tenant_namespace(tenant, consumer)
-                status["csrName"] = await self._submit_csr(tenant, consumer, answer.csr, answer.nonce)
+                status["csrName"] = await self._submit_csr(tenant, consumer, answer.csr)
                 status["phase"] = "Challenged"
                 status["conditions"] = cond.mark(
                     conds, "Authentication", None, "Verified", verdict.message + "; signing its certificate"
@@ -109,7 +162,7 @@ class TenantHandshake:
         if status.get("phase") == "Refused":
             return None
         if status.get("csrName") and not status.get("certificate"):
-            return await self._collect_certificate(tenant, consumer, status, log)
+            return await self._collect_certificate(tenant, spec, consumer, status, log)
         if status.get("phase") == "Authenticated":
             return None
         ch = status.get("challenge")
@@ -160,13 +213,14 @@ class TenantHandshake:
             now=now,
         )
 
-    async def _submit_csr(self, tenant: dict[str, Any], consumer: ClusterID, csr_pem: str, nonce: str) -> str:
-        name = f"gpufed-{consumer}-{_sha(nonce)[:10]}"
+    async def _submit_csr(self, tenant: dict[str, Any], consumer: ClusterID, csr_pem: str) -> str:
+        """File the consumer's verified request; its name is generated by the API server, so nobody
+        can create a request under it first."""
         body = {
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",
             "metadata": {
-                "name": name,
+                "generateName": f"gpufed-{consumer}-",
                 "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
                 "ownerReferences": [rest.owner_ref(tenant)],
             },
@@ -174,18 +228,51 @@ class TenantHandshake:
                 "request": base64.b64encode(csr_pem.encode()).decode(),
                 "signerName": CSR_SIGNER,
                 "expirationSeconds": self.cert_seconds,
-                "usages": ["digital signature", "client auth"],
+                "usages": list(CSR_USAGES),
             },
         }
-        try:
-            await rest.request(self.api, "POST", _CSR_PATH, body=body)
-        except KubeError as e:
-            if not e.conflict:
-                raise
-        return name
+        created = await rest.request(
+            self.api, "POST", _CSR_PATH, body=body, what=f"file the CSR of consumer {consumer}"
+        )
+        # The API server records who filed it: that is this controller's own user name.
+        self._own_user = str((created.get("spec") or {}).get("username") or "")
+        return str(created["metadata"]["name"])
+
+    async def own_user(self) -> str:
+        """This controller's user name: from the last request it filed, else a SelfSubjectReview (once)."""
+        if self._own_user is None:
+            review = await rest.request(
+                self.api,
+                "POST",
+                _SELF_REVIEW_PATH,
+                body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                what="SelfSubjectReview",
+            )
+            self._own_user = str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+        return self._own_user
+
+    async def _reject_csr(
+        self, tenant: dict[str, Any], csr: dict[str, Any], status: dict[str, Any], problems: list[str]
+    ) -> None:
+        """Deny a request that is not ours (where the signer lets us) and refuse the handshake."""
+        name = csr["metadata"]["name"]
+        reasons = "; ".join(problems)
+        if (csr.get("spec") or {}).get("signerName") == CSR_SIGNER:
+            cst = csr.get("status") or {}
+            denied = {"type": "Denied", "status": "True", "reason": CSR_REJECTED, "message": reasons[:1024]}
+            body = {**csr, "status": {**cst, "conditions": [*(cst.get("conditions") or []), denied]}}
+            try:
+                await rest.request(self.api, "PUT", f"{_CSR_PATH}/{name}/approval", body=body, what=f"deny CSR {name}")
+            except KubeError as e:
+                if not (e.conflict or e.not_found):
+                    raise
+        msg = f"the certificate request {name} is not the one filed for this consumer, refused: {reasons}"
+        status["phase"] = "Refused"
+        status["conditions"] = cond.mark(status["conditions"], "Authentication", False, CSR_REJECTED, msg)
+        await events.emit(self.api, tenant, type_="Warning", reason=CSR_REJECTED, message=msg)
 
     async def _collect_certificate(
-        self, tenant: dict[str, Any], consumer: ClusterID, status: dict[str, Any], log: Any
+        self, tenant: dict[str, Any], spec: TenantSpec, consumer: ClusterID, status: dict[str, Any], log: Any
     ) -> float | None:
         conds = status["conditions"]
         url = f"{_CSR_PATH}/{status['csrName']}"
@@ -206,6 +293,18 @@ class TenantHandshake:
             msg = f"the certificate request {status['csrName']} was denied or failed: {detail}"
             status["conditions"] = cond.mark(conds, "Authentication", False, "CSRRefused", msg)
             await events.emit(self.api, tenant, type_="Warning", reason="CSRRefused", message=msg)
+            return None
+        problems = csr_problems(
+            csr,
+            tenant=tenant,
+            consumer=consumer,
+            expected_request=spec.answer.csr if spec.answer is not None else "",
+            own_user=await self.own_user(),
+            max_seconds=self.cert_seconds,
+        )
+        if problems:
+            log.warning("certificate request refused", csr=status["csrName"], problems=problems)
+            await self._reject_csr(tenant, csr, status, problems)
             return None
         if "Approved" not in types:
             await rest.request(

@@ -347,3 +347,27 @@ def test_a_virtual_kubelet_deployment_follows_the_peering(
         "the test's Deployment gone",
         lambda: clusters.kubectl("consumer", "get", "deployment", "-n", "gpufed", name, check=False).returncode != 0,
     )
+
+
+def test_the_chart_confines_the_virtual_kubelet_and_binds_metrics_on_purpose(clusters: Clusters) -> None:
+    """The admission policy that confines the virtual kubelet to its own nodes and pods comes with
+    it (and only with it); every component is told to listen for Prometheus on every interface,
+    as the binaries themselves default to loopback."""
+    objects = render(clusters, VALUE_SETS[3][1])
+    policies = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"].startswith("ValidatingAdmission")}
+    assert policies == {
+        ("ValidatingAdmissionPolicy", "gpufed-virtual-kubelet"),
+        ("ValidatingAdmissionPolicyBinding", "gpufed-virtual-kubelet"),
+    }, policies
+    without = render(clusters, VALUE_SETS[2][1])
+    assert not [o for o in without if o["kind"].startswith("ValidatingAdmission")], "policy without virtual kubelet"
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
+    for key in ("virtual-kubelet.yaml", "gateway.yaml"):
+        docs = [d for d in yaml.safe_load_all(config_map["data"][key]) if d]
+        pods += [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+    for pod in pods:
+        for container in pod["containers"]:
+            args = container["args"]
+            if any(a.startswith("--metrics-port=") for a in args):
+                assert "--metrics-host=0.0.0.0" in args, (container["name"], args)

@@ -1,7 +1,9 @@
 """The provider's offload pod-security policy on the real local clusters.
 
-A provider refuses, by default and per tenant (`Tenant.spec.policy.podSecurity`), privileged
-containers, host namespaces, hostPath volumes and added capabilities. The consumer's virtual
+A provider holds its tenants' pods to Pod Security baseline by default and refuses, per tenant
+(`Tenant.spec.policy.podSecurity`), privileged containers, host namespaces, hostPath volumes and
+added capabilities unless allowed (the attack suites tests/e2e/attacks/test_consumer_admission.py and
+test_tenant_user.py cover the other rules). The consumer's virtual
 kubelet refuses such pods early, from the policy the provider publishes in the TwinNamespace status
 (status reason ProviderFailed, a Warning Event naming the reason, no twin, no retry loop); the
 provider's own kube-apiserver refuses them anyway through the ValidatingAdmissionPolicy
@@ -26,6 +28,14 @@ pytestmark = pytest.mark.e2e
 
 SMALL = {"cpu": "10m", "memory": "16Mi"}
 REASON = "OffloadPolicyRefused"
+#: The default policy as gpu-a publishes it (Pod Security baseline; empty allow-lists are left out).
+DEFAULT_PUBLISHED = {
+    "level": "baseline",
+    "allowPrivileged": False,
+    "allowHostNamespaces": False,
+    "allowHostPath": False,
+    "allowHostPorts": False,
+}
 #: name -> (what the pod asks for, text the refusal must contain)
 REFUSED: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "privileged": (
@@ -110,11 +120,7 @@ def test_the_default_policy_refuses_each_rule_with_a_clear_reason(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:
     offload_to_gpu_a(clusters, ids, namespace)
-    assert published(clusters, ids, namespace) == {
-        "allowPrivileged": False,
-        "allowHostNamespaces": False,
-        "allowHostPath": False,
-    }
+    assert published(clusters, ids, namespace) == DEFAULT_PUBLISHED
     for name, (spec, main, _why) in REFUSED.items():
         clusters.create("consumer", pod(name, namespace, spec, main))
     clusters.create("consumer", pod("plain", namespace))
@@ -211,12 +217,5 @@ def test_a_tenant_allowed_privileged_gets_it_through(
         set_policy(clusters, ids["consumer"], None)
     eventually(
         "the default policy published again",
-        lambda: (
-            published(clusters, ids, namespace)
-            == {
-                "allowPrivileged": False,
-                "allowHostNamespaces": False,
-                "allowHostPath": False,
-            }
-        ),
+        lambda: published(clusters, ids, namespace) == DEFAULT_PUBLISHED,
     )

@@ -4,15 +4,21 @@ Owns: one table (`MATRIX`) of rows (identity, cluster, verb, resource, namespace
 why) over a real peering of the consumer with gpu-a and gpu-b and an offloaded namespace, so that the
 per-peering grants exist too: the consumer's RoleBindings in its tenant and twin namespaces on the
 providers (peering.controllers.provider), the gateways' Roles naming their key Secrets
-(netfabric.ops), and the virtual kubelets' reflection RoleBinding in the offloaded namespace
+(netfabric.ops), the virtual kubelets' Role naming the peering's credentials Secret
+(peering.controllers.credentials_access) and their reflection RoleBinding in the offloaded namespace
 (peering.controllers.offloading). Each row is asked of the cluster's API server by the admin
 context, for the identity as it presents itself (a certificate user with its groups, or a
 ServiceAccount with `system:serviceaccounts`, `system:serviceaccounts:<ns>`, `system:authenticated`);
 rows of an identity with two subjects (certificate user and ServiceAccount) are asked for both.
 
 Expectations: ALLOW rows are what the code does (the module is named in the row), DENY rows what
-must stay out of reach. GAP rows are allowed today although they should not be, for a reason RBAC
-alone cannot express (a name chosen at run time, a node that is not the identity's own): the row
+must stay out of reach. ADMISSION rows are denied too, but by an admission policy rather than RBAC,
+for what RBAC alone cannot express (a node that is not the identity's own, a pod not bound to
+one): RBAC lets the request through (asserted with the SubjectAccessReview, so that a row RBAC
+starts to deny is moved to DENY), and a real request with the identity's credentials, sent as a
+server-side dry run, is refused by the policy that names it (the ValidatingAdmissionPolicy
+`gpufed-virtual-kubelet`, deploy/rbac/virtual-kubelet.yaml). GAP rows are allowed today although
+they should not be, for a reason neither can express yet (a name chosen at run time): the row
 asserts that they ARE allowed, so the day one is closed the test says to move it to DENY.
 
 The consumer identity's real credentials are exercised in tests/e2e/test_peering.py
@@ -27,8 +33,10 @@ certificate the virtual node's kubelet API serves, rather than SARs for an ident
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import ssl
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,8 +52,10 @@ from gpufed.apis.wire import (
     IDENTITY_SECRET,
     REFLECTION_ROLEBINDING,
     TYPE_LABEL,
+    VIRTUAL_KUBELET_USER,
     VIRTUAL_NODE_TYPE,
     ClusterID,
+    credentials_reader,
     pending_key_secret,
     remote_kubeconfig_secret,
     tenant_namespace,
@@ -58,10 +68,15 @@ from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
 
 pytestmark = pytest.mark.timeout(600)
 
-Expect = Literal["ALLOW", "DENY", "GAP"]
+Expect = Literal["ALLOW", "DENY", "ADMISSION", "GAP"]
 ALLOW: Expect = "ALLOW"
 DENY: Expect = "DENY"
+ADMISSION: Expect = "ADMISSION"
 GAP: Expect = "GAP"
+#: The admission policy that refuses the ADMISSION rows (deploy/rbac/virtual-kubelet.yaml).
+VK_POLICY = "gpufed-virtual-kubelet"
+#: A pod in kube-system, bound to no virtual node, that the ADMISSION rows aim at.
+BYSTANDER_POD = "gpufed-rbac-bystander"
 
 #: Who gpufed runs as: identity key -> subjects (user, groups). "{consumer}" is the consumer's ClusterID.
 AUTHENTICATED = ("system:authenticated",)
@@ -107,6 +122,10 @@ SIGNERS = "signers.certificates.k8s.io"
 LEASES = "leases.coordination.k8s.io"
 MWC = "mutatingwebhookconfigurations.admissionregistration.k8s.io"
 CRD = "customresourcedefinitions.apiextensions.k8s.io"
+VAP = "validatingadmissionpolicies.admissionregistration.k8s.io"
+VAPB = "validatingadmissionpolicybindings.admissionregistration.k8s.io"
+ROLES = "roles.rbac.authorization.k8s.io"
+PC = "priorityclasses.scheduling.k8s.io"
 EXT_AUTH = "extension-apiserver-authentication"
 
 Row = tuple[str, str, str, str, str, str, Expect, str]
@@ -125,6 +144,14 @@ MATRIX: list[Row] = [
     ("controller", C, "delete", "secrets", "gpufed", "{pending_key}", ALLOW, "peering/controllers/consumer.py"),
     ("controller", C, "patch", "foreignclusters/status" + GF, "", "{peer}", ALLOW, "peering/controllers/status.py"),
     ("controller", C, "get", "secrets", "gpufed", "{remote_secret}", ALLOW, "peering/controllers/remotes.py"),
+    # The virtual kubelets' Role naming the credentials Secret, per peering (a run-time name): the
+    # controller holds get on that Secret itself, so the escalation check lets it grant it.
+    ("controller", C, "create", ROLES, "gpufed", "", ALLOW, "peering/controllers/credentials_access.py"),
+    ("controller", C, "patch", ROLES, "gpufed", "{reader}", ALLOW, "peering/controllers/credentials_access.py"),
+    ("controller", C, "delete", ROLES, "gpufed", "{reader}", ALLOW, "peering/controllers/credentials_access.py"),
+    ("controller", C, "watch", ROLES, "gpufed", "", ALLOW, "peering/controllers/credentials_access.py"),
+    ("controller", C, "patch", RB, "gpufed", "{reader}", ALLOW, "peering/controllers/credentials_access.py"),
+    ("controller", C, "watch", RB, "gpufed", "", ALLOW, "peering/controllers/credentials_access.py"),
     ("controller", C, "watch", "namespaceoffloadings" + GF, "", "", ALLOW, "peering/controllers/offloading.py"),
     ("controller", C, "patch", "namespaceoffloadings" + GF, "{ns}", "offloading", ALLOW, "offloading.py: finalizer"),
     ("controller", C, "patch", "namespaceoffloadings/status" + GF, "{ns}", "offloading", ALLOW, "offloading.py"),
@@ -167,6 +194,23 @@ MATRIX: list[Row] = [
     ("controller", P, "get", "secrets", "gpufed", ESTIMATOR_TLS_SECRET, ALLOW, "gpufed/kube/servingtls.py"),
     ("controller", P, "watch", "configmaps", "kube-system", EXT_AUTH, ALLOW, "estimator/server.py: client CA"),
     ("controller", P, "create", "events", "{tenant}", "", ALLOW, "gpufed/kube/events.py"),
+    # The admission policies of consumer namespaces (peering.podsecurity), by name only.
+    ("controller", P, "get", VAP, "", "gpufed-offload-policy", ALLOW, "tenant_namespaces.py: admission"),
+    ("controller", P, "create", VAP, "", "gpufed-offload-policy", ALLOW, "tenant_namespaces.py: applied"),
+    ("controller", P, "patch", VAP, "", "gpufed-offload-policy", ALLOW, "tenant_namespaces.py: admission"),
+    ("controller", P, "create", VAPB, "", "gpufed-offload-policy", ALLOW, "tenant_namespaces.py: applied"),
+    ("controller", P, "patch", VAPB, "", "gpufed-offload-policy", ALLOW, "tenant_namespaces.py: admission"),
+    ("controller", P, "create", VAP, "", "gpufed-consumer-objects", ALLOW, "tenant_namespaces.py: applied"),
+    ("controller", P, "patch", VAP, "", "gpufed-consumer-objects", ALLOW, "tenant_namespaces.py: admission"),
+    ("controller", P, "create", VAPB, "", "gpufed-consumer-objects", ALLOW, "tenant_namespaces.py: applied"),
+    ("controller", P, "patch", VAPB, "", "gpufed-consumer-objects", ALLOW, "tenant_namespaces.py: admission"),
+    # The global default PriorityClass the pod policy allows (read only).
+    ("controller", P, "get", PC, "", "x", ALLOW, "peering/controllers/provider.py: default class"),
+    ("controller", P, "list", PC, "", "", ALLOW, "peering/controllers/provider.py: default class"),
+    ("controller", P, "watch", PC, "", "", ALLOW, "peering/controllers/provider.py: default class"),
+    # The ranges a consumer's EndpointSlices may name (read only).
+    ("controller", P, "get", "networkconfigs" + GF, "gpufed", "local", ALLOW, "tenant_namespaces.py: ranges"),
+    ("controller", P, "get", "remotenetworks" + GF, "gpufed", "{consumer}", ALLOW, "tenant_namespaces.py: ranges"),
     ("controller", C, "create", "namespaces", "", "", ALLOW, "identity.py: gpufed; provider.py: tenants, twins"),
     # Twin namespaces are named at run time: RBAC cannot narrow namespace deletion (provider.py deletes
     # only namespaces labelled with the consumer, with a UID precondition).
@@ -181,7 +225,15 @@ MATRIX: list[Row] = [
     ("controller", C, "delete", "pods", "kube-system", "", DENY, "pod deletion"),
     ("controller", C, "patch", "nodes", "", "{node}", DENY, "node writes"),
     ("controller", C, "delete", "nodes", "", "{vnode}", DENY, "node deletion (the virtual kubelet's)"),
-    ("controller", C, "create", "roles.rbac.authorization.k8s.io", "gpufed", "", DENY, "Roles (netfabric.ops: admin)"),
+    ("controller", C, "create", ROLES, "{ns}", "", DENY, "Roles outside gpufed"),
+    ("controller", C, "create", ROLES, "kube-system", "", DENY, "Roles outside gpufed"),
+    ("controller", C, "bind", ROLES, "gpufed", "", DENY, "it binds only what it holds (no bind)"),
+    ("controller", P, "create", VAP, "", "other", DENY, "admission policies of other names"),
+    ("controller", P, "patch", VAP, "", "gpufed-virtual-kubelet", DENY, "the policy confining the virtual kubelets"),
+    ("controller", P, "delete", VAP, "", "gpufed-offload-policy", DENY, "removing the pod policy"),
+    ("controller", P, "delete", VAPB, "", "gpufed-consumer-objects", DENY, "removing the objects policy"),
+    ("controller", P, "create", PC, "", "", DENY, "priority classes (read only)"),
+    ("controller", P, "patch", "networkconfigs" + GF, "gpufed", "local", DENY, "the fabric's ranges (read only)"),
     ("controller", C, "update", CR, "", "gpufed-consumer-workloads", DENY, "rewriting the roles it binds"),
     ("controller", C, "bind", CR, "", "admin", DENY, "binding roles other than gpufed's"),
     ("controller", C, "escalate", CR, "", "", DENY, "escalate"),
@@ -192,7 +244,8 @@ MATRIX: list[Row] = [
     ("controller", C, "create", LEASES, "kube-node-lease", "", DENY, "node leases"),
     # ---------------------------------------------------------------- the virtual kubelet (consumer)
     ("virtual-kubelet", C, "get", "configmaps", "gpufed", IDENTITY_CONFIGMAP, ALLOW, "app/virtual_kubelet.py"),
-    ("virtual-kubelet", C, "get", "secrets", "gpufed", "{remote_secret}", ALLOW, "app/virtual_kubelet.py"),
+    ("virtual-kubelet", C, "get", "secrets", "gpufed", "{remote_secret}", ALLOW,
+     "app/virtual_kubelet.py: its peering's Role, peering/controllers/credentials_access.py"),
     ("virtual-kubelet", C, "watch", "foreignclusters" + GF, "", "", ALLOW, "app/virtual_kubelet.py"),
     ("virtual-kubelet", C, "watch", "resourceslices" + GF, "gpufed", "", ALLOW, "remote/provider.py"),
     ("virtual-kubelet", C, "create", "nodes", "", "", ALLOW, "node/node.py: registers its node"),
@@ -215,6 +268,8 @@ MATRIX: list[Row] = [
     ("virtual-kubelet", C, "create", "serviceaccounts/token", "{ns}", "default", ALLOW, "remote/tokens.py"),
     ("virtual-kubelet", C, "watch", "namespaces", "", "{ns}", ALLOW, "remote/reflection.py: allow-list"),
     ("virtual-kubelet", C, "get", "namespaceoffloadings" + GF, "{ns}", "offloading", ALLOW, "remote/reflection.py"),
+    ("virtual-kubelet", C, "list", "namespaceoffloadings" + GF, "", "", ALLOW, "vkprovider/remote/offloaded.py"),
+    ("virtual-kubelet", C, "watch", "namespaceoffloadings" + GF, "", "", ALLOW, "vkprovider/remote/offloaded.py"),
     ("virtual-kubelet", C, "create", "tokenreviews.authentication.k8s.io", "", "", ALLOW, "node/kubeletauth.py"),
     ("virtual-kubelet", C, "create", "subjectaccessreviews.authorization.k8s.io", "", "", ALLOW,
      "node/kubeletauth.py"),
@@ -229,6 +284,12 @@ MATRIX: list[Row] = [
     ("virtual-kubelet", C, "get", "configmaps", "default", "x", DENY, "a namespace that is not offloaded"),
     ("virtual-kubelet", C, "list", "secrets", "", "", DENY, "secrets of every namespace"),
     ("virtual-kubelet", C, "list", "secrets", "gpufed", "", DENY, "listing gpufed's credentials"),
+    ("virtual-kubelet", C, "watch", "secrets", "gpufed", "", DENY, "watching gpufed's Secrets"),
+    ("virtual-kubelet", C, "get", "secrets", "gpufed", "{pending_key}", DENY, "the pending CSR key"),
+    ("virtual-kubelet", C, "get", "secrets", "gpufed", "gpufed-webhook-tls", DENY, "the webhook's serving key"),
+    ("virtual-kubelet", C, "patch", "secrets", "gpufed", "{remote_secret}", DENY, "rewriting its credentials"),
+    ("virtual-kubelet", C, "get", "configmaps", "gpufed", ESTIMATOR_CONFIGMAP, DENY, "the identity ConfigMap only"),
+    ("virtual-kubelet", C, "patch", ROLES, "gpufed", "{reader}", DENY, "widening its own Role"),
     ("virtual-kubelet", C, "get", "configmaps", "kube-system", "kube-proxy", DENY, "config it does not read"),
     ("virtual-kubelet", C, "create", "secrets", "{ns}", "", DENY, "writes in the consumer's namespaces"),
     ("virtual-kubelet", C, "create", "pods", "{ns}", "", DENY, "creating pods"),
@@ -242,16 +303,17 @@ MATRIX: list[Row] = [
     ("virtual-kubelet", C, "create", "foreignclusters" + GF, "", "", DENY, "peering objects"),
     ("virtual-kubelet", C, "update", LEASES, "gpufed", "gpufed-controller", DENY, "the controller's leader lease"),
     ("virtual-kubelet", C, "create", RB, "{ns}", "", DENY, "RBAC writes"),
-    # RBAC cannot name what is chosen at run time. Nodes: the virtual kubelet may write every Node and
-    # pods of every namespace (only a kubelet's system:node identity is confined, by NodeRestriction;
-    # a ValidatingAdmissionPolicy on the virtual-node label could confine this one).
-    ("virtual-kubelet", C, "patch", "nodes", "", "{node}", GAP, "another node"),
-    ("virtual-kubelet", C, "delete", "nodes", "", "{node}", GAP, "another node"),
-    ("virtual-kubelet", C, "delete", "pods", "kube-system", "x", GAP, "pods not bound to its node"),
-    # The peering's credentials Secret is named after the provider, so the static Role in gpufed
-    # grants get on every Secret there: the cluster's identity key and the tunnels' keys included.
-    ("virtual-kubelet", C, "get", "secrets", "gpufed", IDENTITY_SECRET, GAP, "the cluster's identity key"),
-    ("virtual-kubelet", C, "get", "secrets", "gpufed", "gpufed-wg-{peer}", GAP, "a tunnel's private key"),
+    # RBAC cannot name what is chosen at run time: it lets the virtual kubelet write every Node, pods of
+    # every namespace and every node Lease; the ValidatingAdmissionPolicy gpufed-virtual-kubelet
+    # confines it to gpufed virtual nodes, the pods bound to them and their Leases.
+    ("virtual-kubelet", C, "patch", "nodes", "", "{node}", ADMISSION, "another node"),
+    ("virtual-kubelet", C, "delete", "nodes", "", "{node}", ADMISSION, "another node"),
+    ("virtual-kubelet", C, "delete", "pods", "kube-system", BYSTANDER_POD, ADMISSION, "pods not bound to its node"),
+    ("virtual-kubelet", C, "create", LEASES, "kube-node-lease", "{node}", ADMISSION, "another node's lease"),
+    # The static Role in gpufed grants no Secret; the peering's credentials Secret is granted by name,
+    # per peering (Role {reader}): the cluster's identity key and the tunnels' keys are out of reach.
+    ("virtual-kubelet", C, "get", "secrets", "gpufed", IDENTITY_SECRET, DENY, "the cluster's identity key"),
+    ("virtual-kubelet", C, "get", "secrets", "gpufed", "gpufed-wg-{peer}", DENY, "a tunnel's private key"),
     # ---------------------------------------------------------------- the gateway agent (both sides)
     ("gateway", C, "get", "gateways" + GF, "gpufed", "{peer}", ALLOW, "netfabric/controllers/gateway.py"),
     ("gateway", C, "watch", "gateways" + GF, "gpufed", "", ALLOW, "netfabric/controllers/gateway.py"),
@@ -375,6 +437,7 @@ class Peering:
             other_twin=twin_namespace(self.namespace, other),
             remote_secret=remote_kubeconfig_secret(self.provider),
             pending_key=pending_key_secret(self.provider),
+            reader=credentials_reader(self.provider),
             vnode=self.vnode,
             node="{node}",
         )
@@ -456,7 +519,9 @@ async def test_every_identity_may_do_what_its_code_does_and_nothing_that_matters
             wrong.append(f"ALLOWED but must be denied: {label} -- {reason}")
         elif expect == GAP and not allowed:
             wrong.append(f"a known gap is closed, move the row to DENY: {label}")
-    counts = {e: sum(1 for c in checks if c[3] == e) for e in (ALLOW, DENY, GAP)}
+        elif expect == ADMISSION and not allowed:
+            wrong.append(f"RBAC now denies what admission used to, move the row to DENY: {label}")
+    counts = {e: sum(1 for c in checks if c[3] == e) for e in (ALLOW, DENY, ADMISSION, GAP)}
     per_identity = {who: sum(1 for c in checks if c[4] == who) for who in IDENTITIES}
     print(f"{len(checks)} SubjectAccessReviews ({len(rows)} rows): {counts}; per identity {per_identity}")
     assert len(checks) >= 100
@@ -480,3 +545,74 @@ async def test_the_virtual_nodes_serving_certificate_is_no_client_identity(
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in eku
     assert ExtendedKeyUsageOID.CLIENT_AUTH not in eku, "the serving certificate would authenticate as a node"
+
+
+def _as_identity(clusters: Clusters, who: str, user: str, groups: tuple[str, ...]) -> list[str]:
+    """kubectl flags that act as (user, groups) on the consumer: the identity's own client
+    certificate where the local environment issued one, else impersonation by the admin."""
+    if who == "virtual-kubelet" and user == VIRTUAL_KUBELET_USER:
+        return [f"--kubeconfig={clusters.env.kubeconfig_path(C, 'gpufed-virtual-kubelet')}"]
+    return [
+        f"--kubeconfig={clusters.kubeconfig}",
+        f"--context={C}",
+        f"--as={user}",
+        *(f"--as-group={g}" for g in groups),
+    ]
+
+
+def _real_request(verb: str, resource: str, namespace: str, name: str) -> tuple[list[str], str | None]:
+    """The kubectl arguments (and stdin) of a server-side dry run of one ADMISSION row."""
+    dry = "--dry-run=server"
+    if verb == "patch" and resource == "nodes":
+        label = json.dumps({"metadata": {"labels": {TYPE_LABEL: VIRTUAL_NODE_TYPE}}})
+        return ["patch", "node", name, "--type=merge", "-p", label, dry], None
+    if verb == "delete" and resource in ("nodes", "pods"):
+        return ["delete", resource, name, *(["-n", namespace] if namespace else []), dry], None
+    if verb == "create" and resource == LEASES:
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40},
+        }
+        return ["create", "-f", "-", dry], json.dumps(lease)
+    raise AssertionError(f"no real request for an ADMISSION row {verb} {resource}: add one here")
+
+
+def test_rows_denied_by_admission_are_refused_for_real_requests(clusters: Clusters, peering: Peering) -> None:
+    """Each ADMISSION row as a real request with the identity's credentials (server-side dry run):
+    refused by the admission policy, naming it."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": BYSTANDER_POD, "namespace": "kube-system"},
+        "spec": {"containers": [{"name": "main", "image": "registry.example/app:1"}]},
+    }
+    clusters.kubectl(C, "delete", "pod", "-n", "kube-system", BYSTANDER_POD, "--ignore-not-found", "--wait=false")
+    clusters.create(C, pod)
+    kubectl = str(clusters.env.binary("kubectl"))
+    wrong: list[str] = []
+    asked = 0
+    try:
+        for who, cluster, verb, resource, namespace, name, expect, why in MATRIX:
+            if expect != ADMISSION:
+                continue
+            assert cluster == C, "ADMISSION rows are asked of the consumer"
+            ns, nm = peering.fill(namespace), peering.fill(name).replace("{node}", peering.nodes[cluster])
+            args, stdin = _real_request(verb, resource, ns, nm)
+            for user, groups in IDENTITIES[who]:
+                flags = _as_identity(clusters, who, peering.fill(user), groups)
+                proc = subprocess.run(
+                    [kubectl, *flags, *args], capture_output=True, text=True, input=stdin, timeout=60, check=False
+                )
+                asked += 1
+                label = f"{user} {verb} {resource} ns={ns or '-'} name={nm} ({why})"
+                if proc.returncode == 0 or VK_POLICY not in proc.stderr:
+                    wrong.append(f"not refused by {VK_POLICY}: {label}: rc={proc.returncode} {proc.stderr.strip()}")
+    finally:
+        clusters.kubectl(C, "delete", "pod", "-n", "kube-system", BYSTANDER_POD, "--ignore-not-found", "--wait=false")
+    assert asked >= 8
+    assert not wrong, "\n".join(wrong)
+    # Nothing happened: the dry runs changed nothing, the real node is still there and unlabelled.
+    node = clusters.kubectl_json(C, "get", "node", peering.nodes[C])
+    assert TYPE_LABEL not in (node["metadata"].get("labels") or {})

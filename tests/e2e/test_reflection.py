@@ -353,6 +353,9 @@ def test_ingress_reflected_only_where_the_provider_has_its_class(
             "spec": {"controller": "example.com/ingress"},
         },
     )
+    # gpu-a admits a tenant's Ingresses only for the hosts its Tenant policy lists.
+    allow_hosts = {"spec": {"policy": {"ingressHosts": ["web.example.com"]}}}
+    clusters.kubectl("gpu-a", "patch", "tenant", ids["consumer"], "--type=merge", "-p", json.dumps(allow_hosts))
     try:
         offload(clusters, namespace)
         apply(clusters, "consumer", _ingress(namespace, "web", cls))
@@ -369,6 +372,8 @@ def test_ingress_reflected_only_where_the_provider_has_its_class(
         gone(clusters, ids, namespace, "ingress", "web")
     finally:
         clusters.kubectl("gpu-a", "delete", "ingressclass", cls, check=False)
+        reset = {"spec": {"policy": {"ingressHosts": None}}}
+        clusters.kubectl("gpu-a", "patch", "tenant", ids["consumer"], "--type=merge", "-p", json.dumps(reset))
 
 
 # ---------------------------------------------------------------------------- ServiceAccount tokens
@@ -438,7 +443,7 @@ def test_offloaded_pod_gets_a_consumer_token_mounted_where_it_expects_it(
 async def test_tokens_are_refreshed_before_expiry(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str, api: dict[str, Any]
 ) -> None:
-    """A `PodTokens` with a tiny refresh fraction (3607 s tokens renewed after ~7 s) against the real
+    """A `PodTokens` with a tiny refresh fraction (3600 s tokens renewed after ~7 s) against the real
     clusters; its pod runs on a consumer node, so the virtual kubelet's own refresher (80 %) never
     competes for the Secret."""
     offload(clusters, namespace)

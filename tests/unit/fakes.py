@@ -4,6 +4,8 @@
   namespace/name, implementing the contract in `vkprovider.node.provider` (checked by
   `provider_conformance`). Tests drive it with `set_phase`, `vanish`, `seed`, `refuse` and `state`,
   and read what the controllers asked of it from `creates`, `updates` and `deletes`.
+- `offloaded_here`: the consumer's record (its NamespaceOffloadings) that a `RemoteProvider` driven
+  without `run` follows TwinNamespaces by.
 - `FakeApiServer`: aiohttp on 127.0.0.1, served to a real kubernetes_asyncio ApiClient. It knows
   just what NodeController and PodController use: create/get/put/delete, JSON merge and strategic
   merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`),
@@ -30,7 +32,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from gpufed.apis.wire import ORIGIN_UID_LABEL
+from gpufed.apis.wire import NAMESPACE_OFFLOADING, ORIGIN_UID_LABEL
 from gpufed.kube.times import rfc3339
 from vkprovider.forge.pods import TERMINAL_PHASES, local_status
 from vkprovider.node.provider import NodeState, Notify, ProviderError, Twin
@@ -565,3 +567,18 @@ class Recorder:
 
     def done(self, text: str) -> None:
         self.lines.append(f"done {text}")
+
+
+def offloaded_here(provider: Any, *namespaces: str) -> None:
+    """Tell a `vkprovider.remote.provider.RemoteProvider` that is not running (tests that drive its
+    handlers directly) what the consumer's NamespaceOffloadings say: `namespaces` are offloaded to
+    its provider. Without this, the provider's TwinNamespaces for them are claims it does not follow."""
+    record = provider.offloaded
+    for namespace in namespaces:
+        entry = {"clusterId": record.provider, "namespace": f"{namespace}-twin", "phase": "Ready"}
+        obj = {
+            "metadata": {"name": NAMESPACE_OFFLOADING, "namespace": namespace},
+            "status": {"remoteNamespaces": [entry]},
+        }
+        record._on_event("ADDED", obj)
+    record._on_synced()

@@ -4,8 +4,10 @@ Owns: `Target` (where a twin goes: consumer identity, owning virtual node, twin 
 origin labels (`origin_labels`: consumer ClusterID, local UID, managed-by gpufed), the twin's
 metadata as a whitelist of the local object's (`twin_metadata`: name, twin namespace, labels,
 annotations without kubectl's last-applied and, for pods, without gpufed's own), the annotation
-filter itself (`twin_annotations`), the consumer's `kube-root-ca.crt` name and the ownership test
-every update or delete of a remote object must pass (`owned_by`).
+filter itself (`twin_annotations`), the consumer's `kube-root-ca.crt` name, the ownership test
+every update or delete of a remote object must pass (`owned_by`), and the name rules of Kubernetes
+(`is_dns_subdomain`, `is_dns_label`) that every name coming from a pod or a peer is checked against
+before it is used to address an object.
 
 Invariants: the origin labels are applied last, so a local label can never forge ownership; nothing
 the API server assigns (uid, resourceVersion, managedFields, ...) or that points at consumer objects
@@ -19,6 +21,7 @@ Pure: no I/O, no client imports; inputs are never mutated.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,22 @@ LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 GPUFED_PREFIX = "gpufed.io/"
 #: ConfigMap every kube-api-access volume projects (the cluster's CA; each cluster has its own).
 ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+#: RFC 1123 label (namespaces, most names of a namespace's objects) and subdomain (ConfigMaps,
+#: Secrets, ServiceAccounts, pods): what the API server accepts as an object's name.
+MAX_DNS_LABEL = 63
+MAX_DNS_SUBDOMAIN = 253
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def is_dns_label(name: str) -> bool:
+    """Whether `name` is an RFC 1123 label (e.g. a namespace name)."""
+    return len(name) <= MAX_DNS_LABEL and bool(_DNS_LABEL.fullmatch(name))
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether `name` is an RFC 1123 subdomain (e.g. a Secret's, ConfigMap's or pod's name)."""
+    return len(name) <= MAX_DNS_SUBDOMAIN and bool(_DNS_SUBDOMAIN.fullmatch(name))
 
 
 @dataclass(frozen=True)

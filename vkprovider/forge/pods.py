@@ -3,7 +3,9 @@
 Owns: what a remote twin pod looks like (the shared twin metadata of `forge.meta` plus the origin
 node, and the spec with everything that only makes sense on the consumer removed), the status patch
 that mirrors the twin's status onto the local pod, the terminal status reported when a pod is
-deleted, and which ConfigMaps and Secrets a pod needs (their copies are `forge.reflection`'s).
+deleted, which ConfigMaps and Secrets a pod needs (their copies are `forge.reflection`'s), and
+which of the names a pod uses to address other objects are no valid Kubernetes names
+(`invalid_names`: such a pod is refused before anything is read or written for it).
 
 Invariants: a remote twin always carries the origin labels (consumer ClusterID, local UID, and for
 pods the virtual node); nothing bound to the consumer cluster (service-account names, the
@@ -19,8 +21,8 @@ points every container at the consumer's API server (see `vkprovider.forge.token
 projected service-account token volumes (and their mounts) are dropped and the twin has no identity.
 
 Does not: talk to any API server, decide when to create/update/delete, translate IPs itself (the
-caller hands in `to_local_ip`), request tokens (vkprovider.remote.tokens does), or test ownership
-(`forge.meta.owned_by`).
+caller hands in `to_local_ip`, which may refuse an address), request tokens (vkprovider.remote.tokens
+does), or test ownership (`forge.meta.owned_by`).
 
 Pure: no I/O, no client imports; inputs are the dicts the API server returns and are never mutated.
 """
@@ -39,7 +41,7 @@ from gpufed.apis.wire import (
     VIRTUAL_NODE_TYPE_LABELS,
 )
 from vkprovider.forge import tokens
-from vkprovider.forge.meta import GPUFED_PREFIX, Target, origin_labels, twin_metadata
+from vkprovider.forge.meta import GPUFED_PREFIX, Target, is_dns_subdomain, origin_labels, twin_metadata
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -272,7 +274,7 @@ def local_status(
     local: Mapping[str, Any],
     *,
     host_ip: str,
-    to_local_ip: Callable[[str], str] = lambda ip: ip,
+    to_local_ip: Callable[[str], str | None] = lambda ip: ip,
 ) -> dict[str, Any]:
     """Body of a strategic-merge patch of the local pod's `status` subresource mirroring `remote`.
 
@@ -280,7 +282,8 @@ def local_status(
     a new remote IP replaces the old one (merging would keep both and fail validation). Conditions
     merge by type, so conditions only the consumer sets (readiness gates, DisruptionTarget) stay.
     `qosClass` and `nominatedNodeName` are never touched (the API server owns the first, the
-    consumer's scheduler the second).
+    consumer's scheduler the second). An address `to_local_ip` maps to None is refused: it is left
+    out, and without any address the local pod has no podIP.
     """
     rstatus = remote.get("status") or {}
     status: dict[str, Any] = {
@@ -302,14 +305,21 @@ def local_status(
             status[key] = _exclusive_states(rstatus[key])
     if rstatus.get("startTime"):
         status["startTime"] = rstatus["startTime"]
-    ips = [to_local_ip(str(item["ip"])) for item in rstatus.get("podIPs") or [] if item.get("ip")]
-    if not ips and rstatus.get("podIP"):
-        ips = [to_local_ip(str(rstatus["podIP"]))]
+    ips = [ip for ip in (to_local_ip(str(remote_ip)) for remote_ip in remote_pod_ips(remote)) if ip]
     status["podIP"] = ips[0] if ips else None
     status["podIPs"] = [_REPLACE, *({"ip": ip} for ip in ips)] if ips else None
     status["hostIP"] = host_ip or None
     status["hostIPs"] = [_REPLACE, {"ip": host_ip}] if host_ip else None
     return {"status": status}
+
+
+def remote_pod_ips(remote: Mapping[str, Any]) -> list[str]:
+    """The addresses a twin reports in its status (`podIPs`, else `podIP`), as the provider wrote them."""
+    rstatus = remote.get("status") or {}
+    ips = [str(item["ip"]) for item in rstatus.get("podIPs") or [] if isinstance(item, Mapping) and item.get("ip")]
+    if not ips and rstatus.get("podIP"):
+        ips = [str(rstatus["podIP"])]
+    return ips
 
 
 CONTAINER_STATES = ("waiting", "running", "terminated")
@@ -498,9 +508,23 @@ def _volume_references(volume: Mapping[str, Any]) -> Iterable[Reference]:
                 yield Reference(kind, ref["name"], bool(ref.get("optional", False)))
 
 
-def references(pod: Mapping[str, Any]) -> list[Reference]:
-    """ConfigMaps and Secrets `pod` needs, sorted; a name needed both optionally and not is required."""
+def invalid_names(pod: Mapping[str, Any]) -> list[str]:
+    """What in `pod` names an object by a name Kubernetes would never give one, e.g. an
+    `imagePullSecrets` entry `../../gpufed/secrets/x` (sorted `<kind> <name>`; empty: all valid).
+
+    Checked: the ConfigMaps and Secrets it references and its ServiceAccount (RFC 1123 subdomains),
+    the names the virtual kubelet reads or requests tokens for on the pod's behalf.
+    """
     spec = pod.get("spec") or {}
+    found = {f"{ref.kind} {ref.name!r}" for ref in _all_references(spec) if not is_dns_subdomain(str(ref.name))}
+    for field in ("serviceAccountName", "serviceAccount"):
+        account = spec.get(field)
+        if account and not is_dns_subdomain(str(account)):
+            found.add(f"ServiceAccount {account!r}")
+    return sorted(found)
+
+
+def _all_references(spec: Mapping[str, Any]) -> list[Reference]:
     found: list[Reference] = []
     for volume in spec.get("volumes") or []:
         found.extend(_volume_references(volume))
@@ -509,6 +533,12 @@ def references(pod: Mapping[str, Any]) -> list[Reference]:
             found.extend(_env_references(container))
     # A pull secret the provider cannot use is not fatal: the image may be public or pre-pulled.
     found.extend(Reference("Secret", s["name"], True) for s in spec.get("imagePullSecrets") or [] if s.get("name"))
+    return found
+
+
+def references(pod: Mapping[str, Any]) -> list[Reference]:
+    """ConfigMaps and Secrets `pod` needs, sorted; a name needed both optionally and not is required."""
+    found = _all_references(pod.get("spec") or {})
     optional: dict[tuple[str, str], bool] = {}
     for ref in found:
         key = (ref.kind, ref.name)

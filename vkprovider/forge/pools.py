@@ -7,7 +7,15 @@ Owns:
 - `advertise`: a pool node's capacity, allocatable, labels and figures from the estimator's live
   snapshot, the grant, and what the consumer's pods hold;
 - `best_fit` / `largest_after`: the free-GPU histogram after the pods the virtual kubelet has
-  accepted but the provider has not placed yet ("in flight").
+  accepted but the provider has not placed yet ("in flight");
+- `filter_node_labels`: which labels a provider supplies (its grant's `nodeLabels`, its estimator's
+  product labels) may land on a virtual node. Offloading policies select providers by node labels,
+  so a provider must not be able to claim what the consumer's own tooling means:
+  only GPU labels (`nvidia.com/`, what providers publish) and the keys of a configurable allow-list
+  pass; anything in the Kubernetes-reserved domains (`kubernetes.io`, `k8s.io` and their
+  subdomains: `topology.kubernetes.io/*`, `node.kubernetes.io/*`, `node-role.kubernetes.io/*`,
+  ...) and in gpufed's own (`gpufed.io`: only the virtual kubelet sets those) never does, whatever
+  the allow-list says; a key or value that is no valid label is dropped too.
 
 The mechanism that keeps the ordinary kube-scheduler from choosing a pool where a pod cannot run is
 **capacity capping**: a pool node's allocatable GPUs are what its pods already hold plus the
@@ -38,12 +46,73 @@ from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
 from gpufed.apis.quantity import format_quantity
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot
+from peering.grants import GPU_LABEL_PREFIXES
 
 Resources = Mapping[str, Decimal]
 
 #: Longest product slug in a pool node's name (node names stay far below 253 characters).
 MAX_SLUG = 40
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+#: Label domains a provider may never put on a virtual node (the domain itself and every subdomain).
+RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "gpufed.io")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_LABEL_NAME = 63
+MAX_LABEL_PREFIX = 253
+
+
+@dataclass(frozen=True)
+class LabelFilter:
+    """Provider-supplied labels split into those a virtual node carries and those dropped."""
+
+    kept: dict[str, str]
+    dropped: dict[str, str]
+
+
+def is_label(key: str, value: str) -> bool:
+    """Whether `key=value` is a valid Kubernetes label (qualified name, label value)."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and not (len(prefix) <= MAX_LABEL_PREFIX and _LABEL_PREFIX.fullmatch(prefix)):
+        return False
+    if not (len(name) <= MAX_LABEL_NAME and _LABEL_NAME.fullmatch(name)):
+        return False
+    return value == "" or (len(value) <= MAX_LABEL_NAME and bool(_LABEL_NAME.fullmatch(value)))
+
+
+def reserved_label(key: str) -> bool:
+    """Whether `key` lies in a domain providers may never set (`RESERVED_LABEL_DOMAINS`, or none)."""
+    domain = key.rpartition("/")[0]
+    if not domain:
+        return True  # unprefixed keys are the cluster's own (e.g. `type`)
+    return any(domain == d or domain.endswith("." + d) for d in RESERVED_LABEL_DOMAINS)
+
+
+def label_allowed(key: str, allow: Iterable[str] = ()) -> bool:
+    """Whether a provider may set the label `key` on a virtual node: a GPU label, or a key `allow`
+    names (an entry ending in `/` or `*` is a prefix), never a reserved one."""
+    if reserved_label(key):
+        return False
+    if key.startswith(GPU_LABEL_PREFIXES):
+        return True
+    for entry in allow:
+        entry = entry.strip()
+        if entry.endswith(("*", "/")):
+            if entry.rstrip("*") and key.startswith(entry.rstrip("*")):
+                return True
+        elif entry and key == entry:
+            return True
+    return False
+
+
+def filter_node_labels(labels: Mapping[str, str], allow: Iterable[str] = ()) -> LabelFilter:
+    """`labels` a provider supplied, split by `label_allowed` and label syntax."""
+    allow = tuple(allow)
+    kept: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    for key, value in sorted(labels.items()):
+        key, value = str(key), str(value)
+        (kept if label_allowed(key, allow) and is_label(key, value) else dropped)[key] = value
+    return LabelFilter(kept, dropped)
 
 
 @dataclass(frozen=True)
@@ -208,12 +277,14 @@ def advertise(
     used_here: Resources,
     in_flight: Sequence[Resources] = (),
     static_reason: str = "no capacity estimator answer",
+    label_allow: Iterable[str] = (),
 ) -> Advertised:
     """Capacity, allocatable, labels and figures of `pool`'s virtual node.
 
     granted: the provider's grant (all accepted slices); used_all: requests of the consumer's
     non-terminal pods on every pool of this provider; used_here: on this pool; in_flight: requests
-    of this pool's pods that the provider has not placed yet (already part of used_here).
+    of this pool's pods that the provider has not placed yet (already part of used_here);
+    label_allow: the consumer's allow-list of provider labels beyond the GPU ones (`label_allowed`).
     """
     headroom = {r: max(Decimal(0), granted.get(r, Decimal(0)) - used_all.get(r, Decimal(0))) for r in SLICE_RESOURCES}
     cap: ProductCapacity | None = None
@@ -221,7 +292,8 @@ def advertise(
         cap = snapshot.product(pool.product) if pool.product else _merge(snapshot.products)
     labels: dict[str, str] = {}
     if pool.product:
-        labels[GPU_PRODUCT_LABEL] = pool.product
+        if is_label(GPU_PRODUCT_LABEL, pool.product):  # the provider names its products
+            labels[GPU_PRODUCT_LABEL] = pool.product
         labels[POOL_PRODUCT_LABEL] = slug(pool.product)
     if snapshot is None:
         extra = dict(headroom)
@@ -234,7 +306,7 @@ def advertise(
             extra = {r: Decimal(0) for r in SLICE_RESOURCES}
             total, free = 0, 0
         else:
-            labels.update({k: v for k, v in cap.labels.items() if k.startswith("nvidia.com/")})
+            labels.update(filter_node_labels(cap.labels, label_allow).kept)
             if cap.gpu_memory_mib and pool.product:
                 labels[GPU_MEMORY_LABEL] = str(cap.gpu_memory_mib)
             waiting = {r: sum((p.get(r, Decimal(0)) for p in in_flight), Decimal(0)) for r in SLICE_RESOURCES}

@@ -12,7 +12,10 @@ local label can never override them; nothing bound to the consumer cluster reach
 (service-account and bootstrap tokens, the consumer's `kube-root-ca.crt`, EndpointSlice node names,
 zones and target references); a provider Service never selects pods, never allocates node ports and
 never asks for a load balancer (external exposure stays on the consumer); an EndpointSlice we wrote
-(managed-by `reflection.gpufed.io`) is never reflected again.
+(managed-by `reflection.gpufed.io`) is never reflected again; an Ingress copy carries only the
+annotations the provider's policy lets a consumer set (`kubernetes.io/ingress.class`, plus what the
+provider publishes as allowed): an ingress controller's configuration (snippets, auth, rewrites) is
+the provider's to allow, and the copy says which annotations it left out (`IngressOutcome.dropped`).
 
 Does not: talk to any API server, watch anything, decide when to apply or delete, or translate IPs
 itself (the caller hands in `to_remote_ip`). A function returning None means "this object must not
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufed.apis.wire import ORIGIN_NODE_LABEL
+from peering import podsecurity
 from vkprovider.forge.meta import ROOT_CA_CONFIGMAP, Target, origin_labels, owned_by, twin_annotations, twin_metadata
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "IngressOutcome",
     "Kind",
     "covers",
+    "ingress_annotation_allowed",
     "needs_apply",
     "needs_recreate",
     "policy",
@@ -73,8 +78,9 @@ ENDPOINTSLICE_MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 REFLECTION_MANAGER = "reflection.gpufed.io"
 #: Joins an EndpointSlice to its Service (kube-proxy and CoreDNS look slices up by it).
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-#: Deprecated way of naming an Ingress's class (still honoured by most controllers).
-INGRESS_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
+#: Deprecated way of naming an Ingress's class (still honoured by most controllers); the one Ingress
+#: annotation every provider lets a consumer set.
+INGRESS_CLASS_ANNOTATION = podsecurity.INGRESS_CLASS_ANNOTATION
 SA_TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"  # noqa: S105 -- a Secret type, not a password
 #: Secrets whose content only means something to the consumer's API server.
 CLUSTER_BOUND_SECRET_TYPES = frozenset({SA_TOKEN_SECRET_TYPE, "bootstrap.kubernetes.io/token"})
@@ -94,12 +100,6 @@ class Kind:
     #: API group ("" for the core group) and version.
     group: str
     version: str
-
-    def path(self, namespace: str, name: str = "") -> str:
-        """REST path of the collection in `namespace`, or of the object `name` in it."""
-        root = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        collection = f"{root}/namespaces/{namespace}/{self.plural}"
-        return f"{collection}/{name}" if name else collection
 
 
 CONFIG_MAP = Kind("ConfigMap", "v1", "configmaps", "", "v1")
@@ -328,6 +328,17 @@ class IngressOutcome:
     body: dict[str, Any] | None
     reason: str
     message: str
+    #: The local Ingress's annotations the copy leaves out (the provider's policy would refuse them).
+    dropped: tuple[str, ...] = ()
+
+
+def ingress_annotation_allowed(key: str, allowed: Collection[str]) -> bool:
+    """Whether the provider's objects policy lets a consumer's Ingress carry the annotation `key`:
+    the class annotation always, else an entry of `allowed` (the tenant's `ingressAnnotations`: an
+    exact key, or a prefix ending in `*`), as `peering.podsecurity`'s admission policy decides it."""
+    if key == INGRESS_CLASS_ANNOTATION:
+        return True
+    return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in allowed)
 
 
 def remote_ingress(
@@ -335,12 +346,15 @@ def remote_ingress(
     target: Target,
     provider_classes: Collection[str],
     default_class: str | None,
+    allowed_annotations: Collection[str] | None = None,
 ) -> IngressOutcome:
     """Copy of an Ingress, if the provider has its class (or, when none is named, a default class).
 
     The class is `spec.ingressClassName`, else the deprecated annotation; it is kept as the local
     object names it (the API server rejects an Ingress carrying both). TLS Secret names stay:
-    Secrets are reflected under their own names.
+    Secrets are reflected under their own names. Annotations: only those
+    `ingress_annotation_allowed` with `allowed_annotations` (what the provider publishes; None: it
+    publishes nothing, so only the class annotation is sure to pass), the others in `dropped`.
     """
     meta = local.get("metadata") or {}
     spec = local.get("spec") or {}
@@ -362,13 +376,20 @@ def remote_ingress(
     else:
         # No class in the copy: the provider's admission gives it the default class on create.
         message = f"ingress {name} reflected with the default class {default_class!r} of {provider}"
+    metadata = _metadata(local, target)
+    allowed = allowed_annotations or ()
+    kept = {k: v for k, v in metadata["annotations"].items() if ingress_annotation_allowed(k, allowed)}
+    dropped = tuple(sorted(set(metadata["annotations"]) - set(kept)))
+    metadata["annotations"] = kept
+    if dropped:
+        message += f"; annotations {provider} does not allow left out: {', '.join(dropped)}"
     body = {
         "apiVersion": INGRESS.api_version,
         "kind": INGRESS.kind,
-        "metadata": _metadata(local, target),
+        "metadata": metadata,
         "spec": {k: copy.deepcopy(spec[k]) for k in _INGRESS_FIELDS if k in spec},
     }
-    return IngressOutcome(body, "Reflected", message)
+    return IngressOutcome(body, "Reflected", message, dropped)
 
 
 # ---------------------------------------------------------------- drift

@@ -24,6 +24,9 @@ namespace, never the twin namespace; a container that sets `KUBERNETES_SERVICE_H
 keeps its value; the twin keeps `automountServiceAccountToken: false` (the provider adds no token of
 its own).
 
+A token Secret lives on the provider, so `read_token_secret` reads back what it CLAIMS; a refresher
+compares it with `binding_of` the local pod and requests only the latter.
+
 Does not: request tokens, read or write anything (vkprovider.remote.tokens does), or decide which
 pods get an identity (the caller hands `pods.remote_pod` a `PodIdentity` or None). Imports only
 `forge.meta` of the forge: `forge.pods` builds on this module, never the other way round.
@@ -59,6 +62,11 @@ NAMESPACE_KEY = "namespace"
 DEFAULT_EXPIRATION_S = 3607
 #: TokenRequest refuses lifetimes under 10 minutes.
 MIN_EXPIRATION_S = 600
+#: The longest lifetime requested for an offloaded pod's token, whatever the pod asks for: the token
+#: is readable on the provider, so it lives one hour (the refresher renews it at 80 % of that). Not
+#: 3607 s, the projection's default: kube-apiserver extends a token requested for exactly that long
+#: to a year (`--service-account-extend-token-expiration`), which it must never be here.
+MAX_EXPIRATION_S = 3600
 #: Refresh once this fraction of a token's lifetime has passed (the kubelet's 80%).
 DEFAULT_REFRESH_FRACTION = 0.8
 #: Refresh any token older than this, however long it is valid (the kubelet's rule).
@@ -167,12 +175,15 @@ def _token_projections(volumes: list[Any]) -> Iterator[tuple[str, Mapping[str, A
 
 
 def token_sources(pod: Mapping[str, Any]) -> list[TokenSource]:
-    """Every `serviceAccountToken` projection of the pod's volumes, keyed `token-0`, `token-1`, ..."""
+    """Every `serviceAccountToken` projection of the pod's volumes, keyed `token-0`, `token-1`, ...;
+    lifetimes within [MIN_EXPIRATION_S, MAX_EXPIRATION_S]."""
     volumes = list((pod.get("spec") or {}).get("volumes") or [])
     out = []
     for key, source in _token_projections(volumes):
         seconds = int(source.get("expirationSeconds") or DEFAULT_EXPIRATION_S)
-        out.append(TokenSource(key, source.get("audience") or None, max(seconds, MIN_EXPIRATION_S)))
+        out.append(
+            TokenSource(key, source.get("audience") or None, min(max(seconds, MIN_EXPIRATION_S), MAX_EXPIRATION_S))
+        )
     return out
 
 
@@ -313,7 +324,7 @@ def token_request(binding: TokenBinding, source: TokenSource) -> dict[str, Any]:
         "kind": "TokenRequest",
         "spec": {
             "audiences": [source.audience] if source.audience else [],
-            "expirationSeconds": source.expiration_seconds,
+            "expirationSeconds": min(max(source.expiration_seconds, MIN_EXPIRATION_S), MAX_EXPIRATION_S),
             "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": binding.pod_name, "uid": binding.pod_uid},
         },
     }

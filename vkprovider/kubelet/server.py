@@ -16,10 +16,11 @@ Owns the aiohttp server on the address and port the Node publishes
   node_/container_cpu_usage_seconds_total, node_/container_memory_working_set_bytes,
   container_start_time_seconds; `container`, `pod`, `namespace` labels), from `pod_usage`.
 
-Every request is authenticated and authorised first (`auth`): anonymous 401, not allowed
-403. A pod not bound to this node (or unknown, or whose UID differs from the URL's) is 404 — this
-door never reaches pods of other nodes. Provider refusals map to 404 (NotFound), 400
-(InvalidInput) or 502 with the provider's message.
+Every request — `/healthz` and `/metrics/resource` included — is authenticated and authorised
+first (`auth`): anonymous 401, not allowed 403, an unknown bearer token beyond its source's review
+budget 429 (no TokenReview made). A pod not bound to this node (or unknown, or whose UID differs
+from the URL's) is 404 — this door never reaches pods of other nodes. Provider refusals map to 404
+(NotFound), 400 (InvalidInput) or 502 with the provider's message.
 
 Does not: obtain its certificate (`servingcert`), or reach the provider itself (`StreamingProvider`).
 """
@@ -42,7 +43,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpufed.kube.client import KubeError
 from gpufed.kube.times import parse_rfc3339, rfc3339
 from vkprovider.kubelet import streams
-from vkprovider.kubelet.auth import Authenticator, Authorizer, User, attributes, user_from_peercert
+from vkprovider.kubelet.auth import (
+    Authenticator,
+    Authorizer,
+    ReviewLimitedError,
+    User,
+    attributes,
+    user_from_peercert,
+)
 from vkprovider.kubelet.servingcert import ServingTLS
 from vkprovider.node.provider import (
     INVALID_INPUT,
@@ -364,7 +372,13 @@ class KubeletAPI:
             header = request.headers.get("Authorization", "")
             if header[:7].lower() == "bearer " and header[7:].strip():
                 try:
-                    user = await self.authn.from_token(header[7:].strip())
+                    user = await self.authn.from_token(header[7:].strip(), request.remote or "")
+                except ReviewLimitedError:
+                    return web.Response(
+                        status=429,
+                        headers={"Retry-After": "1"},
+                        text="Too many requests with unknown tokens: retry later\n",
+                    )
                 except KubeError as e:
                     self._log.warning("token review failed", error=str(e))
                     return web.Response(status=401, text="Unauthorized: the token could not be verified\n")

@@ -41,8 +41,9 @@ from typing import Any
 
 import structlog
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpufed.errors import GpufedError
@@ -120,36 +121,52 @@ def new_key_and_csr(node: str, address: str) -> tuple[bytes, bytes]:
 
 
 def serving_csr_problems(csr_pem: bytes, usages: list[str], node: str, addresses: set[str]) -> list[str]:
-    """Why a kubelet-serving CSR for `node` must not be approved (empty: fine)."""
+    """Why a kubelet-serving CSR for `node` must not be approved (empty: fine).
+
+    Exactly what `new_key_and_csr` and `issue` file: subject `O=system:nodes, CN=system:node:<node>`
+    and nothing else, an EC or RSA key, a subject-alternative-name extension (the only extension)
+    naming the node and its own addresses only, and the usages `CSR_USAGES`, no more, no fewer."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
     except ValueError as e:
         return [f"not a PEM certificate request: {e}"]
     problems: list[str] = []
-    if not csr.is_signature_valid:
-        problems.append("the request's signature is invalid")
-    cns = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    orgs = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
-    if cns != [NODE_PREFIX + node]:
-        problems.append(f"common name must be {NODE_PREFIX}{node}, not {cns}")
-    if orgs != [NODES_GROUP]:
-        problems.append(f"organization must be [{NODES_GROUP}], not {orgs}")
     try:
-        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        problems.append("no subject alternative names")
-    else:
-        if san.get_values_for_type(x509.RFC822Name) or san.get_values_for_type(x509.UniformResourceIdentifier):
-            problems.append("only DNS names and IP addresses are allowed as subject alternative names")
-        ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
-        dns = set(san.get_values_for_type(x509.DNSName))
-        if not ips <= addresses:
-            problems.append(f"IP addresses {sorted(ips - addresses)} are not the node's")
-        if not dns <= addresses | {node}:
-            problems.append(f"DNS names {sorted(dns - addresses - {node})} are not the node's")
-    bad = set(usages) - {"digital signature", "key encipherment", "server auth"}
-    if bad or "server auth" not in usages:
-        problems.append(f"usages must be server auth (+ digital signature / key encipherment), not {usages}")
+        if not csr.is_signature_valid:
+            problems.append("the request's signature is invalid")
+        if not isinstance(csr.public_key(), (ec.EllipticCurvePublicKey, rsa.RSAPublicKey)):
+            problems.append("the request's key must be an EC or RSA key")
+        cns = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+        orgs = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+        if cns != [NODE_PREFIX + node]:
+            problems.append(f"common name must be {NODE_PREFIX}{node}, not {cns}")
+        if orgs != [NODES_GROUP]:
+            problems.append(f"organization must be [{NODES_GROUP}], not {orgs}")
+        if len(csr.subject) != len(cns) + len(orgs):
+            problems.append(f"the subject must hold only CN and O, not {csr.subject.rfc4514_string()!r}")
+        others = [e.oid.dotted_string for e in csr.extensions if not isinstance(e.value, x509.SubjectAlternativeName)]
+        if others:
+            problems.append(f"extensions other than subject alternative names are refused ({', '.join(others)})")
+        try:
+            san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            problems.append("no subject alternative names")
+        else:
+            if len(list(san)) != len(san.get_values_for_type(x509.IPAddress)) + len(
+                san.get_values_for_type(x509.DNSName)
+            ):
+                problems.append("only DNS names and IP addresses are allowed as subject alternative names")
+            ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+            dns = set(san.get_values_for_type(x509.DNSName))
+            if not ips <= addresses:
+                problems.append(f"IP addresses {sorted(ips - addresses)} are not the node's")
+            if not dns <= addresses | {node}:
+                problems.append(f"DNS names {sorted(dns - addresses - {node})} are not the node's")
+    except (ValueError, UnsupportedAlgorithm, x509.InvalidVersion) as e:
+        # A CSR is parsed lazily: a malformed part surfaces only when it is read.
+        problems.append(f"the request is malformed ({e})")
+    if sorted(usages) != sorted(CSR_USAGES) or len(set(usages)) != len(usages):
+        problems.append(f"usages must be exactly {list(CSR_USAGES)}, not {usages}")
     return problems
 
 

@@ -1,4 +1,4 @@
-"""The virtual Node: registration, status heartbeats and the node lease (DESIGN.md §6).
+"""The virtual Node: registration, status heartbeats and the node lease.
 
 Owns, for one Node name:
 - registration: the Node is created with the provider's labels, the virtual-node taint, capacity,

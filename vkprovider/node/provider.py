@@ -1,4 +1,4 @@
-"""The contract between the virtual kubelet's controllers and a provider (DESIGN.md §3).
+"""The contract between the virtual kubelet's controllers and a provider.
 
 Owns: `PodProvider` and `NodeProvider` (what `vkprovider.node` needs from whatever runs pods),
 `StreamingProvider` (what the kubelet API needs), `Twin` (what the provider knows of one local pod's

@@ -4,7 +4,8 @@ Owns, for one pool node: the PodProvider its pod controller talks to (the provid
 restricted to those whose `gpufed.io/origin-node` is this node; everything else delegated) and the
 NodeProvider its node controller asks (`node_state`: the provider's health, and capacity,
 allocatable, labels and figures from `forge.pools.advertise` over the live capacity snapshot, the
-grant, and what the consumer's pods hold — `usage`, supplied by whoever sees every pool's pods).
+grant (its labels already allow-listed by the provider view), and what the consumer's pods hold —
+`usage`, supplied by whoever sees every pool's pods).
 
 A draining pool (one that is no longer wanted, e.g. its product left the provider, but still has
 pods) advertises only what its pods hold: nothing new is scheduled there.
@@ -125,6 +126,7 @@ class PoolView:
             used_here=use.here,
             in_flight=use.in_flight,
             static_reason=why,
+            label_allow=self.provider.settings.node_label_allow,
         )
         provider = self.provider.settings.provider
         labels = {

@@ -19,16 +19,37 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   same way), but tried again when that namespace's policy changes. The provider's API server
   enforces the policy anyway; its refusal (403 from the admission policy or Pod Security
   Admission) is mapped the same way, with the API server's message;
+- the provider's TwinNamespaces are CLAIMS: a namespace counts as offloaded here only while the
+  consumer's own NamespaceOffloading says it is offloaded to this provider (`remote.offloaded`) and
+  the twin's name is a valid namespace name. A claim the consumer did not make starts nothing (no
+  reflection, no twin, no token) and, when it persists for `claim_grace_s`, is reported once as a
+  Warning Event `TwinNamespaceRefused` on that namespace's NamespaceOffloading (or, without one,
+  on the provider's ForeignCluster);
 - telling `reflection` (the `NamespaceReflection` it is built with) when a twin namespace becomes
-  Ready or goes, and asking it for a namespace's annotations (its allow-list mode);
+  Ready (and offloaded here) or goes, and which Ingress annotations the provider publishes as allowed
+  there (`INGRESS_ANNOTATIONS_FIELD` of the TwinNamespace status; None while it publishes none), and
+  asking it for a namespace's annotations (its allow-list mode);
+- refusing a pod that addresses objects by names Kubernetes never gives (`forge.pods.invalid_names`,
+  e.g. `imagePullSecrets: ../../gpufed/secrets/x`): `ProviderError(reason=InvalidName)`, before
+  anything is read for it;
+- the twin's reported addresses: each goes through the IP translator and, with `pod_addresses`,
+  must lie in the provider's pod range as seen here; a refused one is left out (no podIP rather
+  than another's address) and reported once per pod and address as a Warning Event `PodIPRefused`;
 - remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
-  replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement);
-- the grant (this provider's accepted ResourceSlices, consumer side, namespace gpufed) and the
-  provider's health (its API answers), which pool nodes advertise.
+  replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement; a reason
+  that is no CamelCase word reads `Remote`, a type other than Warning `Normal`). Those and every Event
+  this provider's view causes go through one bounded `EventRelay` (`events`: a bounded queue, per-pod
+  and total rate limits, similar Events of one pod combined; what is dropped is counted in
+  `gpufed_relayed_events_dropped_total`), never a task per provider Event;
+- the grant (this provider's accepted ResourceSlices, consumer side, namespace gpufed), its node
+  labels allow-listed (`forge.pools.filter_node_labels`; what is dropped is reported once per change
+  as a Warning Event `NodeLabelsDropped` on the ForeignCluster), and the provider's health (its API
+  answers), which pool nodes advertise.
 
 Construction takes the collaborators: the two API clients, the IP translator, the token issuer,
-the estimator's `placement` (None: static capacity, nobody to ask) and the `reflection` (None: no
-object reflection). Subscribers to twin changes register with `subscribe`, before `run`.
+the estimator's `placement` (None: static capacity, nobody to ask), the `reflection` (None: no
+object reflection) and `pod_addresses` (None: addresses are only translated). Subscribers to twin
+changes register with `subscribe`, before `run`.
 
 Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials:
 the provider client is built once per process.
@@ -38,8 +59,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -57,23 +79,43 @@ from gpufed.apis.wire import (
     ClusterID,
     tenant_namespace,
 )
-from gpufed.kube import events, rest
+from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
 from vkprovider.forge import podpolicy
 from vkprovider.forge import pods as forge
-from vkprovider.forge.meta import Target, owned_by
+from vkprovider.forge.meta import Target, is_dns_label, is_dns_subdomain, owned_by
+from vkprovider.forge.pools import filter_node_labels
 from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin
+from vkprovider.remote.events_relay import EventRelay, RelayLimits
+from vkprovider.remote.offloaded import OffloadedNamespaces
 from vkprovider.remote.placement import PlacementGate, Placer
 from vkprovider.remote.references import ReferenceCopier
 from vkprovider.remote.refusals import ADMISSION_REFUSED, refusal
 from vkprovider.remote.tokens import PodTokens
-from vkprovider.remote.translate import Identity, IPTranslator
+from vkprovider.remote.translate import Identity, IPTranslator, PodAddresses
 
 COMPONENT = "gpufed-virtual-kubelet"
 #: Events of remote twins not mirrored (the consumer's own components already report these).
 SKIPPED_EVENT_REASONS = frozenset({"Scheduled"})
+#: Reasons of the Warning Events that report what a provider claimed or reported and was refused.
+CLAIM_REFUSED = "TwinNamespaceRefused"
+POD_IP_REFUSED = "PodIPRefused"
+LABELS_DROPPED = "NodeLabelsDropped"
+INVALID_NAME = "InvalidName"
+#: Seconds a provider's claim on a namespace may stay unconfirmed by the consumer before it is
+#: reported (the offloading controller writes its status just after it asked for the twin).
+DEFAULT_CLAIM_GRACE_S = 10.0
+#: Claims waiting for their grace at once, and claims remembered as reported (beyond: forgotten; a
+#: repeated report of an old claim is harmless, a provider writing claims by the million is not).
+MAX_PENDING_CLAIMS = 1_000
+MAX_REPORTED = 10_000
+#: The TwinNamespace status field where a provider publishes the Ingress annotations its policy
+#: allows (the tenant's `spec.policy.ingressAnnotations`); without it only the class annotation is sent.
+INGRESS_ANNOTATIONS_FIELD = "ingressAnnotations"
+#: What a relayed Event's reason must look like (a CamelCase word, as Kubernetes components write them).
+_REASON = re.compile(r"[A-Za-z][A-Za-z0-9]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +133,12 @@ class RemoteSettings:
     #: Seconds a GPU pod the estimator cannot place now waits (retried, no twin) before it is
     #: failed back: pods finishing at the provider free GPUs within moments.
     unplaceable_grace_s: float = 30.0
+    #: Provider-supplied node labels allowed beyond the GPU ones (`forge.pools.label_allowed`).
+    node_label_allow: tuple[str, ...] = ()
+    #: Seconds a TwinNamespace the consumer did not ask for stays before it is reported.
+    claim_grace_s: float = DEFAULT_CLAIM_GRACE_S
+    #: How many Events about consumer objects this provider's view may cause, and how fast.
+    event_limits: RelayLimits = field(default_factory=RelayLimits)
 
 
 @dataclass(frozen=True)
@@ -100,7 +148,7 @@ class Grant:
     resources: Mapping[str, Decimal] = field(default_factory=dict)
     #: The GPU product every accepted slice is limited to (None: any, or they differ).
     gpu_product: str | None = None
-    #: nvidia.com/* labels the provider reported for the grant's nodes.
+    #: The labels the provider reported for the grant's nodes that a virtual node may carry.
     labels: Mapping[str, str] = field(default_factory=dict)
     accepted: bool = False
 
@@ -126,6 +174,19 @@ class NamespaceReflection(Protocol):
     def namespace_annotations(self, local_ns: str) -> Mapping[str, str]:
         """The annotations of `local_ns` as last seen (empty when unknown)."""
         ...
+
+    def set_ingress_annotations(self, local_ns: str, allowed: Sequence[str] | None) -> None:
+        """The Ingress annotations the provider allows in `local_ns`'s twin (None: not published)."""
+        ...
+
+
+def _published_ingress_annotations(twin_namespace: Mapping[str, Any]) -> list[str] | None:
+    """The Ingress annotations a TwinNamespace's status says the provider allows (None: it says nothing,
+    or nothing readable)."""
+    published = (twin_namespace.get("status") or {}).get(INGRESS_ANNOTATIONS_FIELD)
+    if not isinstance(published, list) or not all(isinstance(p, str) for p in published):
+        return None
+    return [str(p) for p in published]
 
 
 def _unix(timestamp: str | None) -> float | None:
@@ -160,6 +221,7 @@ class RemoteProvider:
         *,
         placement: Placer | None = None,
         reflection: NamespaceReflection | None = None,
+        pod_addresses: PodAddresses | None = None,
     ) -> None:
         self.local = local_api
         self.remote = remote_api
@@ -205,7 +267,23 @@ class RemoteProvider:
         )
         #: Called when this provider's ResourceSlices change.
         self.slice_listeners: list[Callable[[], None]] = []
+        #: Whether a twin's reported address may become the local pod's (None: any translated one).
+        self.pod_addresses = pod_addresses
+        #: The consumer's own record of what is offloaded here; TwinNamespaces are only claims.
+        self.offloaded = OffloadedNamespaces(local_api, settings.provider)
+        self.offloaded.listeners.append(self._on_offloading)
+        #: local namespace -> the provider's TwinNamespace for it, as last seen (a claim).
+        self._claims: dict[str, dict[str, Any]] = {}
+        #: Claims already reported (local namespace, twin, why), and those waiting for their grace.
+        self._claims_reported: set[tuple[str, str, str]] = set()
+        self._claims_pending: set[tuple[str, str, str]] = set()
+        #: (local pod UID, address) refused as its podIP and already reported.
+        self._ips_reported: set[tuple[str, str]] = set()
+        #: The provider's node labels dropped by the allow-list, as last reported.
+        self._labels_dropped: dict[str, str] = {}
         self._health: tuple[float, Health] | None = None
+        #: Every Event this provider's view causes on consumer objects (bounded, rate-limited).
+        self.events = EventRelay(local_api, settings.provider, COMPONENT, settings.event_limits)
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
 
     # ---- provider view
@@ -242,10 +320,14 @@ class RemoteProvider:
                         on_synced=self.slices_synced.set,
                     )
                 )
+                tg.create_task(self.offloaded.run())
+                tg.create_task(self.events.run())
                 self._tg = tg
                 if self.tokens is not None:
-                    tg.create_task(self.tokens.run(lambda: list(self.twin_ns.values())))
-                await twins_synced.wait()  # each Ready twin namespace has started its watches by now
+                    tg.create_task(self.tokens.run(lambda: dict(self.local_ns), self.is_mine))
+                await twins_synced.wait()
+                await self.offloaded.synced.wait()
+                # Each claim the consumer confirmed has started its watches by now.
                 await asyncio.gather(*(e.wait() for e in self._synced.values()))
                 self.ready.set()
                 self._log.info("provider view synced", twin_namespaces=len(self.twin_ns), twins=len(self._twins))
@@ -259,26 +341,92 @@ class RemoteProvider:
             self._slices.pop(name, None)
         else:
             self._slices[name] = obj
+        self._report_dropped_labels()
         for listener in self.slice_listeners:
             listener()
 
+    def _supplied_labels(self) -> dict[str, str]:
+        """The node labels the provider reported on its accepted slices, unfiltered."""
+        labels: dict[str, str] = {}
+        for sl in self._slices.values():
+            st = sl.get("status") or {}
+            res: dict[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Resources"), {})
+            if res.get("status") == "True" and isinstance(st.get("nodeLabels"), Mapping):
+                labels.update({str(k): str(v) for k, v in st["nodeLabels"].items()})
+        return labels
+
+    def _report_dropped_labels(self) -> None:
+        dropped = filter_node_labels(self._supplied_labels(), self.settings.node_label_allow).dropped
+        if dropped == self._labels_dropped:
+            return
+        self._labels_dropped = dropped
+        if not dropped:
+            return
+        listed = ", ".join(f"{k}={v}" for k, v in sorted(dropped.items()))
+        message = (
+            f"provider {self.settings.provider} reported node labels its virtual nodes do not carry "
+            f"(only GPU labels and the allow-list pass): {listed}"
+        )[:1000]
+        self._log.warning("provider node labels dropped", labels=sorted(dropped))
+        self._emit_on_foreign_cluster("Warning", LABELS_DROPPED, message)
+
+    def _emit_on_foreign_cluster(self, type_: str, reason: str, message: str) -> None:
+        name = {"kind": "ForeignCluster", "metadata": {"name": self.settings.provider}}
+
+        async def resolve() -> Mapping[str, Any] | None:
+            fc: Mapping[str, Any] | None = await rest.get(
+                self.local, rest.path(API_VERSION, "foreignclusters", self.settings.provider)
+            )
+            return fc
+
+        self.events.offer(name, type_=type_, reason=reason, message=message, resolve=resolve)
+
     def _on_twin_namespace(self, kind: str, obj: dict[str, Any]) -> None:
         local = str((obj.get("spec") or {}).get("namespace") or "")
-        st = obj.get("status") or {}
+        if kind == "DELETED":
+            self._claims.pop(local, None)
+        else:
+            self._claims[local] = obj
+        self._evaluate(local)
+
+    def _on_offloading(self, namespace: str) -> None:
+        """The consumer's decision about `namespace` changed ("": first listed: all of them)."""
+        for local in [namespace] if namespace else list(self._claims):
+            self._evaluate(local)
+
+    def _claim_refusal(self, local: str, twin: str) -> str:
+        """Why the provider's claim of `local` (twin `twin`) is not followed; "" when it is."""
+        if not self.offloaded.allows(local):
+            return f"namespace {local} is not offloaded to {self.settings.provider}"
+        if twin and not is_dns_label(twin):
+            return f"{twin!r} is no valid namespace name"
+        return ""
+
+    def _evaluate(self, local: str) -> None:
+        """Follow the provider's TwinNamespace for `local` where the consumer confirms it."""
+        if not self.offloaded.synced.is_set():
+            return  # claims wait until the consumer's own record has been listed
+        obj = self._claims.get(local)
+        st = (obj or {}).get("status") or {}
         twin = str(st.get("twin") or "")
-        gone = kind == "DELETED" or obj["metadata"].get("deletionTimestamp") or st.get("phase") != "Ready"
-        if gone:
-            self.pod_security.pop(local, None)
-            old = self.twin_ns.pop(local, None)
-            if old:
-                self.local_ns.pop(old, None)
-                self._stop_watches(old)
-                if self.reflection is not None:
-                    self.reflection.stop_namespace(local)
+        ready = obj is not None and not obj["metadata"].get("deletionTimestamp") and st.get("phase") == "Ready"
+        if not ready:
+            self._forget_namespace(local)
             return
+        why = self._claim_refusal(local, twin)
+        if why:
+            self._forget_namespace(local)
+            self._refuse_claim(local, twin, why)
+            return
+        moved = bool(twin) and self.twin_ns.get(local) != twin
+        if moved:
+            self._forget_namespace(local)  # another twin than before: start over
         self._set_pod_security(local, st.get("podSecurity"))
-        if not twin or self.twin_ns.get(local) == twin:
+        if self.reflection is not None:
+            self.reflection.set_ingress_annotations(local, _published_ingress_annotations(obj or {}))
+        if not moved:
             return
+        self._claims_reported = {c for c in self._claims_reported if c[0] != local}
         self.twin_ns[local] = twin
         self.local_ns[twin] = local
         if self._tg is not None:
@@ -288,6 +436,49 @@ class RemoteProvider:
         # Pods refused because this namespace had no twin yet go again now, not after their backoff.
         for name in sorted(self._waiting.pop(local, set())):
             self._notify(local, name)
+
+    def _forget_namespace(self, local: str) -> None:
+        self.pod_security.pop(local, None)
+        old = self.twin_ns.pop(local, None)
+        if old:
+            self.local_ns.pop(old, None)
+            self._stop_watches(old)
+            if self.reflection is not None:
+                self.reflection.stop_namespace(local)
+
+    def _refuse_claim(self, local: str, twin: str, why: str) -> None:
+        """Report once, after the grace, a claim that is still refused then."""
+        key = (local, twin, why)
+        if key in self._claims_reported or key in self._claims_pending or self._tg is None:
+            return
+        if len(self._claims_pending) >= MAX_PENDING_CLAIMS:
+            return  # still refused; only its report is skipped
+        self._claims_pending.add(key)
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(self.settings.claim_grace_s)
+                obj = self._claims.get(local)
+                st = (obj or {}).get("status") or {}
+                if obj is None or str(st.get("twin") or "") != twin or self._claim_refusal(local, twin) != why:
+                    return
+                if len(self._claims_reported) >= MAX_REPORTED:
+                    self._claims_reported.clear()
+                self._claims_reported.add(key)
+                message = (
+                    f"provider {self.settings.provider} claims twin namespace {twin!r} for {local}, which this "
+                    f"cluster did not give it ({why}): nothing of {local} is reflected, copied or run there"
+                )
+                self._log.warning("twin namespace claim refused", namespace=local, twin=twin, why=why)
+                offloading = self.offloaded.offloading(local)
+                if offloading is None:
+                    self._emit_on_foreign_cluster("Warning", CLAIM_REFUSED, message)
+                    return
+                self.events.offer(offloading, type_="Warning", reason=CLAIM_REFUSED, message=message)
+            finally:
+                self._claims_pending.discard(key)
+
+        self._tg.create_task(later())
 
     def _set_pod_security(self, local: str, published: Any) -> None:
         try:
@@ -328,7 +519,13 @@ class RemoteProvider:
                     )
                 )
                 tg.create_task(
-                    watch(self.remote, rest.path("v1", "events", namespace=twin_ns), self._on_event, what="events")
+                    watch(
+                        self.remote,
+                        rest.path("v1", "events", namespace=twin_ns),
+                        self._on_event,
+                        what="events",
+                        params={"fieldSelector": "involvedObject.kind=Pod"},
+                    )
                 )
 
         self._watches[twin_ns] = self._tg.create_task(both())
@@ -346,7 +543,7 @@ class RemoteProvider:
 
     def _on_twin(self, kind: str, obj: dict[str, Any]) -> None:
         local_ns = self.local_ns.get(obj["metadata"]["namespace"])
-        if local_ns is None:
+        if local_ns is None or not is_dns_subdomain(str(obj["metadata"].get("name") or "")):
             return
         key = (local_ns, obj["metadata"]["name"])
         if kind == "DELETED":
@@ -374,17 +571,12 @@ class RemoteProvider:
             "metadata": {"namespace": local_ns, "name": inv.get("name"), "uid": labels.get(ORIGIN_UID_LABEL)},
         }
         message = f"{obj.get('message') or ''} (on {self.settings.provider})"
-        if self._tg is None:
-            return
-        self._tg.create_task(
-            events.emit(
-                self.local,
-                local_pod,
-                type_=str(obj.get("type") or "Normal"),
-                reason=str(obj.get("reason") or "Remote"),
-                message=message,
-                component=COMPONENT,
-            )
+        reason = str(obj.get("reason") or "")
+        self.events.offer(
+            local_pod,
+            type_="Warning" if obj.get("type") == "Warning" else "Normal",
+            reason=reason if _REASON.fullmatch(reason) else "Remote",
+            message=message,
         )
 
     def _twin_of(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Twin:
@@ -434,8 +626,21 @@ class RemoteProvider:
             )
         return Target(self.settings.consumer, node, twin_ns, self.settings.provider, self.pool_products.get(node))
 
+    def is_mine(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the local `pod` is bound to one of this provider's virtual nodes."""
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        return bool(node) and (node == self.settings.node or node in self.pool_products)
+
     async def create_pod(self, pod: Mapping[str, Any]) -> None:
         namespace, name = _key(pod)
+        invalid = forge.invalid_names(pod)
+        if invalid:
+            raise ProviderError(
+                f"pod {namespace}/{name} names objects by invalid names ({', '.join(invalid)}): Kubernetes "
+                "names are RFC 1123 subdomains; nothing was read or copied for it",
+                reason=INVALID_NAME,
+                retry=False,
+            )
         node = str((pod.get("spec") or {}).get("nodeName") or self.settings.node)
         target = self._target(namespace, name, node)
         self._check_pod_security(pod)
@@ -539,13 +744,33 @@ class RemoteProvider:
                     del self._twins[(namespace, name)]
 
     def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
-        return forge.local_status(twin.raw, pod, host_ip=self.settings.host_ip, to_local_ip=self.translator.to_local_ip)
+        def to_local_ip(remote_ip: str) -> str | None:
+            why = self.pod_addresses.refuse_pod_ip(remote_ip) if self.pod_addresses is not None else None
+            if why is None:
+                return self.translator.to_local_ip(remote_ip)
+            self._report_pod_ip(pod, remote_ip, why)
+            return None
+
+        return forge.local_status(twin.raw, pod, host_ip=self.settings.host_ip, to_local_ip=to_local_ip)
+
+    def _report_pod_ip(self, pod: Mapping[str, Any], remote_ip: str, why: str) -> None:
+        uid = str(pod["metadata"].get("uid") or "")
+        if (uid, remote_ip) in self._ips_reported:
+            return
+        if len(self._ips_reported) >= MAX_REPORTED:  # bounded: a repeat of an old report is harmless
+            self._ips_reported.clear()
+        self._ips_reported.add((uid, remote_ip))
+        message = (
+            f"provider {self.settings.provider} reported address {remote_ip} for this pod's twin: {why}; "
+            "it is not this pod's IP"
+        )
+        self._log.warning("twin address refused", namespace=pod["metadata"].get("namespace"), address=remote_ip)
+        self.events.offer(pod, type_="Warning", reason=POD_IP_REFUSED, message=message)
 
     # ---- grant and health (what pool nodes advertise)
 
     def grant(self) -> Grant:
         granted: dict[str, Decimal] = {}
-        labels: dict[str, str] = {}
         products: set[str | None] = set()
         accepted = False
         for sl in self._slices.values():
@@ -558,8 +783,8 @@ class RemoteProvider:
             for r, q in (st.get("granted") or {}).items():
                 with contextlib.suppress(ValueError):
                     granted[r] = granted.get(r, Decimal(0)) + parse(q)
-            labels.update(st.get("nodeLabels") or {})
         product = next(iter(products)) if len(products) == 1 else None
+        labels = filter_node_labels(self._supplied_labels(), self.settings.node_label_allow).kept
         return Grant(granted, product, labels, accepted)
 
     async def health(self) -> Health:

@@ -5,19 +5,42 @@ Owns, for one (consumer, provider):
 - one reflector per kind (ConfigMap, Secret, Service, EndpointSlice, Ingress; `KINDS`), started
   for a namespace when its twin namespace is Ready and stopped when it goes (`start_namespace`,
   `stop_namespace`; the RemoteProvider calls them from its TwinNamespace watch);
-- per namespace and kind a list+watch of the local objects and of the remote copies (all objects of
-  the kind in the twin namespace, so a pre-existing object gpufed did not create is seen and left
-  alone), the consumer Namespace (its allow-list annotation), and the provider's IngressClasses;
+- per namespace and kind a list+watch of the local objects and of the remote copies (the objects of
+  the kind in the twin namespace labelled as this consumer's, token Secrets excepted: the provider's
+  own objects are neither listed nor held), the consumer Namespace (its allow-list annotation), and
+  the provider's IngressClasses;
+- bounded caches: at most `max_objects` objects per namespace, kind and side (local, remote; and as
+  many IngressClasses). Beyond, on the local side an object is not held and not reflected (taken up
+  when it changes after room was made, or when its watch relists); on the remote side (objects
+  claiming to be this consumer's copies, so forged ones) the watch of that kind in that twin namespace
+  stops and its objects are let go: from then on each copy is read when it is reconciled (a GET
+  before every write or delete, drift caught at the resync), until the namespace's reflection
+  restarts; past the IngressClass bound, the class watch stops with the classes held. Each is
+  reported once per namespace, kind and side as a Warning Event `ReflectionLimit` on the
+  NamespaceOffloading and counted in `gpufed_reflection_ignored_objects_total{remote_cluster,kind,side}`;
 - a work queue keyed by (kind, namespace, name): each key is reconciled level-triggered from the
   two caches: the forge function (`vkprovider.forge.reflection`) says what the remote copy should be
   (None: it must not exist), and the reconciler creates/updates it with server-side apply, deletes
   an owned copy (UID precondition), or leaves an unowned object untouched and reports the
-  collision as a Warning Event on the local object;
+  collision as a Warning Event on the local object. Before creating a copy it reads the name on the
+  provider (an object the provider's users made is not watched: that read finds it);
+- the provider's refusals: a write the provider's API server forbids (403: an admission policy such
+  as `gpufed-consumer-objects`, Pod Security, a quota, RBAC) becomes a Warning Event
+  `ReflectionRefused` on the local object with the API server's message, once per generation of the
+  local object and rule (`gpufed_reflection_refusals_total{remote_cluster,kind}` counts every one);
+  it is not retried in a loop: the object is tried again when it changes, at the next resync, or
+  when the namespace's reflection restarts (an RBAC refusal, which a provider still binding the twin
+  namespace answers for a moment, is retried with the queue's backoff);
+- Ingress annotations: only those the provider lets a consumer set are sent
+  (`forge.remote_ingress`; `set_ingress_annotations` gives what the provider publishes per
+  namespace), what is left out is said once per set as a Warning Event `IngressAnnotationsDropped`
+  on the local Ingress;
 - drift: a changed remote copy comes back through the remote watch and is re-applied; every
   `resync_s` all keys are reconciled again; a relist after a reconnect (the watch's SYNC events)
   enqueues every key it delivers;
 - status per namespace: Events on the namespace's NamespaceOffloading (`Reflecting` when its
-  reflectors have synced, `ReflectionFailed` when a watch or a write keeps failing).
+  reflectors have synced, `ReflectionFailed` when a watch or a write keeps failing), recorded
+  through a bounded `EventRelay` (never a task per Event).
 
 Directions: everything here goes consumer -> provider. The provider -> consumer direction needs
 no writer: offloaded pods report their (translated) IPs and readiness in their local status, so the
@@ -34,22 +57,24 @@ server-side applies with one field manager, so they converge rather than fight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from prometheus_client import Counter
 
 from gpufed.apis.meta import API_VERSION
-from gpufed.apis.wire import NAMESPACE_OFFLOADING
+from gpufed.apis.wire import NAMESPACE_OFFLOADING, ORIGIN_CLUSTER_LABEL
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
 from vkprovider.forge import reflection as forge
-from vkprovider.forge.meta import Target
+from vkprovider.forge.meta import Target, is_dns_subdomain
 from vkprovider.forge.tokens import TOKEN_FOR_POD_LABEL
+from vkprovider.remote.events_relay import EventRelay, RelayLimits
 from vkprovider.remote.translate import Identity, IPTranslator
 
 COMPONENT = "gpufed-reflection"
@@ -61,8 +86,63 @@ DEFAULT_WORKERS = 8
 #: still binding the twin namespace) is tried again.
 WATCH_RETRY_S = 2.0
 DEFAULT_CLASS_ANNOTATION = "ingressclass.kubernetes.io/is-default-class"
+#: Objects held per namespace, kind and side (and IngressClasses): above the provider's per-namespace
+#: object quotas (`peering.grants.TWIN_OBJECT_COUNTS`), far below what would exhaust the process.
+DEFAULT_MAX_OBJECTS = 5_000
+#: Reasons of the Warning Events reflection records on local objects and NamespaceOffloadings.
+REFUSED = "ReflectionRefused"
+ANNOTATIONS_DROPPED = "IngressAnnotationsDropped"
+LIMIT = "ReflectionLimit"
+LOCAL, REMOTE = "local", "remote"
+_INGRESS_CLASS = "IngressClass"
+_POLICY = re.compile(r"ValidatingAdmissionPolicy '([^']+)'|admission webhook \"([^\"]+)\"")
+
+REFUSALS = Counter(
+    "gpufed_reflection_refusals_total",
+    "Writes of a reflected object that the provider's API server forbade (an admission policy, Pod Security, "
+    "a quota, RBAC).",
+    ["remote_cluster", "kind"],
+)
+IGNORED = Counter(
+    "gpufed_reflection_ignored_objects_total",
+    "Objects reflection did not hold because a namespace reached the most objects of a kind it holds (side "
+    "local: watch events of the consumer's namespace beyond the bound; remote: copies let go when the watch of a "
+    "twin namespace's kind stopped at the bound, and the provider's IngressClasses beyond it).",
+    ["remote_cluster", "kind", "side"],
+)
 
 Key = tuple[str, str, str]  # (kind, local namespace, name)
+
+
+class _SaturatedError(Exception):
+    """Raised from a remote watch's handler to end that watch: it delivered more than the bound."""
+
+
+def _rule(e: KubeError) -> str:
+    """The rule a 403 of the provider names: an admission policy or webhook, Pod Security, a quota, or
+    (none of those) RBAC."""
+    text = str(e)
+    found = _POLICY.search(text)
+    if found:
+        return found.group(1) or found.group(2)
+    if "violates PodSecurity" in text:
+        return "PodSecurity"
+    if "exceeded quota" in text:
+        return "ResourceQuota"
+    return "RBAC"
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    """The local object's generation (kinds without one, ConfigMaps and Secrets: its resourceVersion,
+    which only the user's writes change there)."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("generation") or meta.get("resourceVersion") or "")
+
+
+def _path(kind: forge.Kind, namespace: str, name: str = "") -> str:
+    """REST path of `kind`'s collection in `namespace`, or of the object `name` in it (quoted:
+    names listed from the provider are used here too)."""
+    return rest.path(kind.api_version, kind.plural, name, namespace=namespace)
 
 
 KINDS = forge.KINDS
@@ -84,6 +164,10 @@ class ReflectionSettings:
     provider: str
     resync_s: float = DEFAULT_RESYNC_S
     workers: int = DEFAULT_WORKERS
+    #: Objects held per namespace, kind and side (and IngressClasses held).
+    max_objects: int = DEFAULT_MAX_OBJECTS
+    #: How many status Events reflection may record, and how fast.
+    event_limits: RelayLimits = field(default_factory=RelayLimits)
 
 
 @dataclass
@@ -94,6 +178,8 @@ class _Namespace:
     #: Watches ("namespace", "local-<Kind>", "remote-<Kind>") whose first list has been delivered.
     synced: set[str] = field(default_factory=set)
     announced: bool = False
+    #: Kinds whose remote watch stopped at the bound: their copies are read when reconciled.
+    saturated: set[str] = field(default_factory=set)
 
     def ready(self) -> bool:
         return len(self.synced) >= 2 * len(KINDS) + 1
@@ -117,6 +203,12 @@ class Reflection:
         self._remote: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k.kind: {} for k in KINDS}
         self._classes: dict[str, dict[str, Any]] = {}
         self._classes_known = False
+        #: (side, kind, local namespace) -> objects held.
+        self._counts: dict[tuple[str, str, str], int] = {}
+        #: local namespace -> the Ingress annotations its provider publishes as allowed (absent: none).
+        self._ingress_annotations: dict[str, tuple[str, ...]] = {}
+        #: Status Events on NamespaceOffloadings (bounded, rate-limited).
+        self.events = EventRelay(local_api, settings.provider, COMPONENT, settings.event_limits)
         self._queue: WorkQueue[Key] = WorkQueue(f"reflection-{settings.provider}")
         #: Per local object UID (or "ns/<namespace>" for namespace-wide reports): what was already
         #: reported, so a resync or a retrying watch does not repeat an Event. Dropped with the object.
@@ -136,6 +228,7 @@ class Reflection:
                 self._start(local_ns, twin)
             self._pending.clear()
             tg.create_task(self._queue.run(self._reconcile, workers=self.settings.workers))
+            tg.create_task(self.events.run())
             tg.create_task(
                 self._watch_forever(
                     self.remote,
@@ -171,6 +264,8 @@ class Reflection:
             for key in [k for k in cache if k[0] == local_ns]:
                 obj = cache.pop(key)
                 self._reported.pop(str(obj["metadata"].get("uid")), None)
+        self._counts = {k: v for k, v in self._counts.items() if k[2] != local_ns}
+        self._ingress_annotations.pop(local_ns, None)
         self._reported.pop(f"ns/{local_ns}", None)
         self._log.info("reflection stopped", namespace=local_ns)
 
@@ -182,6 +277,21 @@ class Reflection:
     def namespaces(self) -> dict[str, str]:
         """Reflected local namespace -> twin namespace."""
         return {ns: s.twin for ns, s in self._ns.items()}
+
+    def set_ingress_annotations(self, local_ns: str, allowed: Sequence[str] | None) -> None:
+        """The Ingress annotations the provider publishes as allowed in `local_ns`'s twin (None: it
+        publishes none; only the class annotation is sent). Kept until the namespace stops."""
+        new = tuple(allowed or ())
+        if self._ingress_annotations.get(local_ns, ()) == new:
+            return
+        self._ingress_annotations[local_ns] = new
+        for ns, name in list(self._local[INGRESS.kind]):
+            if ns == local_ns:
+                self._queue.add((INGRESS.kind, ns, name))
+
+    def held(self, side: str, kind: str, local_ns: str) -> int:
+        """Objects of `kind` held for `local_ns` on `side` (LOCAL or REMOTE)."""
+        return self._counts.get((side, kind, local_ns), 0)
 
     def _start(self, local_ns: str, twin_ns: str) -> None:
         assert self._tg is not None
@@ -205,6 +315,10 @@ class Reflection:
         while True:
             try:
                 await watch(api, path, on_event, what=what, params=params, on_synced=on_synced)
+            except _SaturatedError:
+                if on_synced is not None:
+                    on_synced()  # what it listed is let go: nothing more to wait for
+                return
             except KubeError as e:
                 self._log.warning("reflection watch failed; retrying", what=what, error=str(e))
                 if report is not None:
@@ -243,7 +357,7 @@ class Reflection:
                 tg.create_task(
                     self._watch_forever(
                         self.local,
-                        kind.path(local_ns),
+                        _path(kind, local_ns),
                         self._local_handler(kind, local_ns),
                         f"local {kind.plural} in {local_ns}",
                         synced(f"local-{kind.kind}"),
@@ -253,28 +367,31 @@ class Reflection:
                 tg.create_task(
                     self._watch_forever(
                         self.remote,
-                        kind.path(state.twin),
+                        _path(kind, state.twin),
                         self._remote_handler(kind, local_ns, state),
                         f"remote {kind.plural} in {state.twin}",
                         synced(f"remote-{kind.kind}"),
+                        # Only what claims to be ours: the provider's own objects (however many) are
+                        # neither listed nor held; a create reads its name first (`_reconcile`).
+                        {"labelSelector": f"{ORIGIN_CLUSTER_LABEL}={self.settings.consumer},!{TOKEN_FOR_POD_LABEL}"},
                         report=report,
                     )
                 )
 
     def _local_handler(self, kind: Kind, local_ns: str) -> Callable[[str, dict[str, Any]], None]:
-        cache = self._local[kind.kind]
-
         def handle(t: str, obj: dict[str, Any]) -> None:
             if local_ns not in self._ns:
                 return
             name = obj["metadata"]["name"]
             if t == "DELETED":
-                cache.pop((local_ns, name), None)
+                self._forget(LOCAL, kind, local_ns, name)
                 self._reported.pop(str(obj["metadata"].get("uid")), None)
             else:
                 obj.setdefault("kind", kind.kind)
                 obj.setdefault("apiVersion", kind.api_version)
-                cache[(local_ns, name)] = obj
+                if not self._hold(LOCAL, kind, local_ns, name, obj):
+                    self._over_limit(LOCAL, kind.kind, local_ns)
+                    return
             self._queue.add((kind.kind, local_ns, name))
             if kind is SERVICE:  # a Service's reflection decides whether its slices are reflected
                 for slice_ns, slice_name in self._slices_of(local_ns, name):
@@ -283,22 +400,81 @@ class Reflection:
         return handle
 
     def _remote_handler(self, kind: Kind, local_ns: str, state: _Namespace) -> Callable[[str, dict[str, Any]], None]:
-        cache = self._remote[kind.kind]
-
         def handle(t: str, obj: dict[str, Any]) -> None:
-            if self._ns.get(local_ns) is not state:
+            if self._ns.get(local_ns) is not state or kind.kind in state.saturated:
                 return
             labels = obj["metadata"].get("labels") or {}
             if TOKEN_FOR_POD_LABEL in labels:
                 return  # remote.tokens' Secrets have no local counterpart
             name = obj["metadata"]["name"]
+            if not is_dns_subdomain(str(name)):
+                return  # no local object can have that name: nothing to reconcile
             if t == "DELETED":
-                cache.pop((local_ns, name), None)
-            else:
-                cache[(local_ns, name)] = obj
+                self._forget(REMOTE, kind, local_ns, name)
+            elif not self._hold(REMOTE, kind, local_ns, name, obj):
+                self._saturate(kind, local_ns, state)
+                raise _SaturatedError(kind.kind)
             self._queue.add((kind.kind, local_ns, name))
 
         return handle
+
+    def _hold(self, side: str, kind: Kind, local_ns: str, name: str, obj: dict[str, Any]) -> bool:
+        """Hold `obj` in `side`'s cache unless its namespace holds `max_objects` of the kind already;
+        False when it is not held (the caller says what that means)."""
+        cache = (self._local if side == LOCAL else self._remote)[kind.kind]
+        key = (local_ns, name)
+        count_key = (side, kind.kind, local_ns)
+        if key not in cache:
+            if self._counts.get(count_key, 0) >= self.settings.max_objects:
+                return False
+            self._counts[count_key] = self._counts.get(count_key, 0) + 1
+        cache[key] = obj
+        return True
+
+    def _saturate(self, kind: Kind, local_ns: str, state: _Namespace) -> None:
+        """Let go of `kind`'s remote copies of `local_ns` and read them when reconciled from now on."""
+        state.saturated.add(kind.kind)
+        cache = self._remote[kind.kind]
+        names = [k for k in cache if k[0] == local_ns]
+        for key in names:
+            del cache[key]
+        self._counts.pop((REMOTE, kind.kind, local_ns), None)
+        self._over_limit(REMOTE, kind.kind, local_ns, len(names) + 1)
+        for name in {n for ns, n in self._local[kind.kind] if ns == local_ns}:
+            self._queue.add((kind.kind, local_ns, name))
+
+    def _forget(self, side: str, kind: Kind, local_ns: str, name: str) -> None:
+        cache = (self._local if side == LOCAL else self._remote)[kind.kind]
+        if cache.pop((local_ns, name), None) is not None:
+            count_key = (side, kind.kind, local_ns)
+            self._counts[count_key] = max(self._counts.get(count_key, 0) - 1, 0)
+
+    def _over_limit(self, side: str, kind: str, local_ns: str, ignored: int = 1) -> None:
+        IGNORED.labels(self.settings.provider, kind, side).inc(ignored)
+        seen = self._reported.setdefault(f"ns/{local_ns}", set())
+        token = f"{LIMIT}/{side}/{kind}"
+        if token in seen:
+            return
+        seen.add(token)
+        where = (
+            f"namespace {local_ns}"
+            if side == LOCAL
+            else f"twin namespace {self._ns[local_ns].twin if local_ns in self._ns else local_ns} on "
+            f"{self.settings.provider}"
+        )
+        self._log.warning("reflection limit reached", namespace=local_ns, kind=kind, side=side)
+        consequence = (
+            "the ones beyond are not reflected (nor held in memory)"
+            if side == LOCAL
+            else "labelled as this cluster's copies: reflection no longer watches them, and reads each copy "
+            "when it writes it"
+        )
+        self._status_event(
+            local_ns,
+            "Warning",
+            LIMIT,
+            f"{where} holds more than {self.settings.max_objects} {kind} objects {consequence}",
+        )
 
     def _on_namespace(self, local_ns: str, t: str, obj: dict[str, Any]) -> None:
         state = self._ns.get(local_ns)
@@ -313,8 +489,12 @@ class Reflection:
         name = obj["metadata"]["name"]
         if t == "DELETED":
             self._classes.pop(name, None)
-        else:
+        elif name in self._classes or len(self._classes) < self.settings.max_objects:
             self._classes[name] = obj
+        else:
+            IGNORED.labels(self.settings.provider, _INGRESS_CLASS, REMOTE).inc()
+            self._log.warning("reflection limit reached: no longer watching the provider's IngressClasses")
+            raise _SaturatedError(_INGRESS_CLASS)  # the classes held so far stay
         if self._classes_known:
             self._enqueue_ingresses()
 
@@ -360,27 +540,27 @@ class Reflection:
                 return name
         return None
 
-    def _want(
-        self, kind: Kind, local: Mapping[str, Any], local_ns: str, state: _Namespace
-    ) -> tuple[dict[str, Any] | None, str, str]:
-        """The remote copy `local` should have (None: none), and why not when None."""
+    def _want(self, kind: Kind, local: Mapping[str, Any], local_ns: str, state: _Namespace) -> forge.IngressOutcome:
+        """The remote copy `local` should have (body None: none), and why not when None (every kind
+        answers in an `IngressOutcome`; only an Ingress's can have `dropped` annotations)."""
         decision = forge.policy(local, state.annotations)
         if not decision.reflect:
-            return None, decision.reason, decision.message
+            return forge.IngressOutcome(None, decision.reason, decision.message)
         target = Target(self.settings.consumer, "", state.twin, self.settings.provider)
         if kind is CONFIG_MAP:
-            return forge.remote_config_map(local, target), "", ""
+            return forge.IngressOutcome(forge.remote_config_map(local, target), "", "")
         if kind is SECRET:
-            return forge.remote_secret(local, target), "", ""
+            return forge.IngressOutcome(forge.remote_secret(local, target), "", "")
         if kind is SERVICE:
-            return forge.remote_service(local, target), "", ""
+            return forge.IngressOutcome(forge.remote_service(local, target), "", "")
         if kind is ENDPOINT_SLICE:
             services = self._reflected_service(local_ns, local, state)
-            return forge.remote_endpoint_slice(local, target, self.translator.to_remote_ip, services), "", ""
+            body = forge.remote_endpoint_slice(local, target, self.translator.to_remote_ip, services)
+            return forge.IngressOutcome(body, "", "")
         if not self._classes_known:
-            return None, "", ""  # not yet known: nothing to decide (the class watch enqueues again)
-        outcome = forge.remote_ingress(local, target, set(self._classes), self._default_class())
-        return outcome.body, outcome.reason, outcome.message
+            return forge.IngressOutcome(None, "", "")  # not yet known: the class watch enqueues again
+        allowed = self._ingress_annotations.get(local_ns, ())
+        return forge.remote_ingress(local, target, set(self._classes), self._default_class(), allowed)
 
     async def _reconcile(self, key: Key) -> float | None:
         kind_name, local_ns, name = key
@@ -392,19 +572,35 @@ class Reflection:
             return 0.2  # both caches listed first: never create over an object not yet seen
         local = self._local[kind.kind].get((local_ns, name))
         remote = self._remote[kind.kind].get((local_ns, name))
-        want, reason, message = self._want(kind, local, local_ns, state) if local is not None else (None, "", "")
-        url = kind.path(state.twin, name)
+        outcome = self._want(kind, local, local_ns, state) if local is not None else forge.IngressOutcome(None, "", "")
+        want = outcome.body
+        url = _path(kind, state.twin, name)
+        saturated = kind.kind in state.saturated
+        if remote is None and (want is not None or saturated):
+            # Not watched: an object of that name the provider's users made (never applied over), or
+            # any copy of a kind no longer watched here.
+            remote = await rest.get(self.remote, url)
         if remote is not None and not forge.reflection_owned(remote, self.settings.consumer):
             if want is not None and local is not None:
                 await self._collision(kind, local, remote, state)
             return None
         if want is None:
-            if local is not None and reason == "IngressClassMissing":
-                await self._report_once(local, reason, message, reason)
+            if local is not None and outcome.reason == "IngressClassMissing":
+                await self._report_once(local, outcome.reason, outcome.message, outcome.reason)
             if remote is not None:
                 await self._delete(kind, remote, url)
             return None
         assert local is not None  # a wanted copy always has its local object
+        if outcome.dropped:
+            await self._report_once(
+                local,
+                ANNOTATIONS_DROPPED,
+                f"annotations {self.settings.provider} does not let this cluster set on Ingresses were left out of "
+                f"the copy in {state.twin}: {', '.join(outcome.dropped)} (allowed there: kubernetes.io/ingress.class"
+                f"{''.join(', ' + a for a in self._ingress_annotations.get(local_ns, ()))}; the provider's "
+                "Tenant spec.policy.ingressAnnotations decides)",
+                ",".join(outcome.dropped),
+            )
         if remote is not None and not forge.needs_apply(want, remote):
             return None
         if remote is not None and forge.needs_recreate(want, remote):
@@ -414,12 +610,19 @@ class Reflection:
         except KubeError as e:
             if e.transient:
                 raise
+            if e.status == 403:
+                REFUSALS.labels(self.settings.provider, kind.kind).inc()
+                await self._report_refusal(local, kind, e)
+                if _rule(e) != "RBAC":
+                    return None  # deterministic: tried again when it changes or at the next resync
+                raise
             await self._report_once(
                 local, "ReflectionFailed", f"cannot reflect to {self.settings.provider}: {e}", f"{e.status}:{e}"
             )
             raise
         self.writes += 1
-        self._remote[kind.kind][(local_ns, name)] = applied
+        if not saturated:
+            self._hold(REMOTE, kind, local_ns, name, applied)  # when full, its watch event saturates the kind
         return None
 
     async def _delete(self, kind: Kind, remote: Mapping[str, Any], url: str) -> None:
@@ -440,6 +643,18 @@ class Reflection:
         )
         await self._report_once(local, "ReflectionCollision", message, str(remote["metadata"].get("uid")))
 
+    async def _report_refusal(self, local: Mapping[str, Any], kind: Kind, e: KubeError) -> None:
+        """A 403 of the provider, once per generation of `local` and rule (older ones are forgotten)."""
+        token = f"{_version(local)}/{_rule(e)}"
+        seen = self._reported.setdefault(str(local["metadata"].get("uid")), set())
+        stale = {t for t in seen if t.startswith(f"{REFUSED}/") and t != f"{REFUSED}/{token}"}
+        seen -= stale
+        meta = local["metadata"]
+        message = (
+            f"{self.settings.provider} refused the copy of {kind.kind} {meta.get('namespace')}/{meta.get('name')}: {e}"
+        )
+        await self._report_once(local, REFUSED, message, token)
+
     async def _report_once(self, local: Mapping[str, Any], reason: str, message: str, token: str) -> None:
         seen = self._reported.setdefault(str(local["metadata"].get("uid")), set())
         if f"{reason}/{token}" in seen:
@@ -457,7 +672,7 @@ class Reflection:
     # ---- status
 
     def _announce(self, local_ns: str, state: _Namespace) -> None:
-        counts = ", ".join(f"{sum(1 for ns, _ in self._local[k.kind] if ns == local_ns)} {k.plural}" for k in KINDS)
+        counts = ", ".join(f"{self.held(LOCAL, k.kind, local_ns)} {k.plural}" for k in KINDS)
         mode = "allow-list" if state.annotations.get(forge.ALLOW_ANNOTATION, "").lower() == "true" else "all"
         self._enqueue_namespace(local_ns)
         self._status_event(
@@ -468,21 +683,21 @@ class Reflection:
         )
 
     def _status_event(self, local_ns: str, type_: str, reason: str, message: str) -> None:
-        if self._tg is None:
-            return
         meta: dict[str, Any] = {"namespace": local_ns, "name": NAMESPACE_OFFLOADING}
         obj = {"apiVersion": API_VERSION, "kind": "NamespaceOffloading", "metadata": meta}
 
-        async def send() -> None:
-            with contextlib.suppress(KubeError):
+        async def resolve() -> Mapping[str, Any]:
+            try:
                 got = await rest.get(
                     self.local, rest.path(API_VERSION, "namespaceoffloadings", NAMESPACE_OFFLOADING, namespace=local_ns)
                 )
-                if got is not None:
-                    meta["uid"] = got["metadata"].get("uid")
-            await events.emit(self.local, obj, type_=type_, reason=reason, message=message, component=COMPONENT)
+            except KubeError:
+                got = None
+            if got is not None:
+                meta["uid"] = got["metadata"].get("uid")
+            return obj
 
-        self._tg.create_task(send())
+        self.events.offer(obj, type_=type_, reason=reason, message=message, resolve=resolve)
 
 
 __all__ = ["KINDS", "Kind", "Reflection", "ReflectionSettings"]

@@ -7,11 +7,18 @@ Owns, for one consumer and one provider:
 - the pod's token Secret `gpufed-token-<pod>` in its twin namespace (server-side applied; layout in
   vkprovider.forge.tokens), written before the twin exists (`ensure`) and never over an object of
   that name that this consumer did not create (`NameCollision`);
-- refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces (their
-  annotations say everything needed, so a restarted process resumes without the local pods) every
-  `resync_s`, and re-issues each pod's tokens once `refresh_fraction` of their lifetime has passed
-  or they are 24 h old (the kubelet's rule); a Secret whose bound pod is gone on the consumer is
-  deleted (UID precondition);
+- refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces every
+  `resync_s` (so a restarted process resumes), and re-issues each pod's tokens once
+  `refresh_fraction` of their lifetime has passed or they are 24 h old (the kubelet's rule). The
+  provider stores those Secrets, so what they say is only a claim: a refresh reads the LOCAL pod
+  they name and requests exactly what that pod's spec asks for (its service account, its projected
+  token sources' audiences, their lifetimes capped at `forge.tokens.MAX_EXPIRATION_S`), never what
+  the Secret's annotations say. A Secret that is not the token Secret of a pod of the namespace the
+  consumer mapped to that twin namespace, bound to this provider's nodes, gets no token at all;
+  one whose annotations differ from the pod's spec gets the pod's own tokens. Both are reported
+  (a log line, `gpufed_token_secrets_refused_total{remote_cluster,reason}`, and where the pod is
+  known a Warning Event `TokenSecretRefused` on it). A Secret whose bound pod is gone on the
+  consumer is deleted (UID precondition), without any TokenRequest;
 - `forget`: deleting a pod's token Secret when its twin goes.
 
 Never logs, and never puts into an error message, a token: only names, namespaces and API messages.
@@ -31,9 +38,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from prometheus_client import Counter
 
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
-from gpufed.kube import rest
+from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.times import time_or_none
 from vkprovider.forge import meta
@@ -48,6 +56,16 @@ DEFAULT_RESYNC_S = 60.0
 CA_CACHE_S = 300.0
 #: Shortest sleep (s) of the refresh loop when a refresh is due sooner (never a busy loop).
 MIN_SLEEP_S = 0.005
+COMPONENT = "gpufed-virtual-kubelet"
+#: Reason of the Warning Event on a pod whose token Secret on the provider was refused or corrected.
+REFUSED_REASON = "TokenSecretRefused"
+
+TOKEN_SECRETS_REFUSED = Counter(
+    "gpufed_token_secrets_refused_total",
+    "Token Secrets on a provider whose claims the consumer did not follow (no token issued for them, "
+    "or the pod's own tokens issued instead), by why.",
+    ["remote_cluster", "reason"],
+)
 
 
 def _utcnow() -> datetime:
@@ -87,12 +105,25 @@ class PodTokens:
         settings: TokenSettings,
         *,
         clock: Callable[[], datetime] = _utcnow,
+        provider: str = "",
     ) -> None:
         self.local = local_api
         self.remote = remote_api
         self.consumer = consumer
         self.settings = settings
         self.clock = clock
+        self.provider = provider
+        #: twin namespace -> the local namespace the consumer maps to it (from `run`'s mapping, and
+        #: learned from `ensure`, whose caller decided it).
+        self._local_ns: dict[str, str] = {}
+        self._learned_ns: dict[str, str] = {}
+        #: Whether a local pod is bound to this provider's nodes (None: not checked).
+        self._owns_pod: Callable[[Mapping[str, Any]], bool] | None = None
+        #: (twin namespace, Secret name) -> the resourceVersion of that Secret last refused (reported once).
+        self._refused: dict[Key, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: (key, reason, message) already reported.
+        self._reported: set[tuple[Key, str, str]] = set()
         #: Set once the first pass of `run` (listing + due refreshes) is done.
         self.ready = asyncio.Event()
         #: (consumer CA PEM, monotonic time read) — see _consumer_ca.
@@ -124,6 +155,7 @@ class PodTokens:
             return None
         binding = tf.binding_of(pod, target, identity)
         key = (target.namespace, identity.secret_name)
+        self._learned_ns[target.namespace] = binding.pod_namespace
         async with self._lock(key):
             url = rest.path("v1", "secrets", identity.secret_name, namespace=target.namespace)
             try:
@@ -187,12 +219,24 @@ class PodTokens:
 
     # ---- refresh loop
 
-    async def run(self, twin_namespaces: Callable[[], Iterable[str]]) -> None:
-        """Refresh token Secrets in the twin namespaces `twin_namespaces()` names; runs until cancelled."""
+    async def run(
+        self,
+        twin_namespaces: Callable[[], Mapping[str, str] | Iterable[str]],
+        owns_pod: Callable[[Mapping[str, Any]], bool] | None = None,
+    ) -> None:
+        """Refresh token Secrets in the twin namespaces `twin_namespaces()` names; runs until cancelled.
+
+        A Mapping names each twin namespace's local namespace (the consumer's decision); a plain list
+        relies on what `ensure` was told. `owns_pod` says whether a local pod is bound to this
+        provider (None: not checked).
+        """
         loop = asyncio.get_running_loop()
+        self._owns_pod = owns_pod
         while True:
             try:
-                await self._resync(list(twin_namespaces()))
+                wanted = twin_namespaces()
+                self._local_ns = dict(wanted) if isinstance(wanted, Mapping) else {}
+                await self._resync(list(wanted))
             except Exception as e:  # never crash the loop: the next resync tries again
                 self._log.warning("cannot resync token secrets", error=str(e))
             deadline = loop.time() + self.settings.resync_s
@@ -219,6 +263,10 @@ class PodTokens:
                 continue
             ok.add(namespace)
             for item in items:
+                item_meta = item.get("metadata") or {}
+                seen = self._refused.get((namespace, str(item_meta.get("name") or "")))
+                if seen is not None and seen == str(item_meta.get("resourceVersion") or ""):
+                    continue  # refused already, unchanged since
                 state = tf.read_token_secret(item)
                 if state is None or not meta.owned_by(item, self.consumer):
                     self._log.warning(
@@ -237,6 +285,7 @@ class PodTokens:
         for key, entry in listed.items():
             schedule.setdefault(key, entry)
         self._schedule = schedule
+        self._refused = {k: v for k, v in self._refused.items() if k[0] in wanted}
         for key in list(self._locks):
             if key not in schedule and not self._locks[key].locked():
                 del self._locks[key]
@@ -269,7 +318,10 @@ class PodTokens:
                 self._remember(key, state)
                 return
             try:
-                applied = await self._issue(state.binding, fallback_ca=tf.data_value(existing, tf.CA_KEY))
+                binding = await self._binding_from_pod(key, existing, state)
+                if binding is None:
+                    return
+                applied = await self._issue(binding, fallback_ca=tf.data_value(existing, tf.CA_KEY))
             except _PodGoneError as gone:
                 self._log.info(
                     "bound pod is gone on the consumer; deleting its token secret",
@@ -284,6 +336,90 @@ class PodTokens:
                 return
             self._remember_applied(key, applied)
             self._log.info("tokens refreshed", namespace=key[0], secret=key[1], pod=state.binding.pod_name)
+
+    # ---- what a Secret may obtain: only what its local pod asks for
+
+    def _local_namespace(self, twin_namespace: str) -> str | None:
+        return self._local_ns.get(twin_namespace) or self._learned_ns.get(twin_namespace)
+
+    async def _binding_from_pod(
+        self, key: Key, secret: Mapping[str, Any], state: tf.TokenSecretState
+    ) -> tf.TokenBinding | None:
+        """The binding to request for the token Secret at `key`, built from the LOCAL pod it names;
+        None when the Secret gets no token (refused and reported). _PodGoneError: the pod is gone."""
+        claimed = state.binding
+        local_ns = self._local_namespace(key[0])
+        why = ""
+        if local_ns is None:
+            why = f"twin namespace {key[0]} is not the twin of any namespace offloaded to this provider"
+        elif claimed.pod_namespace != local_ns:
+            why = f"it names namespace {claimed.pod_namespace!r}, but {key[0]} is the twin of {local_ns}"
+        elif not meta.is_dns_subdomain(claimed.pod_name) or tf.token_secret_name(claimed.pod_name) != key[1]:
+            why = f"it is not the token Secret of pod {claimed.pod_name!r}"
+        if why or local_ns is None:
+            self._refuse(key, secret, "NotAPodsSecret", why, None)
+            return None
+        url = rest.path("v1", "pods", claimed.pod_name, namespace=local_ns)
+        try:
+            pod = await rest.get(self.local, url)
+        except KubeError as e:
+            reason = "ConsumerUnavailable" if e.transient else "TokenRequestFailed"
+            raise ProviderError(f"cannot read pod {local_ns}/{claimed.pod_name}: {e}", reason=reason) from e
+        if pod is None or str(pod["metadata"].get("uid") or "") != claimed.pod_uid:
+            raise _PodGoneError(f"pod {local_ns}/{claimed.pod_name} ({claimed.pod_uid}) is gone")
+        if self._owns_pod is not None and not self._owns_pod(pod):
+            # Not permanent: right after a restart a pool node may not be served yet. Tried again at
+            # the next resync; reported once.
+            why = f"pod {local_ns}/{claimed.pod_name} is not offloaded to this provider"
+            entry = self._schedule.get(key)
+            if entry is not None:
+                entry.failed = True
+            self._report(
+                "NotOffloadedHere", f"token Secret {key[0]}/{key[1]} on the provider gets no token: {why}", pod, key
+            )
+            return None
+        identity = tf.PodIdentity(key[1], self.settings.api_host, self.settings.api_port)
+        binding = tf.binding_of(pod, meta.Target(self.consumer, "", key[0]), identity)
+        if not binding.sources:
+            self._refuse(key, secret, "NoTokenSources", f"pod {local_ns}/{claimed.pod_name} mounts no token", pod)
+            return None
+        if binding != claimed:
+            self._report(
+                "Tampered",
+                f"token Secret {key[0]}/{key[1]} on the provider asks for other tokens than pod "
+                f"{local_ns}/{claimed.pod_name}'s spec does (service account, audiences or lifetimes): "
+                "the pod's own tokens are issued",
+                pod,
+                key,
+                str((secret.get("metadata") or {}).get("resourceVersion") or ""),
+            )
+        return binding
+
+    def _refuse(
+        self, key: Key, secret: Mapping[str, Any], reason: str, why: str, pod: Mapping[str, Any] | None
+    ) -> None:
+        self._schedule.pop(key, None)
+        self._refused[key] = str((secret.get("metadata") or {}).get("resourceVersion") or "")
+        self._report(reason, f"token Secret {key[0]}/{key[1]} on the provider gets no token: {why}", pod, key)
+
+    def _report(self, reason: str, message: str, pod: Mapping[str, Any] | None, key: Key, version: str = "") -> None:
+        """Log, count and (with the pod) record an Event, once per Secret, reason and `version`."""
+        seen = (key, reason, version or message)
+        if seen in self._reported:
+            return
+        if len(self._reported) > 10_000:  # bounded: a repeated report is harmless
+            self._reported.clear()
+        self._reported.add(seen)
+        TOKEN_SECRETS_REFUSED.labels(self.provider, reason).inc()
+        self._log.warning("token secret refused", namespace=key[0], secret=key[1], reason=reason, why=message)
+        if pod is not None:
+            task = asyncio.get_running_loop().create_task(
+                events.emit(
+                    self.local, pod, type_="Warning", reason=REFUSED_REASON, message=message, component=COMPONENT
+                )
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     # ---- issuing
 

@@ -13,7 +13,7 @@ import pytest
 from bench import fabric, report
 from bench.__main__ import PARTS, _parts
 from netfabric import plan as plans
-from netfabric.render import allowed_ips, nft_ruleset
+from netfabric.render import FILTER_CHAINS, allowed_ips, nft_ruleset
 
 IPERF_OK = {
     "start": {"connected": [{"local_host": "10.244.1.10", "remote_host": "10.64.0.7"}]},
@@ -171,3 +171,58 @@ def test_the_fabric_section_has_the_figures_the_targets_and_the_mtu() -> None:
     assert "throughput 0.9, 0.859, 0.99; RTT p50 1.05." in section
     table = report.TABLES["fabric"](_result())
     assert "MTU 1420" in table and "throughput: 0.9 (>= 0.90) met" in table
+
+
+def test_filter_verdicts_judge_full_against_the_same_path_without_the_filter() -> None:
+    scenarios = {
+        "full": _scenario([950.0, 900.0, 990.0], p50=0.21, p99=0.5),
+        "nofilter": _scenario([1000.0, 1000.0, 1000.0], p50=0.2, p99=0.4),
+        "bare": _scenario([1000.0, 990.0, 1010.0], p50=0.2, p99=0.4),
+    }
+    v = fabric.verdicts(scenarios)
+    assert v["filter_throughput"] == {"value": 0.95, "target": ">= 0.95", "met": True, "per_run": [0.95, 0.9, 0.99]}
+    assert v["filter_rtt_p50"]["value"] == 1.05 and v["filter_rtt_p50"]["met"] is None
+    scenarios["full"] = _scenario([940.0], p50=0.21, p99=0.5)
+    scenarios["nofilter"] = _scenario([1000.0], p50=0.2, p99=0.4)
+    assert fabric.verdicts(scenarios)["filter_throughput"]["met"] is False
+    # results without the nofilter path (older runs) have no filter verdict
+    del scenarios["nofilter"]
+    assert "filter_throughput" not in fabric.verdicts(scenarios)
+
+
+def test_the_measured_paths_include_the_one_without_the_filter() -> None:
+    assert fabric.SCENARIOS == ("full", "nofilter", "bare", "veth")
+    assert fabric.TARGET_FILTER_THROUGHPUT_RATIO_MIN == 0.95
+    specs = fabric.fabric_specs("bench-x-consumer", "bench-x-provider")
+    tunnel = (IPv4Address("169.254.64.2"), IPv4Address("169.254.64.1"))
+    rules = nft_ruleset(plans.gateway_plan(*specs["consumer"], masquerade=False, tunnel=tunnel))
+    # what nofilter deletes is exactly the filter's hooks
+    for name in FILTER_CHAINS:
+        assert f"\tchain {name} {{\n\t\ttype filter hook" in rules
+
+
+def test_the_fabric_section_shows_the_filters_cost() -> None:
+    result = _result()
+    result["scenarios"]["nofilter"] = _scenario([1000.0, 900.0, 1000.0], p50=0.2, p99=0.45)
+    result["scenarios"]["full"]["filter_drops"] = {"cgw": {"dropped_from_peer": 0, "dropped_to_peer": 0}}
+    result["verdicts"] = fabric.verdicts(result["scenarios"])
+    doc = report.render({"fabric": result, "reflection": {"kinds": {}, "machine": {}}})
+    section = doc[doc.index("## Fabric") :]
+    assert "| **nofilter**: x |" in section
+    assert "| full / nofilter (the tunnel filter's cost) | measured | target | |" in section
+    assert "| throughput | 0.9 | ≥ 0.95 | ❌ |" in section
+    assert "The filter costs 10% of the throughput (full / nofilter per interleaved round: 0.9, 0.944, 1)" in section
+    assert "it dropped 0 packets of the measured traffic" in section
+    table = report.TABLES["fabric"](result)
+    assert "full/nofilter filter_throughput: 0.9 (>= 0.95) MISSED" in table
+    assert "full/nofilter filter_rtt_p50: 1.05 ((for information)) shown (informational)" in table
+    assert ("fabric.filter_throughput", "fabric", "0.9 (target >= 0.95)") in report.missed_targets({"fabric": result})
+
+
+def test_a_missed_filter_target_is_explained_by_the_runs_spread() -> None:
+    result = _result()
+    result["scenarios"]["nofilter"] = _scenario([1000.0, 900.0, 1000.0], p50=0.2, p99=0.45)
+    result["verdicts"] = fabric.verdicts(result["scenarios"])
+    doc = report.render({"fabric": result, "reflection": {"kinds": {}, "machine": {}}})
+    why = doc[doc.index("**fabric.filter_throughput.**") :]
+    assert "cannot tell the filter's cost from the machine's noise" in why.splitlines()[0]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpufed.apis.network import CIDRPair, ExternalIP, NetworkConfigSpec, RemoteNetworkSpec
 from netfabric import plan
 from netfabric.ipam import PoolExhausted, RangeMap
-from netfabric.render import interface_name, mark_for, table_name
+from netfabric.render import filter_sets, interface_name, mark_for, table_name
 
 N = IPv4Network
 A = IPv4Address
@@ -286,6 +286,19 @@ def test_gateway_plan_names_ranges_and_inverted_external_ips() -> None:
     assert dict(gp.external_ips) == {A("10.70.0.5"): A("10.96.0.10"), A("10.70.0.6"): A("10.96.0.1")}
     assert gp.masquerade is True
     assert plan.gateway_plan(local, REMOTE, masquerade=False).masquerade is False
+
+
+def test_gateway_plan_filters_with_our_own_objects_and_the_tunnel_addresses() -> None:
+    local = LOCAL.model_copy(update={"external_ips": [ExternalIP(address="10.96.0.10", external_address="10.70.0.5")]})
+    gp = plan.gateway_plan(local, REMOTE, masquerade=False, tunnel=(A("169.254.64.2"), A("169.254.64.1")))
+    assert (gp.tunnel_address, gp.peer_tunnel_address) == (A("169.254.64.2"), A("169.254.64.1"))
+    sets = filter_sets(gp)
+    # from the peer: its real pod range, to our pod range and what we exposed (never its own claims)
+    assert sets["peer_pods"] == [N("10.244.0.0/16")]
+    assert sets["local_reachable"] == [N("10.96.0.10/32"), N("10.244.0.0/16")]
+    assert sets["peer_reachable"] == [N("10.70.0.0/16"), N("10.244.0.0/16")]
+    unknown = plan.gateway_plan(local, REMOTE, masquerade=False)
+    assert unknown.tunnel_address is None and unknown.peer_tunnel_address is None
 
 
 def test_gateway_plan_names_follow_the_remote_cluster_id() -> None:

@@ -12,13 +12,17 @@ from hypothesis import strategies as st
 
 from netfabric.ipam import RangeMap
 from netfabric.render import (
+    DROP_COUNTERS,
+    FILTER_CHAINS,
     MAX_INTERFACE,
     GatewayPlan,
     RenderError,
     allowed_ips,
+    filter_sets,
     interface_name,
     mark_for,
     nft_ruleset,
+    nft_update,
     table_name,
     uapi_set,
 )
@@ -45,33 +49,102 @@ GOLDEN = """\
 table ip gpufed_test
 delete table ip gpufed_test
 table ip gpufed_test {
+\tcounter dropped_from_peer {
+\t}
+\tcounter dropped_to_peer {
+\t}
+\tset peer_pods {
+\t\ttype ipv4_addr; flags interval;
+\t}
+\tset peer_reachable {
+\t\ttype ipv4_addr; flags interval;
+\t}
+\tset local_pods {
+\t\ttype ipv4_addr; flags interval;
+\t}
+\tset local_reachable {
+\t\ttype ipv4_addr; flags interval;
+\t}
 \tchain marks {
 \t\ttype filter hook prerouting priority mangle; policy accept;
+\t}
+\tchain prenat {
+\t\ttype nat hook prerouting priority dstnat; policy accept;
+\t}
+\tchain postnat {
+\t\ttype nat hook postrouting priority srcnat; policy accept;
+\t}
+\tchain filter_forward {
+\t\ttype filter hook forward priority filter; policy accept;
+\t}
+\tchain filter_input {
+\t\ttype filter hook input priority filter; policy accept;
+\t}
+\tchain from_peer {
+\t}
+\tchain to_peer {
+\t}
+}
+flush chain ip gpufed_test marks
+flush chain ip gpufed_test prenat
+flush chain ip gpufed_test postnat
+flush chain ip gpufed_test filter_forward
+flush chain ip gpufed_test filter_input
+flush chain ip gpufed_test from_peer
+flush chain ip gpufed_test to_peer
+flush set ip gpufed_test peer_pods
+flush set ip gpufed_test peer_reachable
+flush set ip gpufed_test local_pods
+flush set ip gpufed_test local_reachable
+add element ip gpufed_test peer_pods { 10.244.0.0/16 }
+add element ip gpufed_test peer_reachable { 10.200.0.0/24, 10.244.0.0/16 }
+add element ip gpufed_test local_pods { 10.244.0.0/16 }
+add element ip gpufed_test local_reachable { 10.96.0.10/32, 10.244.0.0/16 }
+table ip gpufed_test {
+\tchain marks {
 \t\tiifname "gf-0123456789ab" ct mark set 0x00001234
 \t\tiifname != "gf-0123456789ab" ip daddr { 10.64.0.0/16, 10.65.0.0/24 } ct mark set 0x00001234
 \t\tiifname != "gf-0123456789ab" ct mark 0x00001234 meta mark set 0x00001234
 \t}
 \tchain prenat {
-\t\ttype nat hook prerouting priority dstnat; policy accept;
 \t\tiifname != "gf-0123456789ab" ip daddr 10.64.0.0/16 dnat ip to ip daddr & 0.0.255.255 | 10.244.0.0
 \t\tiifname != "gf-0123456789ab" ip daddr 10.65.0.0/24 dnat ip to ip daddr & 0.0.0.255 | 10.200.0.0
 \t\tiifname "gf-0123456789ab" ip daddr 10.201.0.5 dnat ip to 10.96.0.10
 \t\tiifname "gf-0123456789ab" ip daddr 10.201.0.6 dnat ip to 10.244.3.4
 \t}
 \tchain postnat {
-\t\ttype nat hook postrouting priority srcnat; policy accept;
 \t\tiifname "gf-0123456789ab" ip saddr 10.244.0.0/16 snat ip to ip saddr & 0.0.255.255 | 10.64.0.0
 \t\tiifname "gf-0123456789ab" ip saddr 10.200.0.0/24 snat ip to ip saddr & 0.0.0.255 | 10.65.0.0
+\t}
+\tchain filter_forward {
+\t\tiifname "gf-0123456789ab" jump from_peer
+\t\toifname "gf-0123456789ab" jump to_peer
+\t}
+\tchain filter_input {
+\t\tiifname "gf-0123456789ab" ct state established,related accept
+\t\tiifname "gf-0123456789ab" icmp type echo-request accept
+\t\tiifname "gf-0123456789ab" counter name "dropped_from_peer" drop
+\t}
+\tchain from_peer {
+\t\tct state established,related accept
+\t\tip saddr @peer_pods ip daddr @local_reachable accept
+\t\tcounter name "dropped_from_peer" drop
+\t}
+\tchain to_peer {
+\t\tct state established,related accept
+\t\tip saddr @local_pods ip daddr @peer_reachable accept
+\t\tcounter name "dropped_to_peer" drop
 \t}
 }
 """
 
 
 def chain(ruleset: str, name: str) -> list[str]:
-    """The rule lines of one chain (without its hook line)."""
-    match = re.search(rf"\tchain {name} {{\n(.*?)\n\t}}", ruleset, re.DOTALL)
-    assert match is not None, f"no chain {name}"
-    return [line.strip() for line in match.group(1).splitlines()[1:]]
+    """The rule lines of one chain (without its hook line), wherever the text declares and fills it."""
+    blocks = re.findall(rf"\tchain {name} {{\n(.*?)\t}}", ruleset, re.DOTALL)
+    assert blocks, f"no chain {name}"
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("type ")]
 
 
 # ---------------------------------------------------------------- nft_ruleset
@@ -84,9 +157,33 @@ def test_golden_ruleset() -> None:
 def test_ruleset_replaces_only_our_table() -> None:
     lines = nft_ruleset(PLAN).splitlines()
     assert lines[:3] == ["table ip gpufed_test", "delete table ip gpufed_test", "table ip gpufed_test {"]
-    assert [line for line in lines if line.startswith("table") or line.startswith("delete")] == lines[:3]
+    heads = [line for line in lines if not line.startswith("\t") and line != "}"]
+    assert all(" ip gpufed_test" in line for line in heads)
+    assert heads[:2] == ["table ip gpufed_test", "delete table ip gpufed_test"]
+    assert not [line for line in heads[2:] if line.startswith("delete")]
     # Chain names must not be nft keywords.
-    assert re.findall(r"chain (\w+)", nft_ruleset(PLAN)) == ["marks", "prenat", "postnat"]
+    assert list(dict.fromkeys(re.findall(r"\tchain (\w+)", nft_ruleset(PLAN)))) == [
+        "marks",
+        "prenat",
+        "postnat",
+        *FILTER_CHAINS,
+        "from_peer",
+        "to_peer",
+    ]
+
+
+def test_the_update_is_the_replacement_without_the_delete() -> None:
+    assert nft_ruleset(PLAN) == "table ip gpufed_test\ndelete table ip gpufed_test\n" + nft_update(PLAN)
+    update = nft_update(PLAN)
+    assert "delete" not in update
+    # every chain and set is emptied before it is filled, so a re-apply never duplicates a rule
+    for name in ["marks", "prenat", "postnat", *FILTER_CHAINS, "from_peer", "to_peer"]:
+        flush = update.index(f"flush chain ip gpufed_test {name}\n")
+        assert flush < update.rindex(f"\tchain {name} {{") or not chain(update, name)
+    for name in filter_sets(PLAN):
+        assert update.index(f"flush set ip gpufed_test {name}\n") < update.index(f"add element ip gpufed_test {name} ")
+    # the counters are declared, never reset
+    assert "reset" not in update and update.count("counter dropped_from_peer {") == 1
 
 
 def test_ruleset_is_deterministic() -> None:
@@ -145,9 +242,98 @@ def test_masquerade_replaces_the_snat_mirror() -> None:
     ruleset = nft_ruleset(dataclasses.replace(PLAN, masquerade=True))
     assert chain(ruleset, "postnat") == ['iifname "gf-0123456789ab" oifname != "gf-0123456789ab" masquerade']
     assert "snat" not in ruleset
-    # The way out and the inbound DNAT are unchanged.
-    assert chain(ruleset, "prenat") == chain(GOLDEN, "prenat")
-    assert chain(ruleset, "marks") == chain(GOLDEN, "marks")
+    # The way out, the inbound DNAT and the tunnel filter are unchanged (the filter runs before the
+    # masquerade, on the peer's real source).
+    for name in ("prenat", "marks", *FILTER_CHAINS, "from_peer", "to_peer"):
+        assert chain(ruleset, name) == chain(GOLDEN, name)
+    assert filter_sets(dataclasses.replace(PLAN, masquerade=True)) == filter_sets(PLAN)
+
+
+# ---------------------------------------------------------------- the tunnel filter
+
+
+def test_filter_sets_are_our_pods_and_exposed_addresses_and_the_peers_real_ranges() -> None:
+    assert filter_sets(PLAN) == {
+        "peer_pods": [N("10.244.0.0/16")],
+        "peer_reachable": [N("10.200.0.0/24"), N("10.244.0.0/16")],
+        "local_pods": [N("10.244.0.0/16")],
+        # 10.244.3.4 (exposed, a local pod) is inside the pod range: the set keeps the fewest prefixes
+        "local_reachable": [N("10.96.0.10/32"), N("10.244.0.0/16")],
+    }
+    assert filter_sets(dataclasses.replace(PLAN, peer_external=None))["peer_reachable"] == [N("10.244.0.0/16")]
+    assert filter_sets(dataclasses.replace(PLAN, external_ips={}))["local_reachable"] == [N("10.244.0.0/16")]
+
+
+def test_traffic_from_the_peer_is_accepted_only_between_the_allowed_sets_and_the_rest_is_counted_and_dropped() -> None:
+    assert chain(GOLDEN, "filter_forward") == [
+        'iifname "gf-0123456789ab" jump from_peer',
+        'oifname "gf-0123456789ab" jump to_peer',
+    ]
+    assert chain(GOLDEN, "from_peer") == [
+        "ct state established,related accept",
+        "ip saddr @peer_pods ip daddr @local_reachable accept",
+        'counter name "dropped_from_peer" drop',
+    ]
+    assert chain(GOLDEN, "to_peer") == [
+        "ct state established,related accept",
+        "ip saddr @local_pods ip daddr @peer_reachable accept",
+        'counter name "dropped_to_peer" drop',
+    ]
+    for name in DROP_COUNTERS:
+        assert f"\tcounter {name} {{" in GOLDEN
+
+
+def test_the_filter_hooks_leave_traffic_that_is_not_the_tunnels_alone() -> None:
+    # a gateway on a node's network forwards the node's other traffic too: only the tunnel's is judged
+    for name in FILTER_CHAINS:
+        hook = re.search(rf"\tchain {name} {{\n\t\t(type [^\n]*)", GOLDEN)
+        assert hook is not None and hook.group(1).endswith("policy accept;")
+        assert all(
+            rule.startswith(('iifname "gf-0123456789ab" ', 'oifname "gf-0123456789ab" '))
+            for rule in chain(GOLDEN, name)
+        )
+    assert "hook forward priority filter" in GOLDEN and "hook input priority filter" in GOLDEN
+
+
+def test_only_the_peers_probe_reaches_the_gateway_itself() -> None:
+    plan = dataclasses.replace(PLAN, tunnel_address=A("169.254.64.2"), peer_tunnel_address=A("169.254.64.1"))
+    assert chain(nft_ruleset(plan), "filter_input") == [
+        'iifname "gf-0123456789ab" ct state established,related accept',
+        'iifname "gf-0123456789ab" ip saddr 169.254.64.1 ip daddr 169.254.64.2 icmp type echo-request accept',
+        'iifname "gf-0123456789ab" counter name "dropped_from_peer" drop',
+    ]
+    # without the tunnel addresses the probe is still answered, on any of the gateway's addresses
+    assert chain(GOLDEN, "filter_input")[1] == 'iifname "gf-0123456789ab" icmp type echo-request accept'
+
+
+def test_the_filter_is_there_with_identity_mappings_too() -> None:
+    plan = dataclasses.replace(
+        PLAN, peer_pod=RangeMap(N("10.245.0.0/16"), N("10.245.0.0/16")), peer_external=None, external_ips={}
+    )
+    ruleset = nft_ruleset(plan)
+    assert chain(ruleset, "from_peer")[-1] == 'counter name "dropped_from_peer" drop'
+    assert "add element ip gpufed_test peer_pods { 10.245.0.0/16 }" in ruleset
+    assert "add element ip gpufed_test local_reachable { 10.244.0.0/16 }" in ruleset
+
+
+_octet = st.integers(0, 255)
+_address = st.builds(lambda a, b, c, d: A(f"{a}.{b}.{c}.{d}"), _octet, _octet, _octet, _octet)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(_address, max_size=6), _address)
+def test_a_destination_from_the_peer_is_allowed_only_in_our_pod_range_or_exposed(
+    exposed: list[IPv4Address], probe: IPv4Address
+) -> None:
+    """Whatever is exposed, the API server, node and metadata addresses stay out unless exposed."""
+    ext = {A(int(A("10.201.0.1")) + i): real for i, real in enumerate(exposed)}
+    sets = filter_sets(dataclasses.replace(PLAN, external_ips=ext))
+    allowed = any(probe in net for net in sets["local_reachable"])
+    assert allowed == (probe in N("10.244.0.0/16") or probe in exposed)
+    assert sets["peer_pods"] == [N("10.244.0.0/16")]
+    for outside in (A("169.254.169.254"), A("10.96.0.1"), A("192.168.77.10")):
+        if outside not in exposed:
+            assert not any(outside in net for net in sets["local_reachable"])
 
 
 def test_uapi_set_updates_a_known_peer_in_place_and_removes_the_others() -> None:

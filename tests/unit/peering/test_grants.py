@@ -242,3 +242,36 @@ def test_shared_gpu_labels_are_the_intersection_over_matching_gpu_nodes() -> Non
     assert shared_gpu_labels(nodes[:1], None) == {"nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.product": "H100"}
     assert shared_gpu_labels(nodes, None) == {}
     assert shared_gpu_labels(nodes, "B200") == {}
+
+
+def test_node_info_lists_the_resources_no_grant_is_made_of() -> None:
+    node = {
+        "metadata": {"name": "n"},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {
+                "cpu": "8",
+                "memory": "64Gi",
+                "pods": "110",
+                "ephemeral-storage": "100Gi",
+                "nvidia.com/gpu": "4",
+                "nvidia.com/mig-1g.10gb": "7",
+                "hugepages-2Mi": "0",
+                "example.com/fpga": "1",
+            },
+        },
+    }
+    assert grants.node_info(node).extended == {"nvidia.com/mig-1g.10gb", "hugepages-2Mi", "example.com/fpga"}
+
+
+def test_the_quota_holds_the_grant_storage_zero_of_the_rest_and_object_counts() -> None:
+    limits = {"cpu": Decimal(2), "memory": Decimal(2**30), "nvidia.com/gpu": Decimal(1), "pods": Decimal(3)}
+    hard = grants.quota_hard(limits, {"nvidia.com/mig-1g.10gb", "nvidia.com/gpu"}, tenant=False)
+    assert hard["requests.cpu"] == "2" and hard["requests.memory"] == "1Gi" and hard["pods"] == "3"
+    assert hard["requests.nvidia.com/gpu"] == "1" and hard["requests.nvidia.com/mig-1g.10gb"] == "0"
+    assert hard["requests.ephemeral-storage"] == hard["limits.ephemeral-storage"] == "60Gi"
+    assert hard["services.nodeports"] == hard["services.loadbalancers"] == hard["count/persistentvolumeclaims"] == "0"
+    assert hard["count/secrets"] == "1000" and "count/twinnamespaces.gpufed.io" not in hard
+    tenant = grants.quota_hard({r: Decimal(0) for r in grants.RESOURCES}, (), tenant=True)
+    assert tenant["pods"] == "0" and tenant["limits.ephemeral-storage"] == "0"
+    assert tenant["count/twinnamespaces.gpufed.io"] == "200"

@@ -8,7 +8,14 @@ import pytest
 from pydantic import ValidationError
 
 from gpufed.apis.kinds import KINDS
-from gpufed.apis.offloading import NamespaceOffloading, NamespaceOffloadingSpec, NodeSelector, TwinNamespaceSpec
+from gpufed.apis.offloading import (
+    NamespaceOffloading,
+    NamespaceOffloadingSpec,
+    NodeSelector,
+    OffloadPodSecurity,
+    TwinNamespaceSpec,
+    reserved_namespace,
+)
 from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.devtools import crdgen
 
@@ -97,3 +104,42 @@ def test_crd_enforces_the_name_and_the_remote_name_rule() -> None:
     cols = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert cols == ["Pods", "Mapping", "Phase", "Age"]
     assert NamespaceOffloading in KINDS
+
+
+@pytest.mark.parametrize(
+    "name,reserved",
+    [
+        ("default", True),
+        ("kube-system", True),
+        ("kube-anything", True),
+        ("gpufed", True),
+        ("gpufed-tenant-x", True),
+        ("gpufed-future", True),
+        ("team-a-consumer", False),
+        ("kubeflow", False),
+    ],
+)
+def test_reserved_namespaces(name: str, reserved: bool) -> None:
+    assert reserved_namespace(name) is reserved
+
+
+def test_the_pod_security_options_are_checked() -> None:
+    policy = OffloadPodSecurity.model_validate(
+        {
+            "level": "restricted",
+            "allowHostPorts": True,
+            "allowedVolumeTypes": ["nfs", "csi", "nfs"],
+            "allowedTolerations": ["dedicated", "example.com/gpu-only"],
+            "allowedPriorityClasses": ["batch"],
+        }
+    )
+    assert policy.level == "restricted" and policy.allowed_volume_types == ["csi", "nfs"]
+    for bad in (
+        {"level": "privileged"},
+        {"allowedVolumeTypes": ["hostPath"]},
+        {"allowedVolumeTypes": ["NFS volume"]},
+        {"allowedTolerations": [""]},
+        {"allowedPriorityClasses": ["Not_A_Name"]},
+    ):
+        with pytest.raises(ValidationError):
+            OffloadPodSecurity.model_validate(bad)

@@ -38,3 +38,14 @@ def test_objects_written_by_a_newer_version_are_read() -> None:
     fc = ForeignCluster.model_validate(newer)
     assert fc.spec.cluster_id == "gpu-a-1234abcd"
     assert "fieldFromTheFuture" not in fc.model_dump(by_alias=True)["spec"]
+
+
+def test_tenant_ingress_hosts_and_annotations_are_checked() -> None:
+    policy = TenantPolicy.model_validate(
+        {"ingressHosts": ["*.team.example.com", "web.example.com"], "ingressAnnotations": ["example.com/*", "a/b"]}
+    )
+    assert policy.ingress_hosts == ["*.team.example.com", "web.example.com"]
+    assert TenantPolicy().ingress_hosts == [] and TenantPolicy().ingress_annotations == []
+    for bad in ({"ingressHosts": ["*"]}, {"ingressHosts": ["a.*.com"]}, {"ingressAnnotations": ["bad key"]}):
+        with pytest.raises(ValueError):
+            TenantPolicy.model_validate(bad)

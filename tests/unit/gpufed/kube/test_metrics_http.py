@@ -11,6 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufed import defaults
+from gpufed.app.controller import ControllerSettings
 from gpufed.kube.metrics import GaugeMap, MetricsServer, MetricsServerError, StateGauge, serving
 from tests.unit.fakes import running, until
 
@@ -117,3 +119,28 @@ def test_gauge_map_exports_a_whole_mapping_and_removes_keys_that_went() -> None:
     assert _samples(registry, "gpufed_test_granted") == {("p1", "nvidia.com/gpu"): 6, ("p2", "cpu"): 1}
     granted.remove("p1")
     assert _samples(registry, "gpufed_test_granted") == {("p2", "cpu"): 1}
+
+
+def _outward_address() -> str | None:
+    """An address of this machine other than loopback (None when it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: nothing is sent, the route picks the source address
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+async def test_by_default_metrics_listen_on_loopback_only() -> None:
+    """/metrics answers anyone who connects: unless a host is asked for, only this machine can."""
+    assert defaults.METRICS_HOST == "127.0.0.1"
+    assert ControllerSettings(kubeconfig=None).metrics_host == "127.0.0.1"
+    async with serving(0, registry=CollectorRegistry()) as server:
+        assert server is not None and server.host == "127.0.0.1"
+        assert (await _get(server.port, "/healthz"))[0] == 200
+        outward = _outward_address()
+        if outward is not None:
+            with socket.socket() as s:
+                s.settimeout(2)
+                assert s.connect_ex((outward, server.port)) != 0, f"/metrics answered on {outward}"

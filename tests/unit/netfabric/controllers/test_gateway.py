@@ -7,6 +7,7 @@ import asyncio
 import base64
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import SYSTEM_NAMESPACE
 from netfabric.controllers.gateway import (
     DOWN_AFTER,
+    GATEWAY_DROPPED,
     HANDSHAKE_STALE_S,
     GatewayAgent,
     GatewaySettings,
@@ -28,7 +30,7 @@ from netfabric.controllers.gateway import (
 from netfabric.drivers.netns import COMMAND_TIMEOUT_S, DataplaneError, Netns
 from netfabric.drivers.wireguard import PeerStats, TunnelConfig, TunnelDriver
 from netfabric.ipam import RangeMap
-from netfabric.render import GatewayPlan, interface_name, mark_for, nft_ruleset, table_name
+from netfabric.render import GatewayPlan, interface_name, mark_for, nft_ruleset, nft_update, table_name
 from tests.unit.fakes import FakeApiServer, running, serve, until
 
 T = TypeVar("T")
@@ -109,7 +111,8 @@ def test_judge_handshake_at_exactly_the_stale_age_is_not_stale() -> None:
 class FakeNs(Netns):
     """A network namespace that runs nothing: records commands and netlink operations; `ping` answers
     `ping_answer` (None: the probe is lost); `tables` are the nftables tables that exist;
-    `forwarding` is net.ipv4.ip_forward."""
+    `forwarding` is net.ipv4.ip_forward; `drops` are the packets of our table's named counters (None:
+    no table to read them from); `refuse_update`: nftables refuses an in-place update of our table."""
 
     def __init__(self, ipr: MagicMock) -> None:
         super().__init__(None)
@@ -119,6 +122,8 @@ class FakeNs(Netns):
         self.ping_answer: str | None = PING_OK
         self.tables: set[str] = set()
         self.forwarding = "0"
+        self.drops: dict[str, int] | None = None
+        self.refuse_update = False
 
     async def run(
         self,
@@ -142,6 +147,24 @@ class FakeNs(Netns):
         if args == ["sysctl", "-qw", "net.ipv4.ip_forward=1"]:
             self.forwarding = "1"
             return ""
+        if args[:4] == ["nft", "-j", "list", "counters"]:
+            if self.drops is None:
+                raise DataplaneError(f"Error: No such file or directory\nlist counters table ip {args[-1]}")
+            counters = [
+                {
+                    "counter": {
+                        "family": "ip",
+                        "name": name,
+                        "table": args[-1],
+                        "packets": packets,
+                        "bytes": 84 * packets,
+                    }
+                }
+                for name, packets in self.drops.items()
+            ]
+            return json.dumps({"nftables": [{"metainfo": {"version": "1.0.6"}}, *counters]})
+        if args == ["nft", "-f", "-"] and self.refuse_update and "delete table" not in (stdin or ""):
+            raise DataplaneError("`nft -f -` in this network namespace failed (1): Error: Operation not supported")
         if args[0] == "nft":
             return ""
         raise AssertionError(f"unexpected command {args}")
@@ -246,7 +269,11 @@ PLAN = GatewayPlan(
     peer_pod=RangeMap(N("10.244.0.0/16"), N("10.64.0.0/16")),
     peer_external=RangeMap(N("10.200.0.0/24"), N("10.65.0.0/24")),
     external_ips={A("10.70.0.5"): A("10.96.0.10")},
+    tunnel_address=A("169.254.64.2"),
+    peer_tunnel_address=A("169.254.64.1"),
 )
+#: The same on the server side of the tunnel.
+SERVER_PLAN = dataclasses.replace(PLAN, tunnel_address=A("169.254.64.1"), peer_tunnel_address=A("169.254.64.2"))
 
 
 def _cr(plural: str, kind: str, name: str, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -336,8 +363,8 @@ async def test_reconcile_configures_a_client_tunnel() -> None:
             )
         ]
         assert agent.driver is driver
-        # the prefix-NAT table, replaced atomically through `nft -f -`
-        assert ns.commands("nft") == [(["nft", "-f", "-"], nft_ruleset(PLAN))]
+        # the prefix-NAT and filter table, updated in place in one transaction through `nft -f -`
+        assert ns.commands("nft") == [(["nft", "-f", "-"], nft_update(PLAN))]
         assert (["sysctl", "-qw", "net.ipv4.ip_forward=1"], None) in ns.runs
         assert ns.forwarding == "1"
 
@@ -418,7 +445,85 @@ async def test_reconcile_configures_a_server_tunnel() -> None:
         assert iface == IFACE
         assert cfg.listen_port == 51820 and cfg.endpoint is None and cfg.keepalive_s is None
         assert cfg.allowed_ips == (N("10.244.0.0/16"), N("10.200.0.0/24"), N("169.254.64.2/32"))
-        assert ns.commands("nft") == [(["nft", "-f", "-"], nft_ruleset(dataclasses.replace(PLAN, masquerade=True)))]
+        assert ns.commands("nft") == [
+            (["nft", "-f", "-"], nft_update(dataclasses.replace(SERVER_PLAN, masquerade=True)))
+        ]
+
+
+async def test_reconcile_rebuilds_the_table_when_nftables_refuses_the_update() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, ns = agent_for(api, [FakeDriver()])
+        ns.refuse_update = True  # e.g. a chain of our table hooked elsewhere
+        await agent.reconcile()
+        assert agent.error is None
+        assert ns.commands("nft") == [(["nft", "-f", "-"], nft_update(PLAN)), (["nft", "-f", "-"], nft_ruleset(PLAN))]
+
+
+async def test_a_newly_exposed_address_is_allowed_by_updating_the_table_in_place() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+
+        def expose(obj: dict[str, Any]) -> None:
+            obj["spec"]["externalIps"].append({"address": "10.96.0.1", "externalAddress": "10.70.0.6"})
+
+        server.update("networkconfigs", NS, "local", expose)
+        await agent.reconcile()
+        (_, first), (_, second) = ns.commands("nft")
+        assert "delete table" not in (first or "") + (second or "")
+        assert "add element ip " + TABLE + " local_reachable { 10.96.0.10/32, 10.244.0.0/16 }" in (first or "")
+        assert "local_reachable { 10.96.0.1/32, 10.96.0.10/32, 10.244.0.0/16 }" in (second or "")
+        assert 'iifname "' + IFACE + '" ip daddr 10.70.0.6 dnat ip to 10.96.0.1' in (second or "")
+
+
+def dropped(direction: str) -> float:
+    """The metric's value for this peering and direction (0 when it has no sample)."""
+    labels = {"remote_cluster": PEER, "direction": direction}
+    samples = [s for m in GATEWAY_DROPPED.collect() for s in m.samples if s.name.endswith("_total")]
+    return sum(s.value for s in samples if s.labels == labels)
+
+
+async def test_probe_adds_the_filters_drops_to_the_metric() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        before = dropped("from_peer"), dropped("to_peer")
+        ns.drops = {"dropped_from_peer": 5, "dropped_to_peer": 0}
+        await agent.probe()
+        assert (["nft", "-j", "list", "counters", "table", "ip", TABLE], None) in ns.runs
+        assert (dropped("from_peer") - before[0], dropped("to_peer") - before[1]) == (5, 0)
+        ns.drops = {"dropped_from_peer": 7, "dropped_to_peer": 2}
+        await agent.probe()
+        assert (dropped("from_peer") - before[0], dropped("to_peer") - before[1]) == (7, 2)
+        # the table was rebuilt (its counters start again at zero): the metric never goes down
+        ns.drops = {"dropped_from_peer": 3, "dropped_to_peer": 2}
+        await agent.probe()
+        assert (dropped("from_peer") - before[0], dropped("to_peer") - before[1]) == (10, 2)
+
+
+async def test_probe_without_our_table_counts_nothing_and_still_probes() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, _ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        before = dropped("from_peer")
+        await agent.probe()
+        assert agent.health.failures == 0 and dropped("from_peer") == before
+
+
+async def test_teardown_removes_the_drop_metric() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        ns.drops = {"dropped_from_peer": 1, "dropped_to_peer": 1}
+        await agent.probe()
+        await agent.teardown()
+        samples = [s for m in GATEWAY_DROPPED.collect() for s in m.samples if s.labels.get("remote_cluster") == PEER]
+        assert samples == []
 
 
 async def test_a_gateway_without_the_peer_key_is_not_applied() -> None:

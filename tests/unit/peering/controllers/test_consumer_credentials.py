@@ -1,6 +1,8 @@
 """The consumer role's credentials Secrets (peering.controllers.consumer): written once from the
 certificate the provider issued, then checked from a watch instead of read on every reconcile, and
-never refused because the watch lags behind the role's own write. Against the in-memory API server.
+never refused because the watch lags behind the role's own write; readable by the virtual kubelets
+through a Role naming that Secret alone, granted before the peering is reported Peered (which starts
+the virtual kubelet) and revoked with the peering. Against the in-memory API server.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.peering import ForeignClusterSpec
-from gpufed.apis.wire import PROVIDER_LABEL, SYSTEM_NAMESPACE, ClusterID, pending_key_secret, remote_kubeconfig_secret
+from gpufed.apis.wire import (
+    PROVIDER_LABEL,
+    SYSTEM_NAMESPACE,
+    ClusterID,
+    credentials_reader,
+    pending_key_secret,
+    remote_kubeconfig_secret,
+)
 from gpufed.kube import rest
 from peering.controllers.consumer import ConsumerRole
 from peering.controllers.identity import Identity
@@ -45,6 +54,7 @@ def _handshake_done(server: FakeApiServer) -> dict[str, Any]:
     return server.create(
         "foreignclusters",
         {
+            "kind": "ForeignCluster",
             "metadata": {"name": PROVIDER},
             "spec": {
                 "clusterId": PROVIDER,
@@ -134,3 +144,87 @@ async def test_a_deleted_secret_is_reconciled_at_once_and_read_again(monkeypatch
             assert len(server.calls("GET", SECRET_PATH)) == reads + 1
             # the CSR key went with the first write: the condition says to peer again
             assert got is None and status["conditions"][0]["reason"] == "CertificateMismatch"
+
+
+# ---- the virtual kubelets' access to the credentials
+
+READER = credentials_reader(PROVIDER)
+RBAC = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}"
+
+
+def _offline(role: ConsumerRole, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No provider to mirror slices to: the part of the reconcile after the credentials is skipped."""
+
+    async def no_slices(*_args: Any) -> float:
+        return 10.0
+
+    monkeypatch.setattr(role, "_slices", no_slices)
+
+
+def _index(server: FakeApiServer, method: str, path: str) -> int:
+    return next(i for i, r in enumerate(server.requests) if r.method == method and r.path == path)
+
+
+async def test_the_virtual_kubelets_may_read_the_credentials_before_the_peering_is_reported_peered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serve() as (server, api):
+        fc = _handshake_done(server)
+        role = _role(api)
+        _offline(role, monkeypatch)
+        await role.reconcile(PROVIDER)
+        status = server.get("foreignclusters", "", PROVIDER)
+        assert status is not None and status["status"]["phase"] == "Peered"
+        reader = server.get("roles", SYSTEM_NAMESPACE, READER)
+        assert reader is not None, "no Role lets the virtual kubelets read their credentials"
+        assert reader["rules"] == [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [SECRET]}
+        ]
+        binding = server.get("rolebindings", SYSTEM_NAMESPACE, READER)
+        assert binding is not None and binding["roleRef"]["name"] == READER
+        for obj in (reader, binding):
+            assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [fc["metadata"]["uid"]]
+        # The status that starts the virtual kubelet (phase Peered, kubeconfigSecret) comes last.
+        peered = _index(server, "PATCH", f"/apis/{API_VERSION}/foreignclusters/{PROVIDER}/status")
+        assert _index(server, "PATCH", f"{RBAC}/roles/{READER}") < peered
+        assert _index(server, "PATCH", f"{RBAC}/rolebindings/{READER}") < peered
+
+
+async def test_the_access_is_granted_while_the_handshake_is_pending_and_revoked_with_the_peering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serve() as (server, api):
+        server.create(
+            "foreignclusters",
+            {
+                "kind": "ForeignCluster",
+                "metadata": {"name": PROVIDER},
+                "spec": {"clusterId": PROVIDER, "roles": ["Provider"], "apiServerUrl": "https://p.example:6443"},
+            },
+            api_version=API_VERSION,
+        )
+        role = _role(api)
+        _offline(role, monkeypatch)
+        await role.reconcile(PROVIDER)
+        assert server.get("roles", SYSTEM_NAMESPACE, READER) is not None, "a waiting virtual kubelet sees 404, not 403"
+        server.remove("foreignclusters", "", PROVIDER)
+        await role.reconcile(PROVIDER)
+        assert server.get("roles", SYSTEM_NAMESPACE, READER) is None
+        assert server.get("rolebindings", SYSTEM_NAMESPACE, READER) is None
+
+
+async def test_a_foreign_cluster_that_is_no_provider_grants_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with serve() as (server, api):
+        server.create(
+            "foreignclusters",
+            {
+                "kind": "ForeignCluster",
+                "metadata": {"name": PROVIDER},
+                "spec": {"clusterId": PROVIDER, "roles": ["Consumer"]},
+            },
+            api_version=API_VERSION,
+        )
+        role = _role(api)
+        _offline(role, monkeypatch)
+        await role.reconcile(PROVIDER)
+        assert server.items("roles") == [] and server.items("rolebindings") == []

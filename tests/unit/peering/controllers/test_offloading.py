@@ -240,3 +240,38 @@ async def test_deletion_waits_for_reachable_providers_not_for_unpeered_ones(worl
     assert await c.reconcile("team") is None
     assert FINALIZER not in local[NS_PATH]["metadata"]["finalizers"]
     assert OFFLOADING_LABEL not in (local["/api/v1/namespaces/team"]["metadata"].get("labels") or {})
+
+
+# ---------------------------------------------------------------------------- what virtual kubelets may see
+
+RB_PATH = "/apis/rbac.authorization.k8s.io/v1/namespaces/team/rolebindings/gpufed-reflection"
+
+
+async def test_the_reflection_binding_exists_only_while_some_provider_is_given_the_namespace(
+    world: dict[str, FakeAPI],
+) -> None:
+    c = controller(world, {"podOffloadingStrategy": "Local"})
+    await c.reconcile("team")
+    assert RB_PATH not in world["local"].objects, "offloaded nowhere: no virtual kubelet reads its Secrets"
+    world["local"].objects[NS_PATH]["spec"] = {}
+    await c.reconcile("team")
+    assert RB_PATH in world["local"].objects
+    c.virtual_nodes = {}  # no provider matches any more; their twins go
+    await c.reconcile("team")
+    assert RB_PATH in world["local"].objects, "kept while the twins are being removed"
+    await c.reconcile("team")
+    assert RB_PATH not in world["local"].objects
+
+
+async def test_a_provider_being_removed_is_never_listed_as_given_the_namespace(world: dict[str, FakeAPI]) -> None:
+    """The status is the consumer's record the virtual kubelets follow (vkprovider.remote.offloaded): a
+    deselected provider that does not answer stays `Terminating`, never `Unreachable` like a selected one."""
+    c = controller(world, {})
+    await c.reconcile("team")
+    world["local"].objects[NS_PATH]["spec"] = {"clusterSelector": ON_B}
+    world["a"].down = True
+    assert await c.reconcile("team") == c.settings.unreachable_retry_s
+    st = world["local"].objects[NS_PATH]["status"]
+    assert {r["clusterId"]: r["phase"] for r in st["remoteNamespaces"]} == {"a": "Terminating", "b": "Pending"}
+    reach = next(x for x in st["conditions"] if x["type"] == "ProvidersReachable")
+    assert reach["status"] == "False" and "a" in reach["message"]

@@ -94,6 +94,16 @@ def _answer(server: FakeApiServer, key: Ed25519PrivateKey) -> None:
     server.update("tenants", "", CONSUMER, lambda t: t["spec"].update(answer=answer))
 
 
+def _quota_controller(server: FakeApiServer) -> None:
+    """What kube-controller-manager's quota controller does: compute the status of every quota."""
+    for q in server.items("resourcequotas"):
+
+        def computed(o: dict[str, Any]) -> None:
+            o["status"] = {"hard": dict(o["spec"]["hard"])}
+
+        server.update("resourcequotas", q["metadata"]["namespace"], q["metadata"]["name"], computed)
+
+
 def _sign_csr(server: FakeApiServer, name: str) -> None:
     """What kube-controller-manager does once the CSR is approved."""
     cert = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nissued\n-----END CERTIFICATE-----\n").decode()
@@ -103,7 +113,7 @@ def _sign_csr(server: FakeApiServer, name: str) -> None:
 async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_and_quotas() -> None:
     key = Ed25519PrivateKey.generate()
     async with serve() as (server, api):
-        _tenant(server, key, policy={"podSecurity": {"allowHostPath": True}})
+        _tenant(server, key, policy={"podSecurity": {"allowHostPath": True}, "ingressAnnotations": ["example.com/*"]})
         role = _role(api)
         await role.reconcile(CONSUMER)
         _answer(server, key)
@@ -123,7 +133,11 @@ async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_an
             {"metadata": {"name": "team-a", "namespace": TNS}, "spec": {"namespace": "team-a"}},
             api_version=API_VERSION,
         )
-        await role.reconcile(CONSUMER)
+        assert await role.reconcile(CONSUMER) == 1.0, "the quotas are not in force yet"
+        # No role is bound before its namespace's quota holds, and the twin is not Ready before either.
+        assert server.items("rolebindings", TNS) == [] and server.items("rolebindings", f"team-a-{CONSUMER}") == []
+        assert _status(server, "twinnamespaces", TNS, "team-a")["phase"] == "Pending"
+        _quota_controller(server)
         await role.reconcile(CONSUMER)
         status = _status(server)
         assert status["phase"] == "Authenticated" and status["caData"] == "CA"
@@ -139,10 +153,21 @@ async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_an
             CONSUMER_CONTROL_ROLE,
             CONSUMER_WORKLOADS_ROLE,
         }
+        assert {b["metadata"]["name"] for b in server.items("rolebindings", twin)} == {CONSUMER_WORKLOADS_ROLE}
         assert server.get("limitranges", twin, GRANT_QUOTA) is not None
-        assert server.get("resourcequotas", TNS, GRANT_QUOTA) is not None
+        tenant_quota = server.get("resourcequotas", TNS, GRANT_QUOTA)
+        assert tenant_quota is not None and tenant_quota["spec"]["hard"]["pods"] == "0"
+        assert tenant_quota["spec"]["hard"]["count/twinnamespaces.gpufed.io"] == "200"
+        twin_quota = server.get("resourcequotas", twin, GRANT_QUOTA)
+        assert twin_quota is not None
+        assert {"services.nodeports": "0", "services.loadbalancers": "0"}.items() <= twin_quota["spec"]["hard"].items()
+        assert "limits.ephemeral-storage" in twin_quota["spec"]["hard"]
+        labels = ns["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged", "hostPath is allowed: PSA is lifted"
+        assert labels["pod-security.kubernetes.io/warn"] == "baseline"
         twin_status = _status(server, "twinnamespaces", TNS, "team-a")
         assert twin_status["phase"] == "Ready" and twin_status["podSecurity"]["allowHostPath"] is True
+        assert twin_status["ingressAnnotations"] == ["example.com/*"], "reflection sends only what will pass"
 
 
 async def test_a_twin_name_taken_by_another_namespace_is_refused() -> None:
@@ -155,12 +180,124 @@ async def test_a_twin_name_taken_by_another_namespace_is_refused() -> None:
         )
         tenant = _tenant(server, Ed25519PrivateKey.generate())
         role = _role(api)
-        assert await role.namespaces.twins(tenant, CONSUMER, role._log) == []
+        assert (await role.namespaces.twins(tenant, CONSUMER, role._log)).ready == []
         status = _status(server, "twinnamespaces", TNS, "x")
         assert status["phase"] == "Refused"
         assert cond.reason_of(status["conditions"], "Ready") == "NamespaceTaken"
         taken = server.get("namespaces", "", "taken")
         assert taken is not None and CONSUMER_LABEL not in (taken["metadata"].get("labels") or {})
+        assert [e["reason"] for e in server.items("events", TNS)] == ["NamespaceTaken"]
+
+
+async def test_default_twin_names_of_two_consumers_never_share_a_namespace() -> None:
+    """`a` of consumer `b-c` and `a-b` of consumer `c` both name `a-b-c`: the first one keeps it."""
+    async with serve() as (server, api):
+        first, second = ClusterID("b-c"), ClusterID("c")
+        for consumer, namespace in ((first, "a"), (second, "a-b")):
+            server.create(
+                "twinnamespaces",
+                {
+                    "metadata": {"name": namespace, "namespace": tenant_namespace(consumer)},
+                    "spec": {"namespace": namespace},
+                },
+                api_version=API_VERSION,
+            )
+        role = _role(api)
+        tenants = {
+            c: {
+                "apiVersion": API_VERSION,
+                "kind": "Tenant",
+                "metadata": {"name": c, "uid": f"uid-{c}"},
+                "spec": {"consumerClusterId": c, "publicKey": "k"},
+            }
+            for c in (first, second)
+        }
+        assert (await role.namespaces.twins(tenants[first], first, role._log)).ready == ["a-b-c"]
+        assert (await role.namespaces.twins(tenants[second], second, role._log)).ready == []
+        ns = server.get("namespaces", "", "a-b-c")
+        assert ns is not None and ns["metadata"]["labels"][CONSUMER_LABEL] == first
+        status = _status(server, "twinnamespaces", tenant_namespace(second), "a-b")
+        assert status["phase"] == "Refused" and cond.reason_of(status["conditions"], "Ready") == "NamespaceTaken"
+
+
+@pytest.mark.parametrize(
+    "twin_name", ["default", "kube-system", "kube-anything", "gpufed", "gpufed-tenant-x-1", "gpufed-x"]
+)
+async def test_a_reserved_twin_name_is_refused_with_an_event(twin_name: str) -> None:
+    async with serve() as (server, api):
+        server.create(
+            "twinnamespaces",
+            {"metadata": {"name": "x", "namespace": TNS}, "spec": {"namespace": "team-a", "twinName": twin_name}},
+            api_version=API_VERSION,
+        )
+        tenant = _tenant(server, Ed25519PrivateKey.generate())
+        role = _role(api)
+        assert (await role.namespaces.twins(tenant, CONSUMER, role._log)).ready == []
+        status = _status(server, "twinnamespaces", TNS, "x")
+        assert status["phase"] == "Refused"
+        assert cond.reason_of(status["conditions"], "Ready") in ("NamespaceReserved", "InvalidRequest")
+        assert server.get("namespaces", "", twin_name) is None
+
+
+async def test_a_reserved_default_twin_name_is_refused() -> None:
+    """The consumer namespace `kube` would twin to `kube-<consumer>`: reserved whatever spelled it."""
+    async with serve() as (server, api):
+        server.create(
+            "twinnamespaces",
+            {"metadata": {"name": "x", "namespace": TNS}, "spec": {"namespace": "kube"}},
+            api_version=API_VERSION,
+        )
+        tenant = _tenant(server, Ed25519PrivateKey.generate())
+        role = _role(api)
+        assert (await role.namespaces.twins(tenant, CONSUMER, role._log)).ready == []
+        status = _status(server, "twinnamespaces", TNS, "x")
+        assert cond.reason_of(status["conditions"], "Ready") == "NamespaceReserved"
+        assert [e["reason"] for e in server.items("events", TNS)] == ["NamespaceReserved"]
+
+
+async def test_a_tenant_namespace_someone_else_holds_is_left_alone() -> None:
+    async with serve() as (server, api):
+        server.create("namespaces", {"metadata": {"name": TNS, "labels": {CONSUMER_LABEL: "someone-else"}}})
+        tenant = _tenant(server, Ed25519PrivateKey.generate())
+        role = _role(api)
+        assert await role.namespaces.ensure_tenant_namespace(tenant, CONSUMER) is False
+        ns = server.get("namespaces", "", TNS)
+        assert ns is not None and ns["metadata"]["labels"] == {CONSUMER_LABEL: "someone-else"}
+        assert server.items("rolebindings", TNS) == [] and server.items("resourcequotas", TNS) == []
+
+
+async def test_endpoint_ranges_come_from_the_fabric() -> None:
+    async with serve() as (server, api):
+        role = _role(api)
+        assert await role.namespaces._endpoint_cidrs(CONSUMER) == podsecurity.PRIVATE_CIDRS
+        server.create(
+            "networkconfigs",
+            {"metadata": {"name": "local", "namespace": SYSTEM_NAMESPACE}, "spec": {"podCidr": "10.244.0.0/16"}},
+            api_version=API_VERSION,
+        )
+        assert await role.namespaces._endpoint_cidrs(CONSUMER) == ("10.244.0.0/16",)
+        server.create(
+            "remotenetworks",
+            {
+                "metadata": {"name": CONSUMER, "namespace": SYSTEM_NAMESPACE},
+                "spec": {"mapped": {"podCidr": "10.81.0.0/16", "externalCidr": "10.82.0.0/16"}},
+            },
+            api_version=API_VERSION,
+        )
+        assert await role.namespaces._endpoint_cidrs(CONSUMER) == ("10.244.0.0/16", "10.81.0.0/16", "10.82.0.0/16")
+
+
+def test_the_global_default_priority_class_is_followed() -> None:
+    role = _role(None)
+    seen: list[str | None] = []
+    for kind, obj in (
+        ("ADDED", {"metadata": {"name": "low"}, "value": 1}),
+        ("ADDED", {"metadata": {"name": "standard"}, "value": 10, "globalDefault": True}),
+        ("MODIFIED", {"metadata": {"name": "standard"}, "value": 10, "globalDefault": False}),
+    ):
+        role._on_priority_class(kind, obj)
+        seen.append(role.namespaces.default_priority_class)
+    assert seen == [None, "standard", None]
 
 
 def test_the_tenant_policy_is_read_strictly_and_published_without_empty_lists() -> None:

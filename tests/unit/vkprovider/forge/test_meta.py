@@ -9,6 +9,8 @@ from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, ORIGIN_CLUSTER_LABEL,
 from vkprovider.forge.meta import (
     LAST_APPLIED_ANNOTATION,
     Target,
+    is_dns_label,
+    is_dns_subdomain,
     origin_labels,
     owned_by,
     twin_annotations,
@@ -81,3 +83,11 @@ def test_owned_by_checks_consumer_and_uid() -> None:
     assert not owned_by(twin, "consumer-ffffffff")
     assert not owned_by({"metadata": {"name": "x"}}, CONSUMER)
     assert not owned_by({}, CONSUMER)
+
+
+def test_kubernetes_name_rules() -> None:
+    assert is_dns_subdomain("db-password") and is_dns_subdomain("kube-root-ca.crt")
+    assert is_dns_label("team-consumer-1a2b3c4d") and not is_dns_label("a.b")
+    for bad in ("", ".", "..", "../../gpufed/secrets/x", "a/b", "A", "a-", "abc\n", "a" * 254):
+        assert not is_dns_subdomain(bad), bad
+    assert not is_dns_label("a" * 64)

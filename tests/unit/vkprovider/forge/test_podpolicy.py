@@ -1,6 +1,7 @@
-"""The offload pod-security policy: the model, the consumer's pure check (every refused field,
-allowed cases, per-tenant overrides), the provider's admission policy and namespace projection,
-and how the remote provider refuses early, from the published policy (the API server's refusals:
+"""The offload pod-security policy: the model, the consumer's pure check (every rule against a table of
+pods, allowed cases, per-tenant overrides, a local pod checked as its twin), and how the remote
+provider refuses early, from the published policy (the provider's admission policy and namespace
+projection: tests/unit/peering/test_podsecurity.py; the API server's refusals:
 tests/unit/vkprovider/remote/test_refusals.py)."""
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pydantic import ValidationError
 
 from gpufed.apis.offloading import OffloadPodSecurity, TwinNamespaceStatus, capability_name
 from gpufed.apis.peering import TenantPolicy, TenantSpec
-from gpufed.apis.wire import CONSUMER_LABEL
 from peering import podsecurity
 from peering.controllers.tenant_namespaces import pod_security, published
 from vkprovider.forge.podpolicy import REASON, Violation, refusal, violations
@@ -43,7 +43,9 @@ def test_the_default_policy_allows_nothing_and_is_the_tenant_default() -> None:
     assert TenantPolicy().pod_security == DEFAULT
     assert TenantSpec.model_validate({"consumerClusterId": "c", "publicKey": "k"}).policy.pod_security == DEFAULT
     assert not (DEFAULT.allow_privileged or DEFAULT.allow_host_namespaces or DEFAULT.allow_host_path)
-    assert DEFAULT.allowed_capabilities == []
+    assert not DEFAULT.allow_host_ports and DEFAULT.level == "baseline"
+    assert DEFAULT.allowed_capabilities == DEFAULT.allowed_volume_types == DEFAULT.allowed_tolerations == []
+    assert DEFAULT.allowed_priority_classes == []
 
 
 def test_capability_names_are_canonical() -> None:
@@ -118,6 +120,242 @@ def test_every_violation_is_reported_in_a_stable_order() -> None:
     ]
 
 
+# ---- every rule, against a table of pods (the same table went through kube-apiserver's own
+# ValidatingAdmissionPolicy code, k8s.io/apiserver v0.36.3, with the rendered policy: same refusals)
+
+RESTRICTED = OffloadPodSecurity(level="restricted")
+CONFINED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "capabilities": {"drop": ["ALL"]},
+}
+#: name -> (pod, policy, the rules it breaks: podsecurity rule ids, in order)
+TABLE: dict[str, tuple[dict[str, Any], OffloadPodSecurity, list[str]]] = {
+    "host port 22": (pod(ports=[{"containerPort": 22, "hostPort": 22}, {"containerPort": 80}]), DEFAULT, ["hostPorts"]),
+    "host port allowed": (
+        pod(ports=[{"containerPort": 22, "hostPort": 22}]),
+        OffloadPodSecurity(allow_host_ports=True),
+        [],
+    ),
+    "nfs volume": (
+        pod({"volumes": [{"name": "d", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
+        DEFAULT,
+        ["volumeTypes"],
+    ),
+    "nfs allowed": (
+        pod({"volumes": [{"name": "d", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
+        OffloadPodSecurity(allowed_volume_types=["nfs"]),
+        [],
+    ),
+    "inline csi": (pod({"volumes": [{"name": "c", "csi": {"driver": "x"}}]}), DEFAULT, ["volumeTypes"]),
+    "generic ephemeral": (pod({"volumes": [{"name": "c", "ephemeral": {}}]}), DEFAULT, ["volumeTypes"]),
+    "a volume type nobody knows": (pod({"volumes": [{"name": "c", "futureThing": {}}]}), DEFAULT, ["volumeTypes"]),
+    "the default volume types": (
+        pod(
+            {
+                "volumes": [
+                    {"name": "a", "configMap": {"name": "x"}},
+                    {"name": "b", "secret": {"secretName": "s"}},
+                    {"name": "c", "projected": {"sources": []}},
+                    {"name": "d", "downwardAPI": {}},
+                    {"name": "e", "emptyDir": {}},
+                    {"name": "f", "persistentVolumeClaim": {"claimName": "x"}},
+                ]
+            }
+        ),
+        DEFAULT,
+        [],
+    ),
+    "seccomp Unconfined (pod)": (
+        pod({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+        DEFAULT,
+        ["seccomp"],
+    ),
+    "seccomp Unconfined (container)": (
+        pod(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+        DEFAULT,
+        ["seccomp"],
+    ),
+    "seccomp Localhost": (
+        pod(securityContext={"seccompProfile": {"type": "Localhost", "localhostProfile": "p"}}),
+        DEFAULT,
+        [],
+    ),
+    "AppArmor unconfined (annotation)": (
+        {
+            **pod(),
+            "metadata": {"name": "p", "annotations": {podsecurity.APPARMOR_ANNOTATION_PREFIX + "main": "unconfined"}},
+        },
+        DEFAULT,
+        ["appArmor"],
+    ),
+    "AppArmor Unconfined (field)": (
+        pod(securityContext={"appArmorProfile": {"type": "Unconfined"}}),
+        DEFAULT,
+        ["appArmor"],
+    ),
+    "SELinux spc_t": (pod({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}), DEFAULT, ["seLinux"]),
+    "SELinux user": (pod(securityContext={"seLinuxOptions": {"user": "system_u"}}), DEFAULT, ["seLinux"]),
+    "SELinux container_t": (
+        pod(securityContext={"seLinuxOptions": {"type": "container_t", "level": "s0:c1"}}),
+        DEFAULT,
+        [],
+    ),
+    "unmasked /proc": (pod(securityContext={"procMount": "Unmasked"}), DEFAULT, ["procMount"]),
+    "unsafe sysctl": (
+        pod({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}),
+        DEFAULT,
+        ["sysctls"],
+    ),
+    "safe sysctl": (
+        pod({"securityContext": {"sysctls": [{"name": "net.ipv4.tcp_syncookies", "value": "1"}]}}),
+        DEFAULT,
+        [],
+    ),
+    "Windows hostProcess": (
+        pod({"securityContext": {"windowsOptions": {"hostProcess": True}}}),
+        DEFAULT,
+        ["hostProcess"],
+    ),
+    "toleration of every taint": (pod({"tolerations": [{"operator": "Exists"}]}), DEFAULT, ["tolerations"]),
+    "toleration of the control plane": (
+        pod({"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}),
+        DEFAULT,
+        ["tolerations"],
+    ),
+    "not-ready forever": (
+        pod({"tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}]}),
+        DEFAULT,
+        ["tolerations"],
+    ),
+    "GPU taint and a timed not-ready": (
+        pod(
+            {
+                "tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute", "tolerationSeconds": 60},
+                ]
+            }
+        ),
+        DEFAULT,
+        [],
+    ),
+    "an allowed taint key": (
+        pod({"tolerations": [{"key": "dedicated", "effect": "NoSchedule"}]}),
+        OffloadPodSecurity(allowed_tolerations=["dedicated"]),
+        [],
+    ),
+    "MIG and huge pages": (
+        pod(resources={"requests": {"nvidia.com/mig-1g.10gb": "1", "cpu": "1"}, "limits": {"hugepages-2Mi": "1Gi"}}),
+        DEFAULT,
+        ["resources"],
+    ),
+    "a resource claim": (pod({"resourceClaims": [{"name": "gpu", "resourceClaimName": "x"}]}), DEFAULT, ["resources"]),
+    "granted resources": (
+        pod(resources={"requests": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi", "nvidia.com/gpu": "1"}}),
+        DEFAULT,
+        [],
+    ),
+    "restricted: a confined pod": (pod(securityContext=CONFINED), RESTRICTED, []),
+    "restricted: runAsUser 0": (
+        pod({"securityContext": {"runAsUser": 0}}, securityContext=CONFINED),
+        RESTRICTED,
+        ["runAsUser"],
+    ),
+    "restricted: a bare pod": (
+        pod(),
+        RESTRICTED,
+        ["privilegeEscalation", "runAsNonRoot", "seccompRequired", "dropAll"],
+    ),
+    "restricted: pod-level settings count": (
+        pod(
+            {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}},
+            securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        ),
+        RESTRICTED,
+        [],
+    ),
+    "baseline: runAsUser 0 is allowed": (pod(securityContext={"runAsUser": 0}), DEFAULT, []),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE))
+def test_each_rule_against_the_table(name: str) -> None:
+    p, policy, rules = TABLE[name]
+    found = violations(p, policy, local=False)
+    assert [v.rule for v in found] == rules, [v.where for v in found]
+    for v in found:
+        rule = next(r for r in podsecurity.RULES if r.id == v.rule)
+        assert (v.what, v.allow_field, v.tail) == (rule.what, rule.allow, rule.tail)
+
+
+def test_every_rule_words_its_place_and_its_remedy() -> None:
+    p = pod(
+        {
+            "securityContext": {
+                "seLinuxOptions": {"type": "spc_t"},
+                "sysctls": [{"name": "kernel.msgmax", "value": "1"}],
+            }
+        },
+        ports=[{"containerPort": 22, "hostPort": 22}],
+        securityContext={"seccompProfile": {"type": "Unconfined"}, "procMount": "Unmasked"},
+    )
+    assert refusal("gpu-a", violations(p, DEFAULT)) == (
+        "provider gpu-a refuses host ports (container main: ports.hostPort=22); ask the provider to allow it in "
+        "Tenant spec.policy.podSecurity.allowHostPorts; "
+        "provider gpu-a refuses Unconfined seccomp profiles (container main: "
+        "securityContext.seccompProfile.type=Unconfined) (Pod Security baseline); "
+        "provider gpu-a refuses SELinux options other than the container types "
+        "(spec.securityContext.seLinuxOptions.type=spc_t) (Pod Security baseline); "
+        "provider gpu-a refuses unmasked /proc mounts (container main: securityContext.procMount=Unmasked) "
+        "(Pod Security baseline); "
+        "provider gpu-a refuses unsafe sysctls (spec.securityContext.sysctls kernel.msgmax) (Pod Security baseline)"
+    )
+
+
+def test_a_local_pod_is_checked_as_its_twin() -> None:
+    """What the forge drops (the chosen virtual node, the priority class, the virtual node's and the
+    default tolerations) is not held against the local pod; the twin itself is held to all of it."""
+    p = pod(
+        {
+            "nodeName": "gpufed-gpu-a",
+            "priorityClassName": "high",
+            "tolerations": [
+                {"key": "gpufed.io/virtual-node", "operator": "Exists", "effect": "NoExecute"},
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ],
+        }
+    )
+    assert violations(p, DEFAULT) == []
+    assert [v.rule for v in violations(p, DEFAULT, local=False)] == ["nodeName", "tolerations", "priorityClasses"]
+    assert violations(
+        p,
+        OffloadPodSecurity(allowed_priority_classes=["high"], allowed_tolerations=["gpufed.io/virtual-node"]),
+        local=False,
+    ) == [Violation("pods naming their node", "spec.nodeName=gpufed-gpu-a", "")]
+    # A broad toleration the user wrote is sent to the provider: it is refused early.
+    broad = pod({"tolerations": [{"operator": "Exists"}]})
+    assert wheres(violations(broad, DEFAULT)) == ["toleration (every taint)"]
+
+
+def test_the_rules_are_one_list_in_the_order_refusals_use() -> None:
+    ids = [r.id for r in podsecurity.RULES]
+    assert len(ids) == len(set(ids))
+    p = pod(
+        {"hostPID": True, "tolerations": [{"operator": "Exists"}], "volumes": [{"name": "n", "nfs": {}}]},
+        ports=[{"containerPort": 1, "hostPort": 1}],
+        securityContext={"privileged": True},
+    )
+    found = [v.rule for v in violations(p, DEFAULT)]
+    assert found == sorted(found, key=ids.index)
+
+
 # ---- per-tenant overrides
 
 
@@ -164,65 +402,7 @@ def test_the_pod_is_not_mutated() -> None:
     assert p == before
 
 
-# ---- the provider side: projection, admission policy, published copy
-
-
-def test_the_policy_is_projected_onto_the_consumer_namespaces() -> None:
-    labels, annotations = podsecurity.namespace_metadata(DEFAULT)
-    assert labels == {
-        "gpufed.io/allow-privileged": "false",
-        "gpufed.io/allow-host-namespaces": "false",
-        "gpufed.io/allow-host-path": "false",
-    }
-    assert annotations == {"gpufed.io/allowed-capabilities": ""}
-    policy = OffloadPodSecurity(allow_privileged=True, allowed_capabilities=["SYS_TIME", "NET_ADMIN"])
-    labels, annotations = podsecurity.namespace_metadata(policy)
-    assert labels["gpufed.io/allow-privileged"] == "true"
-    assert annotations == {"gpufed.io/allowed-capabilities": "NET_ADMIN,SYS_TIME"}
-
-
-def test_the_admission_policy_checks_every_rule_in_every_consumer_namespace() -> None:
-    policy = podsecurity.admission_policy()
-    assert policy["spec"]["failurePolicy"] == "Fail"
-    rules = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert {r["resources"][0]: r["operations"] for r in rules} == {
-        "pods": ["CREATE"],
-        "pods/ephemeralcontainers": ["UPDATE"],
-    }
-    validations = policy["spec"]["validations"]
-    text = " ".join(v["expression"] for v in validations)
-    for needle in (
-        "privileged",
-        "capabilities.?add",
-        "hostNetwork",
-        "hostPID",
-        "hostIPC",
-        "hostPath",
-        "initContainers",
-        "ephemeralContainers",
-    ):
-        assert needle in text, needle
-    for v in validations:
-        assert v["reason"] == "Forbidden"
-        assert "ask the provider to allow it in Tenant spec.policy.podSecurity." in v["message"]
-    names = {v["name"] for v in policy["spec"]["variables"]}
-    assert {"allowPrivileged", "allowHostNamespaces", "allowHostPath", "allowedCapabilities"} <= names
-    binding = podsecurity.admission_binding()
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"] == podsecurity.POLICY_NAME
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
-        "matchExpressions": [{"key": CONSUMER_LABEL, "operator": "Exists"}]
-    }
-
-
-def test_describe_says_what_is_refused_and_allowed() -> None:
-    assert podsecurity.describe(DEFAULT) == (
-        "refused: privileged containers, host namespaces, hostPath volumes, added capabilities"
-    )
-    assert podsecurity.describe(OffloadPodSecurity(allow_host_path=True, allowed_capabilities=["NET_ADMIN"])) == (
-        "refused: privileged containers, host namespaces, added capabilities other than NET_ADMIN; "
-        "allowed: hostPath volumes"
-    )
+# ---- the provider side: the published copy (projection, admission policy: tests/unit/peering/test_podsecurity.py)
 
 
 def test_the_provider_reads_and_publishes_the_tenant_policy() -> None:
@@ -232,7 +412,13 @@ def test_the_provider_reads_and_publishes_the_tenant_policy() -> None:
     assert pod_security(tenant) == OffloadPodSecurity(allow_privileged=True)
     assert pod_security({"spec": {"policy": {"maxResources": {"bogus": "1"}}}}) == DEFAULT  # unreadable: strictest
     # Empty lists are left out of the applied status; the booleans always say what is refused.
-    assert published(DEFAULT) == {"allowPrivileged": False, "allowHostNamespaces": False, "allowHostPath": False}
+    assert published(DEFAULT) == {
+        "level": "baseline",
+        "allowPrivileged": False,
+        "allowHostNamespaces": False,
+        "allowHostPath": False,
+        "allowHostPorts": False,
+    }
     assert published(OffloadPodSecurity(allowed_capabilities=["NET_ADMIN"]))["allowedCapabilities"] == ["NET_ADMIN"]
 
 
@@ -241,6 +427,11 @@ def test_the_provider_reads_and_publishes_the_tenant_policy() -> None:
 
 def remote() -> tuple[RemoteProvider, list[tuple[str, str]]]:
     provider = RemoteProvider(None, None, RemoteSettings(consumer="consumer-1", provider="gpu-a", node="gpufed-gpu-a"))
+    # The consumer's own record: namespace team is offloaded to gpu-a (the provider's claims follow it).
+    entry = {"clusterId": "gpu-a", "namespace": "team-consumer-1", "phase": "Ready"}
+    offloading = {"metadata": {"name": "offloading", "namespace": "team"}, "status": {"remoteNamespaces": [entry]}}
+    provider.offloaded._on_event("ADDED", offloading)
+    provider.offloaded._on_synced()
     notified: list[tuple[str, str]] = []
     provider.subscribe(lambda ns, name: notified.append((ns, name)))
     return provider, notified

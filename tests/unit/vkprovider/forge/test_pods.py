@@ -17,6 +17,7 @@ from vkprovider.forge.meta import Target, owned_by
 from vkprovider.forge.pods import (
     TERMINAL_PHASES,
     Reference,
+    invalid_names,
     is_terminal,
     local_status,
     references,
@@ -836,3 +837,32 @@ def test_owned_by() -> None:
     config_map = remote_config_map(local_object("ConfigMap", data={}), TARGET)
     assert config_map is not None and owned_by(config_map, "consumer-1a2b3c4d", "u-1")
     assert ORIGIN_NODE_LABEL not in config_map["metadata"]["labels"]
+
+
+# ---------------------------------------------------------------- names and addresses from peers
+
+
+def test_invalid_names_catch_a_traversal_in_any_reference() -> None:
+    pod = admitted_pod()
+    assert invalid_names(pod) == []
+    pod["spec"]["imagePullSecrets"] = [{"name": "../../gpufed/secrets/x"}]
+    pod["spec"]["volumes"].append({"name": "v", "configMap": {"name": "a/b"}})
+    pod["spec"]["containers"][0].setdefault("env", []).append(
+        {"name": "E", "valueFrom": {"secretKeyRef": {"name": "..", "key": "k"}}}
+    )
+    pod["spec"]["serviceAccountName"] = "../default"
+    assert invalid_names(pod) == [
+        "ConfigMap 'a/b'",
+        "Secret '..'",
+        "Secret '../../gpufed/secrets/x'",
+        "ServiceAccount '../default'",
+    ]
+
+
+def test_local_status_leaves_out_a_refused_address() -> None:
+    refused = local_status(remote_running(), {}, host_ip="192.0.2.10", to_local_ip=lambda ip: None)
+    assert refused["status"]["podIP"] is None and refused["status"]["podIPs"] is None
+    some = local_status(
+        remote_running(), {}, host_ip="192.0.2.10", to_local_ip=lambda ip: None if ip == "10.244.1.7" else ip
+    )
+    assert some["status"]["podIP"] == "fd00::7"

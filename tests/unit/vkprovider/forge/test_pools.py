@@ -3,6 +3,7 @@ node advertises (capacity capping at the largest placeable shape, grant headroom
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from decimal import Decimal
 
@@ -12,7 +13,17 @@ from hypothesis import strategies as st
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpufed.ops.pool import report
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot
-from vkprovider.forge.pools import Pool, advertise, best_fit, largest_after, parse_figures, plan_pools, slug
+from vkprovider.forge.pools import (
+    Pool,
+    advertise,
+    best_fit,
+    filter_node_labels,
+    label_allowed,
+    largest_after,
+    parse_figures,
+    plan_pools,
+    slug,
+)
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
@@ -218,3 +229,43 @@ def test_pool_report_rows_and_pending_demand() -> None:
     assert (row["provider"], row["product"], row["ready"]) == ("a", H100, True)
     assert (row["total"], row["free"], row["largestPlaceable"], row["capacity"]) == (24, 12, 8, "Live")
     assert data["pending"] == {"pods": 2, "gpus": 18, "largest": 16, "podNames": ["team/big", "team/small"]}
+
+
+# ---- provider-supplied labels
+
+
+def test_only_gpu_labels_and_the_allow_list_reach_a_virtual_node() -> None:
+    supplied = {
+        "nvidia.com/gpu.product": H100,
+        "nvidia.com/mig.capable": "true",
+        "topology.kubernetes.io/region": "eu",
+        "topology.kubernetes.io/zone": "eu-1a",
+        "kubernetes.io/hostname": "gpu-node-1",
+        "node-role.kubernetes.io/control-plane": "",
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "gpufed.io/remote-cluster-id": "gpu-b",
+        "type": "virtual-kubelet",
+        "example.com/rack": "r1",
+        "nvidia.com/gpu.family": "bad value!",
+    }
+    got = filter_node_labels(supplied)
+    assert got.kept == {"nvidia.com/gpu.product": H100, "nvidia.com/mig.capable": "true"}
+    assert set(got.dropped) == set(supplied) - set(got.kept)
+    allowed = filter_node_labels(supplied, ["example.com/rack", "topology.kubernetes.io/*", "kubernetes.io/"])
+    assert allowed.kept == {**got.kept, "example.com/rack": "r1"}, "reserved domains never pass"
+
+
+def test_label_allow_list_entries() -> None:
+    assert label_allowed("example.com/rack", ["example.com/"]) and label_allowed("example.com/rack", ["example.com/*"])
+    assert not label_allowed("example.com/rack", ["example.com/r"]) and not label_allowed("example.com/rack", ["*"])
+    assert not label_allowed("sub.k8s.io/x", ["sub.k8s.io/"])
+
+
+def test_advertise_keeps_only_valid_gpu_labels_of_the_snapshot() -> None:
+    forged = dataclasses.replace(
+        cap(H100, [8]), labels={"nvidia.com/gpu.count": "8", "topology.kubernetes.io/region": "eu"}
+    )
+    ad = advertise("gpu-a", Pool("n", H100), snap(forged), granted={}, used_all={}, used_here={})
+    assert "topology.kubernetes.io/region" not in ad.labels and ad.labels["nvidia.com/gpu.count"] == "8"
+    bad = advertise("gpu-a", Pool("n", "evil product/../x"), None, granted={}, used_all={}, used_here={})
+    assert "nvidia.com/gpu.product" not in bad.labels

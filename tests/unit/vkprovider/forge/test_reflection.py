@@ -27,6 +27,7 @@ from vkprovider.forge.reflection import (
     SKIP_ANNOTATION,
     Decision,
     covers,
+    ingress_annotation_allowed,
     needs_apply,
     needs_recreate,
     policy,
@@ -71,11 +72,11 @@ def annotated(**annotations: str) -> dict[str, Any]:
 def test_kinds_name_their_api() -> None:
     assert [k.kind for k in KINDS] == ["ConfigMap", "Secret", "Service", "EndpointSlice", "Ingress"]
     assert KINDS_BY_NAME["EndpointSlice"] is ENDPOINT_SLICE
-    assert CONFIG_MAP.path("ns-x") == "/api/v1/namespaces/ns-x/configmaps"
-    assert SECRET.path("ns-x", "tls") == "/api/v1/namespaces/ns-x/secrets/tls"
-    assert ENDPOINT_SLICE.path("ns-x", "web-abc") == "/apis/discovery.k8s.io/v1/namespaces/ns-x/endpointslices/web-abc"
+    # Paths are built by gpufed.kube.rest (one quoted segment per name) from these.
+    assert (CONFIG_MAP.api_version, CONFIG_MAP.plural) == ("v1", "configmaps")
+    assert (SECRET.api_version, SECRET.plural) == ("v1", "secrets")
+    assert (ENDPOINT_SLICE.api_version, ENDPOINT_SLICE.plural) == ("discovery.k8s.io/v1", "endpointslices")
     assert INGRESS.api_version == "networking.k8s.io/v1"
-    assert INGRESS.path("ns-x") == "/apis/networking.k8s.io/v1/namespaces/ns-x/ingresses"
     assert SERVICE.plural == "services"
 
 
@@ -482,8 +483,9 @@ def ingress(class_name: str | None = None, class_annotation: str | None = None) 
 
 def test_ingress_with_existing_class_is_copied() -> None:
     local = ingress("nginx")
-    outcome = remote_ingress(local, TARGET, {"nginx", "traefik"}, None)
+    outcome = remote_ingress(local, TARGET, {"nginx", "traefik"}, None, ["nginx.ingress.kubernetes.io/rewrite-target"])
     assert (outcome.reason, outcome.message) == ("Reflected", "ingress web reflected with class 'nginx' of gpu-a")
+    assert outcome.dropped == ()
     assert outcome.body == {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
@@ -495,6 +497,46 @@ def test_ingress_with_existing_class_is_copied() -> None:
         },
         "spec": local["spec"],  # the TLS Secret keeps its name: Secrets are reflected under theirs
     }
+
+
+def test_ingress_annotations_the_provider_does_not_publish_as_allowed_are_left_out_and_named() -> None:
+    local = ingress(class_annotation="nginx")
+    local["metadata"]["annotations"]["nginx.ingress.kubernetes.io/configuration-snippet"] = "deny all;"
+    outcome = remote_ingress(local, TARGET, {"nginx"}, None)
+    assert outcome.body is not None
+    # Only the class annotation is sure to pass the provider's gpufed-consumer-objects policy.
+    assert outcome.body["metadata"]["annotations"] == {"kubernetes.io/ingress.class": "nginx"}
+    assert outcome.dropped == (
+        "nginx.ingress.kubernetes.io/configuration-snippet",
+        "nginx.ingress.kubernetes.io/rewrite-target",
+    )
+    assert "left out: nginx.ingress.kubernetes.io/configuration-snippet" in outcome.message
+
+
+def test_ingress_annotations_follow_the_published_allow_list_exact_and_prefix() -> None:
+    local = ingress("nginx")
+    local["metadata"]["annotations"].update({"example.com/a": "1", "example.com/b": "2", "other.io/c": "3"})
+    outcome = remote_ingress(local, TARGET, {"nginx"}, None, ["example.com/*", "other.io/d"])
+    assert outcome.body is not None
+    assert outcome.body["metadata"]["annotations"] == {"example.com/a": "1", "example.com/b": "2"}
+    assert outcome.dropped == ("nginx.ingress.kubernetes.io/rewrite-target", "other.io/c")
+
+
+@pytest.mark.parametrize(
+    ("key", "allowed", "expected"),
+    [
+        ("kubernetes.io/ingress.class", [], True),
+        ("nginx.ingress.kubernetes.io/server-snippet", [], False),
+        ("nginx.ingress.kubernetes.io/server-snippet", ["nginx.ingress.kubernetes.io/*"], True),
+        ("nginx.ingress.kubernetes.io/server-snippet", ["nginx.ingress.kubernetes.io/ssl-redirect"], False),
+        ("nginx.ingress.kubernetes.io/ssl-redirect", ["nginx.ingress.kubernetes.io/ssl-redirect"], True),
+        ("example.com/ab", ["example.com/a"], False),
+    ],
+)
+def test_ingress_annotation_allowed_decides_as_the_providers_policy(
+    key: str, allowed: list[str], expected: bool
+) -> None:
+    assert ingress_annotation_allowed(key, allowed) is expected
 
 
 def test_ingress_with_missing_class_is_refused() -> None:

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufed.kube.upgrade import open_upgraded
 from gpufed.localenv.pki import issue_leaf, make_ca
-from tests.unit.fakes import serve, until
+from tests.unit.fakes import FakeApiServer, serve, until
 from vkprovider.kubelet import auth as kubeletauth
 from vkprovider.kubelet import server as kubeletapi
 from vkprovider.kubelet import streams
@@ -318,6 +318,8 @@ class Env:
         self.client_key = client_key
         self.fake = fake
         self.base = f"https://127.0.0.1:{port}"
+        #: The consumer's (fake) API server the kubelet API reviews tokens and access with.
+        self.api_server: FakeApiServer | None = None
 
     def ssl(self, *, client_cert: bool = False) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cadata=_pem(self.ca).decode())
@@ -363,7 +365,9 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         task = asyncio.create_task(kapi.run())
         await asyncio.wait_for(kapi.ready.wait(), 5)
         try:
-            yield Env(port, server_ca, tmp_path / "ca.crt", tmp_path / "client.crt", tmp_path / "client.key", fake)
+            e = Env(port, server_ca, tmp_path / "ca.crt", tmp_path / "client.crt", tmp_path / "client.key", fake)
+            e.api_server = server
+            yield e
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -380,6 +384,24 @@ async def test_anonymous_is_401_and_unauthorised_is_403(env: Env) -> None:
     assert (await env.get("/containerLogs/team-a/train-0/main", "metrics-token"))[0] == 403
     assert (await env.get("/metrics/resource", "metrics-token"))[0] == 200
     assert (await env.get("/healthz", "admin-token")) == (200, b"ok")
+
+
+async def test_a_flood_of_unknown_tokens_makes_a_bounded_number_of_token_reviews(env: Env) -> None:
+    assert env.api_server is not None
+    reviews = "/apis/authentication.k8s.io/v1/tokenreviews"
+    assert (await env.get("/metrics/resource", "metrics-token"))[0] == 200  # known, now cached
+    statuses = [(await env.get("/metrics/resource", f"unknown-{i}"))[0] for i in range(40)]
+    made = len(env.api_server.calls("POST", reviews))
+    assert made == kubeletauth.UNKNOWN_TOKEN_BURST, made
+    assert statuses.count(401) == made - 1 and statuses.count(429) == 40 - (made - 1), statuses
+    # A cached token costs no review: it is served while the flood's source has no budget left.
+    assert (await env.get("/metrics/resource", "metrics-token"))[0] == 200
+    assert len(env.api_server.calls("POST", reviews)) == made
+
+
+async def test_every_path_needs_authentication_metrics_and_healthz_included(env: Env) -> None:
+    for path in ("/metrics/resource", "/healthz", "/stats/summary", "/pods"):
+        assert (await env.get(path))[0] == 401, path
 
 
 async def test_client_certificate_from_the_client_ca_authenticates(env: Env) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_NODE_LABEL, ORIGIN_UID_LABEL
+from tests.unit.fakes import offloaded_here
 from vkprovider.forge.pools import Pool
 from vkprovider.remote.pools import PoolView, Usage
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
@@ -25,6 +26,7 @@ def twin(name: str, node: str) -> dict[str, Any]:
 
 def test_views_share_notifications_and_split_twins_by_pool_node() -> None:
     provider = RemoteProvider(None, None, RemoteSettings(consumer=CONSUMER, provider="gpu-a", node="gpufed-gpu-a"))
+    offloaded_here(provider, "team")  # the consumer's own record: team is offloaded to gpu-a
     provider._on_twin_namespace(
         "ADDED",
         {"metadata": {"name": "team"}, "spec": {"namespace": "team"}, "status": {"phase": "Ready", "twin": TWIN_NS}},

@@ -26,6 +26,7 @@ import pytest
 import structlog
 from aiohttp import web
 from kubernetes_asyncio import client
+from prometheus_client import REGISTRY
 
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL
 from gpufed.kube.times import rfc3339
@@ -33,6 +34,7 @@ from tests.unit.fakes import FakeApiServer, Request, running, until
 from vkprovider.forge.meta import Target, owned_by
 from vkprovider.forge.pods import remote_pod
 from vkprovider.forge.tokens import (
+    MAX_EXPIRATION_S,
     TOKEN_FOR_POD_LABEL,
     IssuedToken,
     PodIdentity,
@@ -125,9 +127,11 @@ def test_token_sources_are_keyed_in_volume_and_source_order_and_clamped() -> Non
     other = {"name": "x", "projected": {"sources": [{"secret": {"name": "s"}}, {"serviceAccountToken": {"path": "t"}}]}}
     pod = make_pod(KUBE_API_ACCESS, VAULT, other)
     assert token_sources(pod) == [
-        TokenSource("token-0", None, 3607),
+        # 3607 s asked (and the projection's default when none is): capped at an hour, never the 3607 s
+        # kube-apiserver would extend to a year.
+        TokenSource("token-0", None, MAX_EXPIRATION_S),
         TokenSource("token-1", "vault", 600),  # 300 s asked: TokenRequest refuses less than 10 minutes
-        TokenSource("token-2", None, 3607),  # none asked: the API server's projection default
+        TokenSource("token-2", None, MAX_EXPIRATION_S),
     ]
     assert token_sources(make_pod()) == []
 
@@ -189,7 +193,8 @@ def test_a_vault_audience_gets_its_own_key_and_other_sources_stay() -> None:
         },
     }
     pod = make_pod(KUBE_API_ACCESS, mixed)
-    assert token_sources(pod)[1] == TokenSource("token-1", "vault", 7200)
+    # Capped at MAX_EXPIRATION_S: the token is readable on the provider.
+    assert token_sources(pod)[1] == TokenSource("token-1", "vault", MAX_EXPIRATION_S)
     spec = copy.deepcopy(pod["spec"])
     rewrite_spec(spec, IDENTITY)
     assert spec["volumes"][2] == {
@@ -260,7 +265,7 @@ def test_token_secret_contents() -> None:
                 "gpufed.io/token-service-account": "trainer",
                 "gpufed.io/token-sources": json.dumps(
                     [
-                        {"key": "token-0", "audience": None, "expirationSeconds": 3607},
+                        {"key": "token-0", "audience": None, "expirationSeconds": MAX_EXPIRATION_S},
                         {"key": "token-1", "audience": "vault", "expirationSeconds": 600},
                     ],
                     separators=(",", ":"),
@@ -320,7 +325,7 @@ def test_token_request_is_bound_to_the_pod() -> None:
         "kind": "TokenRequest",
         "spec": {
             "audiences": [],
-            "expirationSeconds": 3607,
+            "expirationSeconds": MAX_EXPIRATION_S,
             "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": UID},
         },
     }
@@ -544,8 +549,8 @@ async def test_the_refresh_loop_reissues_due_tokens(world: World) -> None:
 async def test_a_restarted_refresher_resumes_from_the_secrets_alone(world: World) -> None:
     pod = world.add_pod(KUBE_API_ACCESS, VAULT)
     await world.tokens().ensure(pod, TARGET)
-    restarted = world.tokens()  # never sees the pod
-    async with running(restarted.run(lambda: [TWIN_NS])):
+    restarted = world.tokens()  # never sees the pod: the mapping twin -> local namespace is the consumer's
+    async with running(restarted.run(lambda: {TWIN_NS: "team"})):
         await until(restarted.ready.is_set, what="first pass")
         assert restarted.scheduled() == {(TWIN_NS, SECRET): T0 + timedelta(seconds=480)}
         world.clock.advance(480)
@@ -657,3 +662,128 @@ async def test_forget_deletes_the_secret_and_drops_it_from_the_schedule(world: W
     assert delete.body["preconditions"] == {"uid": uid}
     assert tokens.scheduled() == {}
     await tokens.forget("team", POD, TWIN_NS)  # already gone: fine
+
+
+# ---------------------------------------------------------------- a provider's Secrets are claims only
+
+FOREIGN_AUDIENCE = "sts.amazonaws.com"
+TEN_YEARS_S = 10 * 365 * 24 * 3600
+
+
+def planted(name: str, pod: str = POD, namespace: str = "team", uid: str = UID) -> dict[str, Any]:
+    """A token Secret as a provider can write it: our labels, annotations asking for whatever it wants."""
+    sources = [{"key": "token-0", "audience": FOREIGN_AUDIENCE, "expirationSeconds": TEN_YEARS_S}]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": TWIN_NS,
+            "labels": {
+                ORIGIN_CLUSTER_LABEL: CONSUMER,
+                ORIGIN_UID_LABEL: uid,
+                MANAGED_BY_LABEL: MANAGED_BY,
+                TOKEN_FOR_POD_LABEL: pod,
+            },
+            "annotations": {
+                "gpufed.io/token-pod": pod,
+                "gpufed.io/token-namespace": namespace,
+                "gpufed.io/token-service-account": "cluster-admin-sa",
+                "gpufed.io/token-sources": json.dumps(sources),
+                "gpufed.io/token-issued-at": "2020-01-01T00:00:00Z",
+                "gpufed.io/token-expires-at": "2020-01-01T01:00:00Z",
+            },
+        },
+        "type": "Opaque",
+        "data": {"token-0": ""},
+    }
+
+
+def refused_count(reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value("gpufed_token_secrets_refused_total", {"remote_cluster": "", "reason": reason}) or 0
+    )
+
+
+def foreign_requests(world: World) -> list[dict[str, Any]]:
+    return [
+        body
+        for _, account, body in world.issuer.requests
+        if FOREIGN_AUDIENCE in body["spec"]["audiences"]
+        or body["spec"]["expirationSeconds"] > MAX_EXPIRATION_S
+        or account != "trainer"
+    ]
+
+
+async def test_a_planted_token_secret_obtains_no_token(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    await tokens.ensure(pod, TARGET)
+    world.provider.create("secrets", planted("gpufed-token-evil"))
+    before = refused_count("NotAPodsSecret")
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(lambda: len(world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/secrets")) > 3)
+    assert foreign_requests(world) == [], "a TokenRequest was built from the provider's annotations"
+    assert len(world.issuer.requests) == 1, "only the pod's own token, from ensure"
+    evil = world.provider.get("secrets", TWIN_NS, "gpufed-token-evil")
+    assert evil is not None and evil["data"] == {"token-0": ""}, "no token reached the planted Secret"
+    assert refused_count("NotAPodsSecret") == before + 1, "refused once, not at every resync"
+
+
+async def test_a_planted_secret_naming_a_pod_of_another_namespace_obtains_no_token(world: World) -> None:
+    other = make_pod(KUBE_API_ACCESS, uid="uid-of-other")
+    other["metadata"]["namespace"] = "payments"
+    world.consumer.create("pods", other)
+    world.provider.create("secrets", planted(SECRET, namespace="payments", uid="uid-of-other"))
+    tokens = world.tokens()
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(lambda: len(world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/secrets")) > 3)
+    assert world.issuer.requests == []
+    assert world.consumer.calls("GET", "/api/v1/namespaces/payments/pods/train-0") == [], "not even read"
+
+
+async def test_an_edited_token_secret_gets_the_pods_own_tokens_and_is_reported(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    await tokens.ensure(pod, TARGET)
+    edited = planted(SECRET)
+
+    def tamper(secret: dict[str, Any]) -> None:
+        secret["metadata"]["annotations"] = edited["metadata"]["annotations"]
+
+    world.provider.update("secrets", TWIN_NS, SECRET, tamper)
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(lambda: len(world.issuer.requests) >= 2, what="the refresh")
+        await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
+    assert foreign_requests(world) == []
+    binding = binding_of(pod, TARGET, IDENTITY)
+    assert world.issuer.requests[1] == ("team", "trainer", token_request(binding, binding.sources[0]))
+    notes = world.live()["metadata"]["annotations"]
+    assert (
+        notes["gpufed.io/token-service-account"] == "trainer"
+        and FOREIGN_AUDIENCE not in notes["gpufed.io/token-sources"]
+    )
+    (event,) = world.consumer.items("events", "team")
+    assert event["reason"] == "TokenSecretRefused" and event["involvedObject"]["uid"] == UID
+
+
+async def test_a_pod_not_bound_to_this_provider_gets_no_token(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    await tokens.ensure(pod, TARGET)
+    world.clock.advance(3607)
+    async with running(tokens.run(lambda: {TWIN_NS: "team"}, lambda _pod: False)):
+        await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
+    assert len(world.issuer.requests) == 1, "no refresh for a pod of another node"
+    (event,) = world.consumer.items("events", "team")
+    assert "not offloaded to this provider" in event["message"]
+
+
+def test_token_lifetimes_are_capped_whatever_the_pod_asks() -> None:
+    long_lived = {
+        "name": "long",
+        "projected": {"sources": [{"serviceAccountToken": {"expirationSeconds": TEN_YEARS_S}}]},
+    }
+    (source,) = token_sources(make_pod(long_lived))
+    assert source.expiration_seconds == MAX_EXPIRATION_S == 3600
+    binding = binding_of(make_pod(long_lived), TARGET, IDENTITY)
+    forged = TokenSource("token-0", None, TEN_YEARS_S)
+    assert token_request(binding, forged)["spec"]["expirationSeconds"] == MAX_EXPIRATION_S
