@@ -52,6 +52,9 @@ class NodePool(BaseModel):
     count: int = Field(ge=1, le=500)
     cpu: str = "32"
     memory: str = "256Gi"
+    #: Local disk for pods' writable layers, logs and emptyDirs, as a kubelet reports it (providers put
+    #: a default ephemeral-storage request on twin pods, which a node without it could not fit).
+    ephemeral_storage: str = Field(default="500Gi", alias="ephemeralStorage")
     pods: int = Field(default=110, ge=1)
     gpus: int = Field(default=0, ge=0, le=64)
     gpu_product: str | None = Field(default=None, alias="gpuProduct")
@@ -85,7 +88,12 @@ class NodePool(BaseModel):
         return labels
 
     def capacity(self) -> dict[str, str]:
-        cap = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods)}
+        cap = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "ephemeral-storage": self.ephemeral_storage,
+            "pods": str(self.pods),
+        }
         if self.gpus:
             cap[GPU_RESOURCE] = str(self.gpus)
         return cap

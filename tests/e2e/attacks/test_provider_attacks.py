@@ -275,14 +275,14 @@ def test_provider_claims_a_namespace_never_offloaded(
 def _claim_labels(clusters: Clusters, ids: dict[str, ClusterID], labels: dict[str, str]) -> None:
     """gpu-a's admin rewrites the nodeLabels of its grant (every slice mirror in the tenant namespace);
     the consumer mirrors them into its own ResourceSlices."""
-    slices = clusters.kubectl_json("gpu-a", "get", "resourceslices", "-n", tenant(ids))["items"]
+    slices = clusters.kubectl_json("gpu-a", "get", "resourceslices.gpufed.io", "-n", tenant(ids))["items"]
     assert slices, "no ResourceSlice mirror on gpu-a"
     for s in slices:
         merged = {**((s.get("status") or {}).get("nodeLabels") or {}), **labels}
         clusters.kubectl(
             "gpu-a",
             "patch",
-            "resourceslice",
+            "resourceslices.gpufed.io",
             s["metadata"]["name"],
             "-n",
             tenant(ids),
@@ -293,7 +293,7 @@ def _claim_labels(clusters: Clusters, ids: dict[str, ClusterID], labels: dict[st
         )
 
     def arrived() -> bool:
-        local = clusters.kubectl_json("consumer", "get", "resourceslices", "-n", "gpufed")["items"]
+        local = clusters.kubectl_json("consumer", "get", "resourceslices.gpufed.io", "-n", "gpufed")["items"]
         return any(
             all(((s.get("status") or {}).get("nodeLabels") or {}).get(k) == v for k, v in labels.items())
             for s in local

@@ -33,14 +33,13 @@ from typing import Any
 
 import pytest
 
-from gpufed.apis.wire import GRANT_QUOTA, ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL, ClusterID, twin_namespace
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL, ClusterID, twin_namespace
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from peering import podsecurity
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, offload, peered_session
 from vkprovider.remote.events_relay import RelayLimits
-from vkprovider.remote.reflection import DEFAULT_MAX_OBJECTS
 
 pytestmark = pytest.mark.e2e
 
@@ -212,54 +211,6 @@ def forged_copy(namespace: str, name: str, consumer: ClusterID) -> dict[str, Any
         "metadata": {"name": name, "namespace": namespace, "labels": {ORIGIN_CLUSTER_LABEL: consumer}},
         "data": {"padding": "x" * 512},
     }
-
-
-async def test_provider_floods_a_twin_namespace_with_forged_config_map_copies(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, api: dict[str, Any]
-) -> None:
-    offload(
-        clusters, namespace, "--pod-strategy", "Remote", "--selector", f"gpufed.io/remote-cluster-id={ids[PROVIDER]}"
-    )
-    twin_ns = twin(ids, namespace)
-    local_cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": namespace}}
-    apply(clusters, "consumer", {**local_cm, "data": {"lr": "0.1"}})
-    eventually("the copy on gpu-a", lambda: get(clusters, PROVIDER, "configmap", "settings", "-n", twin_ns))
-    local_before = {
-        c["metadata"]["name"] for c in clusters.kubectl_json("consumer", "get", "cm", "-n", namespace)["items"]
-    }
-
-    count = DEFAULT_MAX_OBJECTS + 200
-    with provider_controller_paused(await component_pid(clusters, PROVIDER, "gpufed-controller")):
-        # gpu-a's admin lifts the twin namespace's object quota: a provider controls its API server.
-        clusters.kubectl(PROVIDER, "delete", "resourcequota", GRANT_QUOTA, "-n", twin_ns, check=False)
-        bodies = [forged_copy(twin_ns, f"forged-{i}", ids["consumer"]) for i in range(count)]
-        created = await flood(api[PROVIDER], rest.path("v1", "configmaps", namespace=twin_ns), bodies)
-    assert created >= DEFAULT_MAX_OBJECTS + 1, f"gpu-a took only {created} ConfigMaps"
-
-    limit = eventually(
-        "the limit on the NamespaceOffloading",
-        lambda: consumer_events(clusters, namespace, "offloading", with_reason("ReflectionLimit")),
-        timeout=120,
-    )
-    assert limit[0]["type"] == "Warning" and f"more than {DEFAULT_MAX_OBJECTS} ConfigMap" in limit[0]["message"]
-    assert limit[0]["involvedObject"]["kind"] == "NamespaceOffloading"
-    assert vk_log_lines(clusters, ids, "reflection limit reached", namespace), "the limit is not logged"
-    # Nothing comes back to the consumer: its namespace holds what it held.
-    local_after = {
-        c["metadata"]["name"] for c in clusters.kubectl_json("consumer", "get", "cm", "-n", namespace)["items"]
-    }
-    assert local_after == local_before
-    # Reflection keeps working for the namespace, reading each copy instead of watching the flood.
-    apply(clusters, "consumer", {**local_cm, "data": {"lr": "0.2"}})
-    eventually(
-        "the update reflected",
-        lambda: (
-            ((get(clusters, PROVIDER, "configmap", "settings", "-n", twin_ns) or {}).get("data") or {}).get("lr")
-            == "0.2"
-        ),
-    )
-    time.sleep(3)
-    assert len(consumer_events(clusters, namespace, "offloading", with_reason("ReflectionLimit"))) == 1
 
 
 # ---------------------------------------------------------------------------- tenant user: Ingresses
