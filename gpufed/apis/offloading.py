@@ -7,7 +7,7 @@ strategies, the cluster selector and its node-affinity matching), and `OffloadPo
 policy a provider sets per tenant and publishes in each twin namespace's status (with the
 canonical form of a capability name).
 
-Does not: enforce the policy (`peering.podsecurity` on the provider, `vkprovider.forge.podpolicy`
+Does not: enforce the policy (`peering.admission` on the provider, `vkprovider.forge.podpolicy`
 on the consumer), or reconcile these objects (`peering.controllers`).
 
 Pure: no I/O.
@@ -60,7 +60,7 @@ class OffloadPodSecurity(Model):
     """The offload pod-security policy: what a consumer's pods may ask of this provider's nodes."""
 
     # Everything is refused unless allowed; the provider's own API server enforces it in the
-    # consumer's namespaces (peering.podsecurity), the consumer checks it early (vkprovider.forge.podpolicy).
+    # consumer's namespaces (peering.admission), the consumer checks it early (vkprovider.forge.podpolicy).
 
     level: Literal["baseline", "restricted"] = Field(
         default="baseline",

@@ -34,6 +34,7 @@ INSTRUMENTED: dict[str, str] = {
     "vkprovider.remote.tokens": "virtual-kubelet",
     "vkprovider.remote.events_relay": "virtual-kubelet",
     "vkprovider.remote.reflection": "virtual-kubelet",
+    "vkprovider.remote.reflection_reports": "virtual-kubelet",
     "netfabric.controllers.gateway": "gateway",
     "gpupool.agent.agent": "gpu-agent",
 }

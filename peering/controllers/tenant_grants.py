@@ -182,7 +182,7 @@ class TenantGrants:
         limits = grants.partition(total_granted, {t: usage.get(t, {}) for t in twins})
         extended = {r for n in self.cache.nodes.values() for r in n.extended}
         for ns, hard in limits.items():
-            await self._quota(ns, consumer, grants.quota_hard(hard, extended, tenant=False))
+            await apply_quota(self.api, ns, consumer, grants.quota_hard(hard, extended, tenant=False))
         used_now = total(usage.values())
         status["granted"] = _fmt(total_granted)
         status["used"] = _fmt(used_now)
@@ -190,18 +190,20 @@ class TenantGrants:
         status["namespace"] = tns
         return TenantTotals(total_granted, used_now)
 
-    async def _quota(self, namespace: str, consumer: ClusterID, hard: Mapping[str, str]) -> None:
-        await rest.apply(
-            self.api,
-            rest.path("v1", "resourcequotas", GRANT_QUOTA, namespace=namespace),
-            {
-                "apiVersion": "v1",
-                "kind": "ResourceQuota",
-                "metadata": {
-                    "name": GRANT_QUOTA,
-                    "namespace": namespace,
-                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
-                },
-                "spec": {"hard": dict(hard)},
+
+async def apply_quota(api: Any, namespace: str, consumer: ClusterID, hard: Mapping[str, str]) -> None:
+    """The grant's ResourceQuota `gpufed-grant` in one of a consumer's namespaces (tenant or twin)."""
+    await rest.apply(
+        api,
+        rest.path("v1", "resourcequotas", GRANT_QUOTA, namespace=namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {
+                "name": GRANT_QUOTA,
+                "namespace": namespace,
+                "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
             },
-        )
+            "spec": {"hard": dict(hard)},
+        },
+    )

@@ -26,7 +26,8 @@ Owns, for one Tenant (one consumer), level-triggered and idempotent:
 Never touches namespaces it does not own: one it adopts must carry this consumer's label.
 
 Does not: decide the handshake (`peering.controllers.tenant_handshake`) or the grant and its quotas
-(`peering.controllers.tenant_grants`); the policy's rules are `peering.podsecurity`.
+(`peering.controllers.tenant_grants`); the policy's rules are `peering.podsecurity`, the admission policies
+`peering.admission`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ from gpufed.kube import conditions as cond
 from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from peering import grants, handshake, podsecurity
+from peering.admission.objects import objects_binding, objects_policy
+from peering.admission.pods import admission_binding, admission_policy
 from peering.controllers import status as st_
+from peering.controllers.tenant_grants import apply_quota
 
 #: Requests given to containers that set none, so the grant's quota can admit them.
 DEFAULT_CONTAINER_REQUESTS = {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "512Mi"}
@@ -130,12 +134,8 @@ class TenantNamespaces:
         if self._admission_applied:
             return
         for name, policy, binding in (
-            (podsecurity.POLICY_NAME, podsecurity.admission_policy(), podsecurity.admission_binding()),
-            (
-                podsecurity.OBJECTS_POLICY_NAME,
-                podsecurity.objects_policy(handshake.CONSUMER_GROUP),
-                podsecurity.objects_binding(),
-            ),
+            (podsecurity.POLICY_NAME, admission_policy(), admission_binding()),
+            (podsecurity.OBJECTS_POLICY_NAME, objects_policy(handshake.CONSUMER_GROUP), objects_binding()),
         ):
             await rest.apply(self.api, rest.path(_ADMISSION_GROUP, "validatingadmissionpolicies", name), policy)
             await rest.apply(self.api, rest.path(_ADMISSION_GROUP, "validatingadmissionpolicybindings", name), binding)
@@ -195,7 +195,7 @@ class TenantNamespaces:
         if not await self._apply_namespace(tenant, ns, labels, projection, create=existing is None):
             return False
         zero = {r: Decimal(0) for r in grants.RESOURCES}
-        await self._quota(ns, consumer, grants.quota_hard(zero, (), tenant=True))
+        await apply_quota(self.api, ns, consumer, grants.quota_hard(zero, (), tenant=True))
         if await self._quota_in_force(ns, consumer):
             await self._bind(ns, CONSUMER_CONTROL_ROLE, consumer)
             await self._bind(ns, CONSUMER_WORKLOADS_ROLE, consumer)
@@ -395,22 +395,6 @@ class TenantNamespaces:
                 },
                 "roleRef": {"apiGroup": _RBAC_GROUP, "kind": "ClusterRole", "name": role},
                 "subjects": [{"apiGroup": _RBAC_GROUP, "kind": "User", "name": handshake.consumer_user(consumer)}],
-            },
-        )
-
-    async def _quota(self, namespace: str, consumer: ClusterID, hard: Mapping[str, str]) -> None:
-        await rest.apply(
-            self.api,
-            rest.path("v1", "resourcequotas", GRANT_QUOTA, namespace=namespace),
-            {
-                "apiVersion": "v1",
-                "kind": "ResourceQuota",
-                "metadata": {
-                    "name": GRANT_QUOTA,
-                    "namespace": namespace,
-                    "labels": {MANAGED_BY_LABEL: MANAGED_BY, CONSUMER_LABEL: consumer},
-                },
-                "spec": {"hard": dict(hard)},
             },
         )
 

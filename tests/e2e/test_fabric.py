@@ -258,11 +258,11 @@ def fabric(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iter
             f.destroy()
 
 
-@pytest.fixture(scope="module")
-def offloaded(fabric: Fabric) -> Iterator[tuple[str, str, str]]:
-    """(consumer namespace, local pod IP as the consumer API shows it, the twin's real podIP)."""
+def offload_a_pod(fabric: Fabric, ns: str, *, with_service: bool = True) -> tuple[str, str, str]:
+    """A GPU pod `trainer` offloaded to gpu-a from the new namespace `ns` (and its Service), its twin
+    linked to gpu-a's gateway and serving HTTP: (ns, local pod IP as the consumer API shows it, the
+    twin's real podIP)."""
     clusters = fabric.clusters
-    ns = f"fabric-{fabric.tag}"
     clusters.kubectl("consumer", "create", "namespace", ns)
     eventually(
         "default ServiceAccount",
@@ -290,7 +290,7 @@ def offloaded(fabric: Fabric) -> Iterator[tuple[str, str, str]]:
         "metadata": {"name": "trainer", "namespace": ns},
         "spec": {"selector": {"app": "trainer"}, "ports": [{"port": HTTP_PORT, "targetPort": HTTP_PORT}]},
     }
-    for obj in (pod, svc):
+    for obj in (pod, svc) if with_service else (pod,):
         clusters.kubectl("consumer", "apply", "-f", "-", input_text=json.dumps(obj))
     local = eventually(
         "the offloaded pod's IP on the consumer",
@@ -304,8 +304,16 @@ def offloaded(fabric: Fabric) -> Iterator[tuple[str, str, str]]:
     )
     fabric.link("pgw", "ppod", remote)
     fabric.serve("ppod", remote)
+    return ns, str(local), str(remote)
+
+
+@pytest.fixture(scope="module")
+def offloaded(fabric: Fabric) -> Iterator[tuple[str, str, str]]:
+    """(consumer namespace, local pod IP as the consumer API shows it, the twin's real podIP)."""
+    clusters = fabric.clusters
+    ns = f"fabric-{fabric.tag}"
     try:
-        yield ns, str(local), str(remote)
+        yield offload_a_pod(fabric, ns)
     finally:
         gpufed("unoffload-namespace", ns, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
         clusters.kubectl("consumer", "delete", "namespace", ns, "--wait=false", check=False)

@@ -8,8 +8,8 @@ types, tolerations, priority classes, node names, resources outside the grant) â
 `refusal(provider, violations)`, the message the user reads on the pod, which names the offending
 fields and the Tenant field that would allow them (or the standard that refuses them). The rules,
 their words and the constants they check against are `peering.podsecurity`'s, the same ones the
-provider's ValidatingAdmissionPolicy is rendered from, so a pod refused here would be refused there
-with the same reason, only later and after a round trip.
+provider's ValidatingAdmissionPolicy (`peering.admission.pods`) is rendered from, so a pod refused
+here would be refused there with the same reason, only later and after a round trip.
 
 A local pod is checked as its twin will be created: what the forge drops before the twin reaches the
 provider (`forge.pods`: the node name the consumer's scheduler chose, the priority class, the

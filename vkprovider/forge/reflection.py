@@ -335,7 +335,7 @@ class IngressOutcome:
 def ingress_annotation_allowed(key: str, allowed: Collection[str]) -> bool:
     """Whether the provider's objects policy lets a consumer's Ingress carry the annotation `key`:
     the class annotation always, else an entry of `allowed` (the tenant's `ingressAnnotations`: an
-    exact key, or a prefix ending in `*`), as `peering.podsecurity`'s admission policy decides it."""
+    exact key, or a prefix ending in `*`), as `peering.admission.objects` decides it."""
     if key == INGRESS_CLASS_ANNOTATION:
         return True
     return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in allowed)

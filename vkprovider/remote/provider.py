@@ -19,12 +19,8 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   same way), but tried again when that namespace's policy changes. The provider's API server
   enforces the policy anyway; its refusal (403 from the admission policy or Pod Security
   Admission) is mapped the same way, with the API server's message;
-- the provider's TwinNamespaces are CLAIMS: a namespace counts as offloaded here only while the
-  consumer's own NamespaceOffloading says it is offloaded to this provider (`remote.offloaded`) and
-  the twin's name is a valid namespace name. A claim the consumer did not make starts nothing (no
-  reflection, no twin, no token) and, when it persists for `claim_grace_s`, is reported once as a
-  Warning Event `TwinNamespaceRefused` on that namespace's NamespaceOffloading (or, without one,
-  on the provider's ForeignCluster);
+- following the TwinNamespaces the consumer confirmed (`remote.claims` decides which, and reports
+  the claims it did not make): a claim not followed starts nothing (no reflection, no twin, no token);
 - telling `reflection` (the `NamespaceReflection` it is built with) when a twin namespace becomes
   Ready (and offloaded here) or goes, and which Ingress annotations the provider publishes as allowed
   there (`INGRESS_ANNOTATIONS_FIELD` of the TwinNamespace status; None while it publishes none), and
@@ -32,19 +28,16 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
 - refusing a pod that addresses objects by names Kubernetes never gives (`forge.pods.invalid_names`,
   e.g. `imagePullSecrets: ../../gpufed/secrets/x`): `ProviderError(reason=InvalidName)`, before
   anything is read for it;
-- the twin's reported addresses: each goes through the IP translator and, with `pod_addresses`,
-  must lie in the provider's pod range as seen here; a refused one is left out (no podIP rather
-  than another's address) and reported once per pod and address as a Warning Event `PodIPRefused`;
+- the local pods' status from their twins', the twins' addresses translated and checked
+  (`remote.addresses`);
 - remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
   replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement; a reason
   that is no CamelCase word reads `Remote`, a type other than Warning `Normal`). Those and every Event
   this provider's view causes go through one bounded `EventRelay` (`events`: a bounded queue, per-pod
   and total rate limits, similar Events of one pod combined; what is dropped is counted in
   `gpufed_relayed_events_dropped_total`), never a task per provider Event;
-- the grant (this provider's accepted ResourceSlices, consumer side, namespace gpufed), its node
-  labels allow-listed (`forge.pools.filter_node_labels`; what is dropped is reported once per change
-  as a Warning Event `NodeLabelsDropped` on the ForeignCluster), and the provider's health (its API
-  answers), which pool nodes advertise.
+- watching this provider's ResourceSlices; the grant they add up to and the provider's health,
+  which pool nodes advertise, are `remote.grant`'s.
 
 Construction takes the collaborators: the two API clients, the IP translator, the token issuer,
 the estimator's `placement` (None: static capacity, nobody to ask), the `reflection` (None: no
@@ -61,16 +54,14 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Protocol
 
 import structlog
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.offloading import OffloadPodSecurity
-from gpufed.apis.quantity import parse
 from gpufed.apis.wire import (
     ORIGIN_CLUSTER_LABEL,
     ORIGIN_NODE_LABEL,
@@ -85,10 +76,12 @@ from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
 from vkprovider.forge import podpolicy
 from vkprovider.forge import pods as forge
-from vkprovider.forge.meta import Target, is_dns_label, is_dns_subdomain, owned_by
-from vkprovider.forge.pools import filter_node_labels
+from vkprovider.forge.meta import Target, is_dns_subdomain, owned_by
 from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin
+from vkprovider.remote.addresses import TwinAddresses
+from vkprovider.remote.claims import DEFAULT_CLAIM_GRACE_S, TwinNamespaceClaims
 from vkprovider.remote.events_relay import EventRelay, RelayLimits
+from vkprovider.remote.grant import Grant, Health, ProviderGrant
 from vkprovider.remote.offloaded import OffloadedNamespaces
 from vkprovider.remote.placement import PlacementGate, Placer
 from vkprovider.remote.references import ReferenceCopier
@@ -99,18 +92,8 @@ from vkprovider.remote.translate import Identity, IPTranslator, PodAddresses
 COMPONENT = "gpufed-virtual-kubelet"
 #: Events of remote twins not mirrored (the consumer's own components already report these).
 SKIPPED_EVENT_REASONS = frozenset({"Scheduled"})
-#: Reasons of the Warning Events that report what a provider claimed or reported and was refused.
-CLAIM_REFUSED = "TwinNamespaceRefused"
-POD_IP_REFUSED = "PodIPRefused"
-LABELS_DROPPED = "NodeLabelsDropped"
+#: Reason of the Warning Event for a pod that names objects by invalid names.
 INVALID_NAME = "InvalidName"
-#: Seconds a provider's claim on a namespace may stay unconfirmed by the consumer before it is
-#: reported (the offloading controller writes its status just after it asked for the twin).
-DEFAULT_CLAIM_GRACE_S = 10.0
-#: Claims waiting for their grace at once, and claims remembered as reported (beyond: forgotten; a
-#: repeated report of an old claim is harmless, a provider writing claims by the million is not).
-MAX_PENDING_CLAIMS = 1_000
-MAX_REPORTED = 10_000
 #: The TwinNamespace status field where a provider publishes the Ingress annotations its policy
 #: allows (the tenant's `spec.policy.ingressAnnotations`); without it only the class annotation is sent.
 INGRESS_ANNOTATIONS_FIELD = "ingressAnnotations"
@@ -139,25 +122,6 @@ class RemoteSettings:
     claim_grace_s: float = DEFAULT_CLAIM_GRACE_S
     #: How many Events about consumer objects this provider's view may cause, and how fast.
     event_limits: RelayLimits = field(default_factory=RelayLimits)
-
-
-@dataclass(frozen=True)
-class Grant:
-    """What the provider granted this consumer (all accepted ResourceSlices together)."""
-
-    resources: Mapping[str, Decimal] = field(default_factory=dict)
-    #: The GPU product every accepted slice is limited to (None: any, or they differ).
-    gpu_product: str | None = None
-    #: The labels the provider reported for the grant's nodes that a virtual node may carry.
-    labels: Mapping[str, str] = field(default_factory=dict)
-    accepted: bool = False
-
-
-@dataclass(frozen=True)
-class Health:
-    ready: bool
-    reason: str
-    message: str
 
 
 class NamespaceReflection(Protocol):
@@ -230,15 +194,12 @@ class RemoteProvider:
         #: Consumer-issued service-account tokens for twins (None: twins run without an identity).
         self.tokens = tokens
         self.ready = asyncio.Event()
-        #: Set once this provider's ResourceSlices have been listed (`grant()` is meaningful).
-        self.slices_synced = asyncio.Event()
         self.tenant_ns = tenant_namespace(ClusterID(settings.consumer))
         #: local namespace -> twin namespace (Ready TwinNamespaces only), and back.
         self.twin_ns: dict[str, str] = {}
         self.local_ns: dict[str, str] = {}
         #: (local namespace, name) -> the twin pod as last seen (or as created).
         self._twins: dict[tuple[str, str], dict[str, Any]] = {}
-        self._slices: dict[str, dict[str, Any]] = {}
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._synced: dict[str, asyncio.Event] = {}
         #: Told when a twin namespace becomes Ready or goes (None: nothing is reflected).
@@ -265,25 +226,35 @@ class RemoteProvider:
         self.placement = (
             PlacementGate(placement, settings.provider, settings.unplaceable_grace_s) if placement is not None else None
         )
-        #: Called when this provider's ResourceSlices change.
-        self.slice_listeners: list[Callable[[], None]] = []
-        #: Whether a twin's reported address may become the local pod's (None: any translated one).
-        self.pod_addresses = pod_addresses
-        #: The consumer's own record of what is offloaded here; TwinNamespaces are only claims.
-        self.offloaded = OffloadedNamespaces(local_api, settings.provider)
-        self.offloaded.listeners.append(self._on_offloading)
-        #: local namespace -> the provider's TwinNamespace for it, as last seen (a claim).
-        self._claims: dict[str, dict[str, Any]] = {}
-        #: Claims already reported (local namespace, twin, why), and those waiting for their grace.
-        self._claims_reported: set[tuple[str, str, str]] = set()
-        self._claims_pending: set[tuple[str, str, str]] = set()
-        #: (local pod UID, address) refused as its podIP and already reported.
-        self._ips_reported: set[tuple[str, str]] = set()
-        #: The provider's node labels dropped by the allow-list, as last reported.
-        self._labels_dropped: dict[str, str] = {}
-        self._health: tuple[float, Health] | None = None
         #: Every Event this provider's view causes on consumer objects (bounded, rate-limited).
         self.events = EventRelay(local_api, settings.provider, COMPONENT, settings.event_limits)
+        #: The twins' reported addresses, translated and checked for the local pods' status.
+        self.addresses = TwinAddresses(settings.provider, settings.host_ip, self.translator, pod_addresses, self.events)
+        #: The consumer's own record of what is offloaded here; TwinNamespaces are only claims.
+        self.offloaded = OffloadedNamespaces(local_api, settings.provider)
+        self.claims = TwinNamespaceClaims(
+            self.offloaded,
+            settings.provider,
+            settings.claim_grace_s,
+            self.events,
+            self._emit_on_foreign_cluster,
+            self._follow,
+            self._forget_namespace,
+            lambda: self._tg,
+        )
+        self.offloaded.listeners.append(self.claims.on_offloading)
+        #: This provider's ResourceSlices, and the grant and health its pool nodes advertise.
+        self.grants = ProviderGrant(
+            remote_api,
+            settings.provider,
+            settings.node_label_allow,
+            settings.health_ttl_s,
+            self._emit_on_foreign_cluster,
+        )
+        #: Set once this provider's ResourceSlices have been listed (`grant()` is meaningful).
+        self.slices_synced = self.grants.synced
+        #: Called when this provider's ResourceSlices change.
+        self.slice_listeners = self.grants.listeners
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
 
     # ---- provider view
@@ -306,7 +277,7 @@ class RemoteProvider:
                     watch(
                         self.remote,
                         rest.path(API_VERSION, "twinnamespaces", namespace=self.tenant_ns),
-                        self._on_twin_namespace,
+                        self.claims.on_twin_namespace,
                         what="twinnamespaces",
                         on_synced=twins_synced.set,
                     )
@@ -315,7 +286,7 @@ class RemoteProvider:
                     watch(
                         self.local,
                         rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE),
-                        self._on_slice,
+                        self.grants.on_slice,
                         what="resourceslices",
                         on_synced=self.slices_synced.set,
                     )
@@ -335,41 +306,6 @@ class RemoteProvider:
             for t in self._watches.values():
                 t.cancel()
 
-    def _on_slice(self, kind: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        if kind == "DELETED" or (obj.get("spec") or {}).get("providerClusterId") != self.settings.provider:
-            self._slices.pop(name, None)
-        else:
-            self._slices[name] = obj
-        self._report_dropped_labels()
-        for listener in self.slice_listeners:
-            listener()
-
-    def _supplied_labels(self) -> dict[str, str]:
-        """The node labels the provider reported on its accepted slices, unfiltered."""
-        labels: dict[str, str] = {}
-        for sl in self._slices.values():
-            st = sl.get("status") or {}
-            res: dict[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Resources"), {})
-            if res.get("status") == "True" and isinstance(st.get("nodeLabels"), Mapping):
-                labels.update({str(k): str(v) for k, v in st["nodeLabels"].items()})
-        return labels
-
-    def _report_dropped_labels(self) -> None:
-        dropped = filter_node_labels(self._supplied_labels(), self.settings.node_label_allow).dropped
-        if dropped == self._labels_dropped:
-            return
-        self._labels_dropped = dropped
-        if not dropped:
-            return
-        listed = ", ".join(f"{k}={v}" for k, v in sorted(dropped.items()))
-        message = (
-            f"provider {self.settings.provider} reported node labels its virtual nodes do not carry "
-            f"(only GPU labels and the allow-list pass): {listed}"
-        )[:1000]
-        self._log.warning("provider node labels dropped", labels=sorted(dropped))
-        self._emit_on_foreign_cluster("Warning", LABELS_DROPPED, message)
-
     def _emit_on_foreign_cluster(self, type_: str, reason: str, message: str) -> None:
         name = {"kind": "ForeignCluster", "metadata": {"name": self.settings.provider}}
 
@@ -381,52 +317,18 @@ class RemoteProvider:
 
         self.events.offer(name, type_=type_, reason=reason, message=message, resolve=resolve)
 
-    def _on_twin_namespace(self, kind: str, obj: dict[str, Any]) -> None:
-        local = str((obj.get("spec") or {}).get("namespace") or "")
-        if kind == "DELETED":
-            self._claims.pop(local, None)
-        else:
-            self._claims[local] = obj
-        self._evaluate(local)
-
-    def _on_offloading(self, namespace: str) -> None:
-        """The consumer's decision about `namespace` changed ("": first listed: all of them)."""
-        for local in [namespace] if namespace else list(self._claims):
-            self._evaluate(local)
-
-    def _claim_refusal(self, local: str, twin: str) -> str:
-        """Why the provider's claim of `local` (twin `twin`) is not followed; "" when it is."""
-        if not self.offloaded.allows(local):
-            return f"namespace {local} is not offloaded to {self.settings.provider}"
-        if twin and not is_dns_label(twin):
-            return f"{twin!r} is no valid namespace name"
-        return ""
-
-    def _evaluate(self, local: str) -> None:
-        """Follow the provider's TwinNamespace for `local` where the consumer confirms it."""
-        if not self.offloaded.synced.is_set():
-            return  # claims wait until the consumer's own record has been listed
-        obj = self._claims.get(local)
-        st = (obj or {}).get("status") or {}
-        twin = str(st.get("twin") or "")
-        ready = obj is not None and not obj["metadata"].get("deletionTimestamp") and st.get("phase") == "Ready"
-        if not ready:
-            self._forget_namespace(local)
-            return
-        why = self._claim_refusal(local, twin)
-        if why:
-            self._forget_namespace(local)
-            self._refuse_claim(local, twin, why)
-            return
+    def _follow(self, local: str, twin: str, claim: Mapping[str, Any]) -> bool:
+        """Follow the Ready claim of `local` (twin `twin`) the consumer confirmed; True when it is a
+        twin namespace not followed before."""
+        st = claim.get("status") or {}
         moved = bool(twin) and self.twin_ns.get(local) != twin
         if moved:
             self._forget_namespace(local)  # another twin than before: start over
         self._set_pod_security(local, st.get("podSecurity"))
         if self.reflection is not None:
-            self.reflection.set_ingress_annotations(local, _published_ingress_annotations(obj or {}))
+            self.reflection.set_ingress_annotations(local, _published_ingress_annotations(claim))
         if not moved:
-            return
-        self._claims_reported = {c for c in self._claims_reported if c[0] != local}
+            return False
         self.twin_ns[local] = twin
         self.local_ns[twin] = local
         if self._tg is not None:
@@ -436,6 +338,7 @@ class RemoteProvider:
         # Pods refused because this namespace had no twin yet go again now, not after their backoff.
         for name in sorted(self._waiting.pop(local, set())):
             self._notify(local, name)
+        return True
 
     def _forget_namespace(self, local: str) -> None:
         self.pod_security.pop(local, None)
@@ -445,40 +348,6 @@ class RemoteProvider:
             self._stop_watches(old)
             if self.reflection is not None:
                 self.reflection.stop_namespace(local)
-
-    def _refuse_claim(self, local: str, twin: str, why: str) -> None:
-        """Report once, after the grace, a claim that is still refused then."""
-        key = (local, twin, why)
-        if key in self._claims_reported or key in self._claims_pending or self._tg is None:
-            return
-        if len(self._claims_pending) >= MAX_PENDING_CLAIMS:
-            return  # still refused; only its report is skipped
-        self._claims_pending.add(key)
-
-        async def later() -> None:
-            try:
-                await asyncio.sleep(self.settings.claim_grace_s)
-                obj = self._claims.get(local)
-                st = (obj or {}).get("status") or {}
-                if obj is None or str(st.get("twin") or "") != twin or self._claim_refusal(local, twin) != why:
-                    return
-                if len(self._claims_reported) >= MAX_REPORTED:
-                    self._claims_reported.clear()
-                self._claims_reported.add(key)
-                message = (
-                    f"provider {self.settings.provider} claims twin namespace {twin!r} for {local}, which this "
-                    f"cluster did not give it ({why}): nothing of {local} is reflected, copied or run there"
-                )
-                self._log.warning("twin namespace claim refused", namespace=local, twin=twin, why=why)
-                offloading = self.offloaded.offloading(local)
-                if offloading is None:
-                    self._emit_on_foreign_cluster("Warning", CLAIM_REFUSED, message)
-                    return
-                self.events.offer(offloading, type_="Warning", reason=CLAIM_REFUSED, message=message)
-            finally:
-                self._claims_pending.discard(key)
-
-        self._tg.create_task(later())
 
     def _set_pod_security(self, local: str, published: Any) -> None:
         try:
@@ -744,58 +613,13 @@ class RemoteProvider:
                     del self._twins[(namespace, name)]
 
     def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
-        def to_local_ip(remote_ip: str) -> str | None:
-            why = self.pod_addresses.refuse_pod_ip(remote_ip) if self.pod_addresses is not None else None
-            if why is None:
-                return self.translator.to_local_ip(remote_ip)
-            self._report_pod_ip(pod, remote_ip, why)
-            return None
-
-        return forge.local_status(twin.raw, pod, host_ip=self.settings.host_ip, to_local_ip=to_local_ip)
-
-    def _report_pod_ip(self, pod: Mapping[str, Any], remote_ip: str, why: str) -> None:
-        uid = str(pod["metadata"].get("uid") or "")
-        if (uid, remote_ip) in self._ips_reported:
-            return
-        if len(self._ips_reported) >= MAX_REPORTED:  # bounded: a repeat of an old report is harmless
-            self._ips_reported.clear()
-        self._ips_reported.add((uid, remote_ip))
-        message = (
-            f"provider {self.settings.provider} reported address {remote_ip} for this pod's twin: {why}; "
-            "it is not this pod's IP"
-        )
-        self._log.warning("twin address refused", namespace=pod["metadata"].get("namespace"), address=remote_ip)
-        self.events.offer(pod, type_="Warning", reason=POD_IP_REFUSED, message=message)
+        return self.addresses.local_status(pod, twin.raw)
 
     # ---- grant and health (what pool nodes advertise)
 
     def grant(self) -> Grant:
-        granted: dict[str, Decimal] = {}
-        products: set[str | None] = set()
-        accepted = False
-        for sl in self._slices.values():
-            st = sl.get("status") or {}
-            res: dict[str, Any] = next((c for c in st.get("conditions") or [] if c.get("type") == "Resources"), {})
-            if res.get("status") != "True":
-                continue
-            accepted = True
-            products.add((sl.get("spec") or {}).get("gpuProduct") or None)
-            for r, q in (st.get("granted") or {}).items():
-                with contextlib.suppress(ValueError):
-                    granted[r] = granted.get(r, Decimal(0)) + parse(q)
-        product = next(iter(products)) if len(products) == 1 else None
-        labels = filter_node_labels(self._supplied_labels(), self.settings.node_label_allow).kept
-        return Grant(granted, product, labels, accepted)
+        return self.grants.grant()
 
     async def health(self) -> Health:
         """Whether the provider's API answers (reused for `health_ttl_s`: every pool node asks)."""
-        now = time.monotonic()
-        if self._health is not None and now - self._health[0] < self.settings.health_ttl_s:
-            return self._health[1]
-        try:
-            await rest.request(self.remote, "GET", "/version", what="provider health")
-            health = Health(True, "KubeletReady", f"provider {self.settings.provider} answers")
-        except KubeError as e:
-            health = Health(False, "ProviderUnreachable", f"the provider's API does not answer: {str(e)[:300]}")
-        self._health = (time.monotonic(), health)
-        return health
+        return await self.grants.health()

@@ -24,13 +24,10 @@ Owns, for one (consumer, provider):
   an owned copy (UID precondition), or leaves an unowned object untouched and reports the
   collision as a Warning Event on the local object. Before creating a copy it reads the name on the
   provider (an object the provider's users made is not watched: that read finds it);
-- the provider's refusals: a write the provider's API server forbids (403: an admission policy such
-  as `gpufed-consumer-objects`, Pod Security, a quota, RBAC) becomes a Warning Event
-  `ReflectionRefused` on the local object with the API server's message, once per generation of the
-  local object and rule (`gpufed_reflection_refusals_total{remote_cluster,kind}` counts every one);
-  it is not retried in a loop: the object is tried again when it changes, at the next resync, or
-  when the namespace's reflection restarts (an RBAC refusal, which a provider still binding the twin
-  namespace answers for a moment, is retried with the queue's backoff);
+- the provider's refusals (403s, reported by `remote.reflection_reports`): not retried in a loop:
+  the object is tried again when it changes, at the next resync, or when the namespace's reflection
+  restarts (an RBAC refusal, which a provider still binding the twin namespace answers for a
+  moment, is retried with the queue's backoff);
 - Ingress annotations: only those the provider lets a consumer set are sent
   (`forge.remote_ingress`; `set_ingress_annotations` gives what the provider publishes per
   namespace), what is left out is said once per set as a Warning Event `IngressAnnotationsDropped`
@@ -40,7 +37,8 @@ Owns, for one (consumer, provider):
   enqueues every key it delivers;
 - status per namespace: Events on the namespace's NamespaceOffloading (`Reflecting` when its
   reflectors have synced, `ReflectionFailed` when a watch or a write keeps failing), recorded
-  through a bounded `EventRelay` (never a task per Event).
+  through a bounded `EventRelay` (never a task per Event); each Warning is said once
+  (`remote.reflection_reports`).
 
 Directions: everything here goes consumer -> provider. The provider -> consumer direction needs
 no writer: offloaded pods report their (translated) IPs and readiness in their local status, so the
@@ -57,7 +55,6 @@ server-side applies with one field manager, so they converge rather than fight.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +62,8 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
-from gpufed.apis.meta import API_VERSION
-from gpufed.apis.wire import NAMESPACE_OFFLOADING, ORIGIN_CLUSTER_LABEL
-from gpufed.kube import events, rest
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
+from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
@@ -75,6 +71,7 @@ from vkprovider.forge import reflection as forge
 from vkprovider.forge.meta import Target, is_dns_subdomain
 from vkprovider.forge.tokens import TOKEN_FOR_POD_LABEL
 from vkprovider.remote.events_relay import EventRelay, RelayLimits
+from vkprovider.remote.reflection_reports import LOCAL, REMOTE, ReflectionReports
 from vkprovider.remote.translate import Identity, IPTranslator
 
 COMPONENT = "gpufed-reflection"
@@ -89,20 +86,10 @@ DEFAULT_CLASS_ANNOTATION = "ingressclass.kubernetes.io/is-default-class"
 #: Objects held per namespace, kind and side (and IngressClasses): above the provider's per-namespace
 #: object quotas (`peering.grants.TWIN_OBJECT_COUNTS`), far below what would exhaust the process.
 DEFAULT_MAX_OBJECTS = 5_000
-#: Reasons of the Warning Events reflection records on local objects and NamespaceOffloadings.
-REFUSED = "ReflectionRefused"
+#: Reason of the Warning Event on an Ingress whose copy leaves annotations out.
 ANNOTATIONS_DROPPED = "IngressAnnotationsDropped"
-LIMIT = "ReflectionLimit"
-LOCAL, REMOTE = "local", "remote"
 _INGRESS_CLASS = "IngressClass"
-_POLICY = re.compile(r"ValidatingAdmissionPolicy '([^']+)'|admission webhook \"([^\"]+)\"")
 
-REFUSALS = Counter(
-    "gpufed_reflection_refusals_total",
-    "Writes of a reflected object that the provider's API server forbade (an admission policy, Pod Security, "
-    "a quota, RBAC).",
-    ["remote_cluster", "kind"],
-)
 IGNORED = Counter(
     "gpufed_reflection_ignored_objects_total",
     "Objects reflection did not hold because a namespace reached the most objects of a kind it holds (side "
@@ -116,27 +103,6 @@ Key = tuple[str, str, str]  # (kind, local namespace, name)
 
 class _SaturatedError(Exception):
     """Raised from a remote watch's handler to end that watch: it delivered more than the bound."""
-
-
-def _rule(e: KubeError) -> str:
-    """The rule a 403 of the provider names: an admission policy or webhook, Pod Security, a quota, or
-    (none of those) RBAC."""
-    text = str(e)
-    found = _POLICY.search(text)
-    if found:
-        return found.group(1) or found.group(2)
-    if "violates PodSecurity" in text:
-        return "PodSecurity"
-    if "exceeded quota" in text:
-        return "ResourceQuota"
-    return "RBAC"
-
-
-def _version(obj: Mapping[str, Any]) -> str:
-    """The local object's generation (kinds without one, ConfigMaps and Secrets: its resourceVersion,
-    which only the user's writes change there)."""
-    meta = obj.get("metadata") or {}
-    return str(meta.get("generation") or meta.get("resourceVersion") or "")
 
 
 def _path(kind: forge.Kind, namespace: str, name: str = "") -> str:
@@ -210,12 +176,10 @@ class Reflection:
         #: Status Events on NamespaceOffloadings (bounded, rate-limited).
         self.events = EventRelay(local_api, settings.provider, COMPONENT, settings.event_limits)
         self._queue: WorkQueue[Key] = WorkQueue(f"reflection-{settings.provider}")
-        #: Per local object UID (or "ns/<namespace>" for namespace-wide reports): what was already
-        #: reported, so a resync or a retrying watch does not repeat an Event. Dropped with the object.
-        self._reported: dict[str, set[str]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._pending: dict[str, str] = {}
         self._log = structlog.get_logger().bind(remote_cluster=settings.provider)
+        self.reports = ReflectionReports(local_api, self.events, settings.provider, settings.max_objects, self._log)
         #: Applies and deletes done (tests read it to prove that nothing was written).
         self.writes = 0
 
@@ -263,10 +227,10 @@ class Reflection:
         for cache in (*self._local.values(), *self._remote.values()):
             for key in [k for k in cache if k[0] == local_ns]:
                 obj = cache.pop(key)
-                self._reported.pop(str(obj["metadata"].get("uid")), None)
+                self.reports.forget(obj["metadata"].get("uid"))
         self._counts = {k: v for k, v in self._counts.items() if k[2] != local_ns}
         self._ingress_annotations.pop(local_ns, None)
-        self._reported.pop(f"ns/{local_ns}", None)
+        self.reports.forget_namespace(local_ns)
         self._log.info("reflection stopped", namespace=local_ns)
 
     def namespace_annotations(self, local_ns: str) -> Mapping[str, str]:
@@ -336,10 +300,7 @@ class Reflection:
             return cb
 
         def report(message: str) -> None:
-            seen = self._reported.setdefault(f"ns/{local_ns}", set())
-            if message not in seen:  # a failing watch retries every few seconds
-                seen.add(message)
-                self._status_event(local_ns, "Warning", "ReflectionFailed", message)
+            self.reports.watch_failed(local_ns, message)
 
         async with asyncio.TaskGroup() as tg:
             tg.create_task(
@@ -385,7 +346,7 @@ class Reflection:
             name = obj["metadata"]["name"]
             if t == "DELETED":
                 self._forget(LOCAL, kind, local_ns, name)
-                self._reported.pop(str(obj["metadata"].get("uid")), None)
+                self.reports.forget(obj["metadata"].get("uid"))
             else:
                 obj.setdefault("kind", kind.kind)
                 obj.setdefault("apiVersion", kind.api_version)
@@ -451,30 +412,8 @@ class Reflection:
 
     def _over_limit(self, side: str, kind: str, local_ns: str, ignored: int = 1) -> None:
         IGNORED.labels(self.settings.provider, kind, side).inc(ignored)
-        seen = self._reported.setdefault(f"ns/{local_ns}", set())
-        token = f"{LIMIT}/{side}/{kind}"
-        if token in seen:
-            return
-        seen.add(token)
-        where = (
-            f"namespace {local_ns}"
-            if side == LOCAL
-            else f"twin namespace {self._ns[local_ns].twin if local_ns in self._ns else local_ns} on "
-            f"{self.settings.provider}"
-        )
-        self._log.warning("reflection limit reached", namespace=local_ns, kind=kind, side=side)
-        consequence = (
-            "the ones beyond are not reflected (nor held in memory)"
-            if side == LOCAL
-            else "labelled as this cluster's copies: reflection no longer watches them, and reads each copy "
-            "when it writes it"
-        )
-        self._status_event(
-            local_ns,
-            "Warning",
-            LIMIT,
-            f"{where} holds more than {self.settings.max_objects} {kind} objects {consequence}",
-        )
+        twin = self._ns[local_ns].twin if local_ns in self._ns else local_ns
+        self.reports.limit(side, kind, local_ns, twin)
 
     def _on_namespace(self, local_ns: str, t: str, obj: dict[str, Any]) -> None:
         state = self._ns.get(local_ns)
@@ -582,17 +521,17 @@ class Reflection:
             remote = await rest.get(self.remote, url)
         if remote is not None and not forge.reflection_owned(remote, self.settings.consumer):
             if want is not None and local is not None:
-                await self._collision(kind, local, remote, state)
+                await self.reports.collision(kind, local, remote, state.twin)
             return None
         if want is None:
             if local is not None and outcome.reason == "IngressClassMissing":
-                await self._report_once(local, outcome.reason, outcome.message, outcome.reason)
+                await self.reports.report_once(local, outcome.reason, outcome.message, outcome.reason)
             if remote is not None:
                 await self._delete(kind, remote, url)
             return None
         assert local is not None  # a wanted copy always has its local object
         if outcome.dropped:
-            await self._report_once(
+            await self.reports.report_once(
                 local,
                 ANNOTATIONS_DROPPED,
                 f"annotations {self.settings.provider} does not let this cluster set on Ingresses were left out of "
@@ -611,12 +550,10 @@ class Reflection:
             if e.transient:
                 raise
             if e.status == 403:
-                REFUSALS.labels(self.settings.provider, kind.kind).inc()
-                await self._report_refusal(local, kind, e)
-                if _rule(e) != "RBAC":
+                if await self.reports.refusal(local, kind, e) != "RBAC":
                     return None  # deterministic: tried again when it changes or at the next resync
                 raise
-            await self._report_once(
+            await self.reports.report_once(
                 local, "ReflectionFailed", f"cannot reflect to {self.settings.provider}: {e}", f"{e.status}:{e}"
             )
             raise
@@ -634,70 +571,18 @@ class Reflection:
                 raise
         self.writes += 1
 
-    async def _collision(
-        self, kind: Kind, local: Mapping[str, Any], remote: Mapping[str, Any], state: _Namespace
-    ) -> None:
-        message = (
-            f"{kind.kind} {state.twin}/{remote['metadata']['name']} on {self.settings.provider} was not created "
-            "by gpufed: it is left untouched and this object is not reflected"
-        )
-        await self._report_once(local, "ReflectionCollision", message, str(remote["metadata"].get("uid")))
-
-    async def _report_refusal(self, local: Mapping[str, Any], kind: Kind, e: KubeError) -> None:
-        """A 403 of the provider, once per generation of `local` and rule (older ones are forgotten)."""
-        token = f"{_version(local)}/{_rule(e)}"
-        seen = self._reported.setdefault(str(local["metadata"].get("uid")), set())
-        stale = {t for t in seen if t.startswith(f"{REFUSED}/") and t != f"{REFUSED}/{token}"}
-        seen -= stale
-        meta = local["metadata"]
-        message = (
-            f"{self.settings.provider} refused the copy of {kind.kind} {meta.get('namespace')}/{meta.get('name')}: {e}"
-        )
-        await self._report_once(local, REFUSED, message, token)
-
-    async def _report_once(self, local: Mapping[str, Any], reason: str, message: str, token: str) -> None:
-        seen = self._reported.setdefault(str(local["metadata"].get("uid")), set())
-        if f"{reason}/{token}" in seen:
-            return
-        seen.add(f"{reason}/{token}")
-        self._log.warning(
-            "reflection refused",
-            kind=local.get("kind"),
-            name=local["metadata"].get("name"),
-            namespace=local["metadata"].get("namespace"),
-            reason=reason,
-        )
-        await events.emit(self.local, local, type_="Warning", reason=reason, message=message, component=COMPONENT)
-
     # ---- status
 
     def _announce(self, local_ns: str, state: _Namespace) -> None:
         counts = ", ".join(f"{self.held(LOCAL, k.kind, local_ns)} {k.plural}" for k in KINDS)
         mode = "allow-list" if state.annotations.get(forge.ALLOW_ANNOTATION, "").lower() == "true" else "all"
         self._enqueue_namespace(local_ns)
-        self._status_event(
+        self.reports.status_event(
             local_ns,
             "Normal",
             "Reflecting",
             f"reflecting into {state.twin} on {self.settings.provider} ({mode}; local objects: {counts})",
         )
-
-    def _status_event(self, local_ns: str, type_: str, reason: str, message: str) -> None:
-        meta: dict[str, Any] = {"namespace": local_ns, "name": NAMESPACE_OFFLOADING}
-        obj = {"apiVersion": API_VERSION, "kind": "NamespaceOffloading", "metadata": meta}
-
-        async def resolve() -> Mapping[str, Any]:
-            try:
-                got = await rest.get(
-                    self.local, rest.path(API_VERSION, "namespaceoffloadings", NAMESPACE_OFFLOADING, namespace=local_ns)
-                )
-            except KubeError:
-                got = None
-            if got is not None:
-                meta["uid"] = got["metadata"].get("uid")
-            return obj
-
-        self.events.offer(obj, type_=type_, reason=reason, message=message, resolve=resolve)
 
 
 __all__ = ["KINDS", "Kind", "Reflection", "ReflectionSettings"]

@@ -39,8 +39,8 @@ from wireguard_tools.wireguard_uapi import WireguardUAPIDevice
 
 from netfabric.render import FILTER_CHAINS, interface_name, table_name
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
-from tests.e2e.test_fabric import CONSUMER_POD, CONSUMER_SVC, HTTP_PORT, Fabric, _missing, ns_exec, sh
+from tests.e2e.helpers import eventually, gpufed, out, peered_session
+from tests.e2e.test_fabric import CONSUMER_POD, CONSUMER_SVC, HTTP_PORT, Fabric, _missing, ns_exec, offload_a_pod, sh
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -119,47 +119,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _offload_a_pod(fabric: Fabric) -> tuple[str, str, str]:
-    """As tests/e2e/test_fabric.py's `offloaded`: a GPU pod offloaded to gpu-a, its twin linked and serving."""
-    clusters = fabric.clusters
-    ns = f"tunnel-{fabric.tag}"
-    clusters.kubectl("consumer", "create", "namespace", ns)
-    eventually(
-        "default ServiceAccount",
-        lambda: clusters.kubectl("consumer", "get", "sa", "default", "-n", ns, check=False).returncode == 0,
-    )
-    offload(clusters, ns)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "trainer", "namespace": ns, "labels": {"app": "trainer"}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "nvcr.io/nvidia/pytorch:24.01",
-                    "ports": [{"containerPort": HTTP_PORT}],
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ]
-        },
-    }
-    clusters.kubectl("consumer", "apply", "-f", "-", input_text=json.dumps(pod))
-    local = eventually(
-        "the offloaded pod's IP on the consumer",
-        lambda: clusters.kubectl_json("consumer", "get", "pod", "trainer", "-n", ns)["status"].get("podIP"),
-        timeout=90,
-    )
-    twin_ns = f"{ns}-{fabric.ids['consumer']}"
-    remote = eventually(
-        "the twin's podIP on gpu-a",
-        lambda: clusters.kubectl_json("gpu-a", "get", "pod", "trainer", "-n", twin_ns)["status"].get("podIP"),
-    )
-    fabric.link("pgw", "ppod", remote)
-    fabric.serve("ppod", remote)
-    return ns, str(local), str(remote)
-
-
 def _take_over_the_provider_gateway(t: Tunnel) -> None:
     """What a provider that controls its end does: no agent, no filter of its own, every destination
     allowed to the consumer peer and routed into the tunnel. Its NAT stays (legitimate flows keep working)."""
@@ -212,7 +171,7 @@ def tunnel(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iter
             f.serve("csvc", CONSUMER_SVC)
             f.serve("cpod", CONSUMER_POD)
             f.wait_phase("Connected")
-            t.pod = _offload_a_pod(f)
+            t.pod = offload_a_pod(f, f"tunnel-{f.tag}", with_service=False)
             kc = str(clusters.kubeconfig)
             exposed = gpufed("network", "expose", CONSUMER_SVC, "--kubeconfig", kc, "--context", "consumer")
             assert exposed.returncode == 0, out(exposed)

@@ -1,12 +1,6 @@
-"""The provider's admission policies as rendered (peering.podsecurity): the projection of a tenant's
-policy onto its namespaces (gpufed's labels and annotations, Pod Security Admission's labels), the
-pod policy's structure (every rule one validation, what it matches, fail closed), the policy for the
-Services, EndpointSlices and Ingresses a consumer writes, and `describe`.
-
-There is no CEL engine here: the expressions were evaluated with kube-apiserver's own
-ValidatingAdmissionPolicy code (k8s.io/apiserver v0.36.3) against the table of pods in
-tests/unit/vkprovider/forge/test_podpolicy.py, with the refusals the Python mirror words; the e2e
-attack suites run them on the real API servers. These tests pin the structure those runs rely on.
+"""The rules and their projection (peering.podsecurity): a tenant's policy projected onto its
+namespaces (gpufed's labels and annotations, Pod Security Admission's labels beside them) and
+`describe`. The admission policies rendered from them: tests/unit/peering/admission/.
 """
 
 from __future__ import annotations
@@ -14,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from gpufed.apis.offloading import OffloadPodSecurity
-from gpufed.apis.wire import CONSUMER_LABEL
 from peering import podsecurity as ps
 
 DEFAULT = OffloadPodSecurity()
@@ -103,119 +96,6 @@ def test_pod_security_admission_is_enforced_where_no_exception_contradicts_it(
     labels, _ = ps.namespace_metadata(policy)
     assert labels["pod-security.kubernetes.io/enforce"] == enforce
     assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == policy.level
-
-
-# ---- the pod policy
-
-
-def test_every_rule_is_one_forbidding_validation_that_names_its_remedy() -> None:
-    policy = ps.admission_policy()
-    validations = policy["spec"]["validations"]
-    assert len(validations) == len(ps.RULES)
-    for rule, v in zip(ps.RULES, validations, strict=True):
-        assert v["reason"] == "Forbidden"
-        assert v["message"] == f"{rule.what} are refused{rule.tail}"
-        assert v["messageExpression"].startswith(f"'{rule.what} are refused (' + ")
-        if rule.allow and not rule.allow.startswith("Tenant "):
-            assert rule.tail == f"; ask the provider to allow it in Tenant spec.policy.podSecurity.{rule.allow}"
-        elif not rule.allow:
-            assert rule.fixed and rule.tail == f" ({rule.fixed})"
-        if rule.level == "restricted":
-            assert "variables.level != 'restricted'" in v["expression"]
-    # The rules the issue names are all there.
-    ids = {r.id for r in ps.RULES}
-    assert {
-        "hostPorts",
-        "seccomp",
-        "appArmor",
-        "seLinux",
-        "sysctls",
-        "procMount",
-        "hostProcess",
-        "volumeTypes",
-        "nodeName",
-        "tolerations",
-        "priorityClasses",
-        "runAsUser",
-        "resources",
-        "gpuProducts",
-    } <= ids
-
-
-def test_the_pod_policy_matches_creation_ephemeral_containers_and_updates_fail_closed() -> None:
-    policy = ps.admission_policy()
-    spec = policy["spec"]
-    assert spec["failurePolicy"] == "Fail"
-    assert {r["resources"][0]: r["operations"] for r in spec["matchConstraints"]["resourceRules"]} == {
-        "pods": ["CREATE", "UPDATE"],
-        "pods/ephemeralcontainers": ["UPDATE"],
-    }
-    variables = {v["name"]: v["expression"] for v in spec["variables"]}
-    # A namespace without the projection: the level reads as restricted, no flag allows anything.
-    assert "orValue('restricted')" in variables["level"]
-    for flag in ("allowPrivileged", "allowHostNamespaces", "allowHostPath", "allowHostPorts"):
-        assert variables[flag].endswith("orValue('') == 'true'"), flag
-    assert ps.ALLOWED_GPU_PRODUCTS_ANNOTATION in variables["gpuProducts"]
-    # Only the tolerations rule looks at plain updates; the node name only at creation.
-    by_rule = dict(zip((r.id for r in ps.RULES), spec["validations"], strict=True))
-    assert "!variables.specRules" not in by_rule["tolerations"]["expression"]
-    assert "oldObject.spec.?tolerations" in by_rule["tolerations"]["expression"]
-    assert by_rule["nodeName"]["expression"].startswith("(request.operation != 'CREATE')")
-    for rule_id, v in by_rule.items():
-        if rule_id not in ("tolerations", "nodeName"):
-            assert v["expression"].startswith("(!variables.specRules"), rule_id
-    text = " ".join(v["expression"] for v in spec["validations"])
-    for needle in ("initContainers", "ephemeralContainers", "hostPort", "seLinuxOptions", "sysctls", "procMount"):
-        assert needle in text, needle
-    for name in ps.SAFE_SYSCTLS + tuple(t for t in ps.SELINUX_TYPES if t):
-        assert f"'{name}'" in by_rule["sysctls"]["expression"] + by_rule["seLinux"]["expression"], name
-    for volume_type in ps.OTHER_VOLUME_TYPES:
-        assert f"has(v.{volume_type}) && '{volume_type}' in variables.allowedVolumeTypes" in text
-
-
-def test_the_bindings_cover_every_consumer_namespace() -> None:
-    for policy, binding, name in (
-        (ps.admission_policy(), ps.admission_binding(), ps.POLICY_NAME),
-        (ps.objects_policy("gpufed:consumers"), ps.objects_binding(), ps.OBJECTS_POLICY_NAME),
-    ):
-        assert binding["spec"]["policyName"] == policy["metadata"]["name"] == name
-        assert binding["spec"]["validationActions"] == ["Deny"]
-        assert binding["spec"]["matchResources"]["namespaceSelector"] == {
-            "matchExpressions": [{"key": CONSUMER_LABEL, "operator": "Exists"}]
-        }
-
-
-def test_cel_string_literals_are_escaped() -> None:
-    assert ps._str("the provider's") == "'the provider\\'s'"
-    assert ps._str("a\\b") == "'a\\\\b'"
-
-
-# ---- Services, EndpointSlices and Ingresses a consumer writes
-
-
-def test_the_objects_policy_matches_only_the_consumer_group_writing_services_slices_and_ingresses() -> None:
-    policy = ps.objects_policy("gpufed:consumers")
-    spec = policy["spec"]
-    assert spec["failurePolicy"] == "Fail"
-    assert {(r["apiGroups"][0], r["resources"][0]) for r in spec["matchConstraints"]["resourceRules"]} == {
-        ("", "services"),
-        ("discovery.k8s.io", "endpointslices"),
-        ("networking.k8s.io", "ingresses"),
-    }
-    assert all(r["operations"] == ["CREATE", "UPDATE"] for r in spec["matchConstraints"]["resourceRules"])
-    assert "'gpufed:consumers'" in spec["matchConditions"][0]["expression"]
-    by_resource: dict[str, list[str]] = {}
-    for v in spec["validations"]:
-        resource = v["expression"].split("'", 2)[1]
-        by_resource.setdefault(resource, []).append(v["expression"])
-        assert v["reason"] == "Forbidden"
-    services = " ".join(by_resource["services"])
-    assert "['ClusterIP', 'ExternalName']" in services
-    assert "externalIPs" in services and "loadBalancerIP" in services and "isIP(" in services
-    assert "cidr(n).containsIP(ip(a))" in by_resource["endpointslices"][0]
-    ingresses = " ".join(by_resource["ingresses"])
-    assert "defaultBackend" in ingresses and "variables.ingressHosts" in ingresses
-    assert f"k == '{ps.INGRESS_CLASS_ANNOTATION}'" in ingresses
 
 
 # ---- describe

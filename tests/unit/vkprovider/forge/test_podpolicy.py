@@ -1,7 +1,8 @@
 """The offload pod-security policy: the model, the consumer's pure check (every rule against a table of
 pods, allowed cases, per-tenant overrides, a local pod checked as its twin), and how the remote
-provider refuses early, from the published policy (the provider's admission policy and namespace
-projection: tests/unit/peering/test_podsecurity.py; the API server's refusals:
+provider refuses early, from the published policy (the namespace projection:
+tests/unit/peering/test_podsecurity.py; the provider's admission policy: tests/unit/peering/admission/;
+the API server's refusals:
 tests/unit/vkprovider/remote/test_refusals.py)."""
 
 from __future__ import annotations
@@ -402,7 +403,7 @@ def test_the_pod_is_not_mutated() -> None:
     assert p == before
 
 
-# ---- the provider side: the published copy (projection, admission policy: tests/unit/peering/test_podsecurity.py)
+# ---- the provider side: the published copy (projection: tests/unit/peering/test_podsecurity.py)
 
 
 def test_the_provider_reads_and_publishes_the_tenant_policy() -> None:
@@ -450,24 +451,24 @@ def twin_namespace(policy: dict[str, Any] | None) -> dict[str, Any]:
 
 async def test_a_refused_pod_gets_no_twin_and_is_not_retried() -> None:
     provider, notified = remote()
-    provider._on_twin_namespace("ADDED", twin_namespace({"allowPrivileged": False}))
+    provider.claims.on_twin_namespace("ADDED", twin_namespace({"allowPrivileged": False}))
     # No API is reachable (None): the refusal comes before any call to the provider.
     with pytest.raises(ProviderError) as e:
         await provider.create_pod(pod(securityContext={"privileged": True}))
     assert e.value.reason == REASON and not e.value.retry and not e.value.fail_back
     assert str(e.value).startswith("provider gpu-a refuses privileged containers (container main:")
     # The provider allows it now: the refused pod is woken up, once.
-    provider._on_twin_namespace("MODIFIED", twin_namespace({"allowPrivileged": True}))
+    provider.claims.on_twin_namespace("MODIFIED", twin_namespace({"allowPrivileged": True}))
     assert notified == [("team", "p")]
-    provider._on_twin_namespace("MODIFIED", twin_namespace({"allowPrivileged": True}))
+    provider.claims.on_twin_namespace("MODIFIED", twin_namespace({"allowPrivileged": True}))
     assert notified == [("team", "p")]
     assert provider.pod_security["team"] == OffloadPodSecurity(allow_privileged=True)
 
 
 async def test_without_a_published_policy_the_provider_decides() -> None:
     provider, _ = remote()
-    provider._on_twin_namespace("ADDED", twin_namespace(None))
+    provider.claims.on_twin_namespace("ADDED", twin_namespace(None))
     assert provider.pod_security["team"] is None
     provider._check_pod_security(pod(securityContext={"privileged": True}))  # no early refusal
-    provider._on_twin_namespace("DELETED", twin_namespace({"allowPrivileged": False}))
+    provider.claims.on_twin_namespace("DELETED", twin_namespace({"allowPrivileged": False}))
     assert "team" not in provider.pod_security

@@ -27,7 +27,7 @@ def twin(name: str, node: str) -> dict[str, Any]:
 def test_views_share_notifications_and_split_twins_by_pool_node() -> None:
     provider = RemoteProvider(None, None, RemoteSettings(consumer=CONSUMER, provider="gpu-a", node="gpufed-gpu-a"))
     offloaded_here(provider, "team")  # the consumer's own record: team is offloaded to gpu-a
-    provider._on_twin_namespace(
+    provider.claims.on_twin_namespace(
         "ADDED",
         {"metadata": {"name": "team"}, "spec": {"namespace": "team"}, "status": {"phase": "Ready", "twin": TWIN_NS}},
     )

@@ -13,10 +13,10 @@ from aiohttp import web
 from prometheus_client import REGISTRY
 
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
-from gpufed.kube.client import KubeError
 from tests.unit.fakes import FakeApiServer, Request, running, serve
 from tests.unit.fakes import until as until_
-from vkprovider.remote.reflection import DEFAULT_MAX_OBJECTS, LOCAL, REMOTE, Reflection, ReflectionSettings, _rule
+from vkprovider.remote.reflection import DEFAULT_MAX_OBJECTS, Reflection, ReflectionSettings
+from vkprovider.remote.reflection_reports import LOCAL, REMOTE
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
@@ -435,27 +435,7 @@ async def test_status_events_go_through_the_bounded_relay() -> None:
     async with pair() as p:
         await until(lambda: len(p.events("Reflecting")) == 1, what="status event")
         for i in range(2000):
-            p.reflection._status_event(NS, "Warning", "ReflectionFailed", f"cannot watch: attempt {i}")
+            p.reflection.reports.status_event(NS, "Warning", "ReflectionFailed", f"cannot watch: attempt {i}")
         assert p.reflection.events.pending() <= p.reflection.events.limits.capacity
         await p.reflection.events.flushed()
         assert len(p.events("ReflectionFailed")) <= p.reflection.events.limits.burst
-
-
-@pytest.mark.parametrize(
-    ("message", "rule"),
-    [
-        (
-            "ValidatingAdmissionPolicy 'gpufed-consumer-objects' with binding 'b' denied request",
-            "gpufed-consumer-objects",
-        ),
-        (
-            'admission webhook "validate.nginx.ingress.kubernetes.io" denied the request: x',
-            "validate.nginx.ingress.kubernetes.io",
-        ),
-        ("exceeded quota: gpufed-grant, requested: count/configmaps=1", "ResourceQuota"),
-        ('pods "x" is forbidden: violates PodSecurity "baseline:latest"', "PodSecurity"),
-        ('User "c" cannot patch resource "ingresses"', "RBAC"),
-    ],
-)
-def test_a_refusal_is_told_apart_by_the_rule_that_made_it(message: str, rule: str) -> None:
-    assert _rule(KubeError(f"reflect: 403 {message}", status=403)) == rule
