@@ -64,6 +64,8 @@ from vkprovider.kubelet.server import DEFAULT_STREAM_IDLE_S
 from vkprovider.kubelet.servingcert import ServingCertSettings
 from vkprovider.node.pods import PodSettings
 from vkprovider.remote.capacity import CapacityFeed
+from vkprovider.remote.events_relay import EventRelay
+from vkprovider.remote.provider import COMPONENT as PROVIDER_COMPONENT
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
 from vkprovider.remote.streaming import RemoteStreaming
@@ -251,12 +253,22 @@ async def _run(settings: VirtualKubeletSettings) -> None:
             pod_addresses: PodAddresses = translator
             label_allow = node_label_allow(fc, settings)
             api_host, api_port = api_endpoint(settings.consumer_api_server or api.configuration.host, translator)
+            remote_settings = RemoteSettings(
+                consumer,
+                settings.provider,
+                settings.node_name,
+                settings.node_address,
+                node_label_allow=label_allow,
+            )
+            # one bounded relay for every Event this provider's view causes (the provider runs it)
+            events = EventRelay(api, settings.provider, PROVIDER_COMPONENT, remote_settings.event_limits)
             tokens = PodTokens(
                 api,
                 remote_api,
                 consumer,
                 TokenSettings(api_host, api_port, refresh_fraction=settings.token_refresh_fraction),
                 provider=settings.provider,
+                events=events,
             )
             feed = CapacityFeed(remote_api, cfg, remote_cluster=settings.provider) if capacity == "live" else None
             reflection = Reflection(
@@ -268,18 +280,13 @@ async def _run(settings: VirtualKubeletSettings) -> None:
             provider = RemoteProvider(
                 api,
                 remote_api,
-                RemoteSettings(
-                    consumer,
-                    settings.provider,
-                    settings.node_name,
-                    settings.node_address,
-                    node_label_allow=label_allow,
-                ),
+                remote_settings,
                 translator,
                 tokens,
                 placement=feed.can_place if feed is not None else None,
                 reflection=reflection,
                 pod_addresses=pod_addresses,
+                events=events,
             )
             pools = PoolManager(
                 api,

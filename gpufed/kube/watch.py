@@ -2,12 +2,15 @@
 
 Owns: `watch` (list, then watch from the list's resourceVersion, forever) on JSON dicts, not
 kubernetes-asyncio models, so one code path serves every kind. Lists go through
-`gpufed.kube.rest`; the watch stream is read here. Requests use the caller's ApiClient
+`gpufed.kube.rest.list_with_version`, paginated (`limit`/`continue`, `rest.PAGE_SIZE` items a
+page, 500 unless set; a continue token that expires, 410, restarts the list from its first page);
+the watch stream is read here. Requests use the caller's ApiClient
 (`api_client` in `gpufed.kube.client`), so host, TLS and credentials come from the kubeconfig.
 
 Invariants of `watch`:
-- every (re)list delivers each listed object as ("SYNC", obj), then ("DELETED", last known obj) for
-  each object seen before and absent now, then calls `on_synced`;
+- every (re)list, once its last page is in hand, delivers each listed object as ("SYNC", obj), then
+  ("DELETED", last known obj) for each object seen before and absent now, then calls `on_synced`;
+  the watch that follows starts from the list's resourceVersion (the same on every page of one list);
 - watch events are delivered in order as ("ADDED" | "MODIFIED" | "DELETED", obj); BOOKMARKs only
   advance the resourceVersion the next watch starts from and are not delivered;
 - a watch that ends normally is resumed from the last resourceVersion seen; 410 Gone (as an HTTP

@@ -7,9 +7,9 @@ consumer's virtual kubelet spends on Events. Every Event the remote side of a pr
 goes through one `EventRelay` per component and provider.
 
 Owns `EventRelay`, with:
-- a bounded queue (`RelayLimits.capacity`) drained by a fixed number of workers (one) that record the
-  Events (`gpufed.kube.events.emit`, which counts repeats of one message on one Event): an offer
-  that finds the queue full is dropped, never waited for;
+- a bounded queue (`RelayLimits.capacity`) drained by a fixed number of workers (`workers`) that
+  record the Events (`gpufed.kube.events.emit`, which counts repeats of one message on one Event,
+  also when workers record it at once): an offer that finds the queue full is dropped, never waited for;
 - a correlator per (object, reason), like the kubelet's event correlator: within `window_s`, the
   first `max_similar` distinct messages are recorded as they are, later ones under one combined
   message per reason (`combined`), which `emit` counts on one Event instead of creating new ones;
@@ -61,9 +61,8 @@ class RelayLimits:
 
     #: Events waiting to be recorded.
     capacity: int = 256
-    #: Events recorded concurrently (one: `emit` counts a repeat by reading the Event first, so two
-    #: workers recording the same combined Event at once would race; the rate limits keep one busy at most).
-    workers: int = 1
+    #: Events recorded concurrently (`emit` counts each occurrence once when workers race for one Event).
+    workers: int = 4
     #: Events one object may get at once, then one more every `refill_s` seconds.
     burst: int = 25
     refill_s: float = 60.0

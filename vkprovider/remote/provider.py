@@ -30,19 +30,19 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   anything is read for it;
 - the local pods' status from their twins', the twins' addresses translated and checked
   (`remote.addresses`);
-- remote Events about a twin, mirrored onto the local pod (new ones only, not the history a relist
-  replays; `Scheduled` is skipped: the consumer's scheduler already reported the placement; a reason
-  that is no CamelCase word reads `Remote`, a type other than Warning `Normal`). Those and every Event
-  this provider's view causes go through one bounded `EventRelay` (`events`: a bounded queue, per-pod
-  and total rate limits, similar Events of one pod combined; what is dropped is counted in
+- starting and stopping, with each followed twin namespace's twin watch, the mirroring of its
+  Events about twins onto the local pods (`remote.remote_events`). Those and every Event this view
+  causes go through one bounded `EventRelay` (`events`: a bounded queue, per-pod and total rate
+  limits, similar Events of one pod combined; what is dropped is counted in
   `gpufed_relayed_events_dropped_total`), never a task per provider Event;
 - watching this provider's ResourceSlices; the grant they add up to and the provider's health,
   which pool nodes advertise, are `remote.grant`'s.
 
 Construction takes the collaborators: the two API clients, the IP translator, the token issuer,
 the estimator's `placement` (None: static capacity, nobody to ask), the `reflection` (None: no
-object reflection) and `pod_addresses` (None: addresses are only translated). Subscribers to twin
-changes register with `subscribe`, before `run`.
+object reflection), `pod_addresses` (None: addresses are only translated) and `events`, the relay
+it runs (None: one of its own, with `settings.event_limits`; the token issuer's reports belong in
+the same relay). Subscribers to twin changes register with `subscribe`, before `run`.
 
 Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials:
 the provider client is built once per process.
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,19 +85,16 @@ from vkprovider.remote.offloaded import OffloadedNamespaces
 from vkprovider.remote.placement import PlacementGate, Placer
 from vkprovider.remote.references import ReferenceCopier
 from vkprovider.remote.refusals import ADMISSION_REFUSED, refusal
+from vkprovider.remote.remote_events import RemoteEvents
 from vkprovider.remote.tokens import PodTokens
 from vkprovider.remote.translate import Identity, IPTranslator, PodAddresses
 
 COMPONENT = "gpufed-virtual-kubelet"
-#: Events of remote twins not mirrored (the consumer's own components already report these).
-SKIPPED_EVENT_REASONS = frozenset({"Scheduled"})
 #: Reason of the Warning Event for a pod that names objects by invalid names.
 INVALID_NAME = "InvalidName"
 #: The TwinNamespace status field where a provider publishes the Ingress annotations its policy
 #: allows (the tenant's `spec.policy.ingressAnnotations`); without it only the class annotation is sent.
 INGRESS_ANNOTATIONS_FIELD = "ingressAnnotations"
-#: What a relayed Event's reason must look like (a CamelCase word, as Kubernetes components write them).
-_REASON = re.compile(r"[A-Za-z][A-Za-z0-9]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -186,6 +182,7 @@ class RemoteProvider:
         placement: Placer | None = None,
         reflection: NamespaceReflection | None = None,
         pod_addresses: PodAddresses | None = None,
+        events: EventRelay | None = None,
     ) -> None:
         self.local = local_api
         self.remote = remote_api
@@ -227,7 +224,17 @@ class RemoteProvider:
             PlacementGate(placement, settings.provider, settings.unplaceable_grace_s) if placement is not None else None
         )
         #: Every Event this provider's view causes on consumer objects (bounded, rate-limited).
-        self.events = EventRelay(local_api, settings.provider, COMPONENT, settings.event_limits)
+        self.events = (
+            events if events is not None else EventRelay(local_api, settings.provider, COMPONENT, settings.event_limits)
+        )
+        #: The provider's Events about twins, mirrored onto the local pods through `events`.
+        self.remote_events = RemoteEvents(
+            remote_api,
+            settings.provider,
+            self.events,
+            lambda twin_ns: self.local_ns.get(twin_ns),
+            lambda local_ns, name: self._twins.get((local_ns, name)),
+        )
         #: The twins' reported addresses, translated and checked for the local pods' status.
         self.addresses = TwinAddresses(settings.provider, settings.host_ip, self.translator, pod_addresses, self.events)
         #: The consumer's own record of what is offloaded here; TwinNamespaces are only claims.
@@ -387,15 +394,7 @@ class RemoteProvider:
                         on_synced=synced.set,
                     )
                 )
-                tg.create_task(
-                    watch(
-                        self.remote,
-                        rest.path("v1", "events", namespace=twin_ns),
-                        self._on_event,
-                        what="events",
-                        params={"fieldSelector": "involvedObject.kind=Pod"},
-                    )
-                )
+                tg.create_task(self.remote_events.watch(twin_ns))
 
         self._watches[twin_ns] = self._tg.create_task(both())
         self._log.info("watching twin namespace", namespace=twin_ns)
@@ -422,31 +421,6 @@ class RemoteProvider:
         else:
             self._twins[key] = obj
         self._notify(*key)
-
-    def _on_event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind != "ADDED" and kind != "MODIFIED":
-            return  # SYNC replays history after every (re)list; only new events are mirrored
-        inv = obj.get("involvedObject") or {}
-        if inv.get("kind") != "Pod" or obj.get("reason") in SKIPPED_EVENT_REASONS:
-            return
-        local_ns = self.local_ns.get(str(inv.get("namespace") or ""))
-        twin = self._twins.get((local_ns or "", str(inv.get("name") or "")))
-        if local_ns is None or twin is None:
-            return
-        labels = twin["metadata"].get("labels") or {}
-        local_pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"namespace": local_ns, "name": inv.get("name"), "uid": labels.get(ORIGIN_UID_LABEL)},
-        }
-        message = f"{obj.get('message') or ''} (on {self.settings.provider})"
-        reason = str(obj.get("reason") or "")
-        self.events.offer(
-            local_pod,
-            type_="Warning" if obj.get("type") == "Warning" else "Normal",
-            reason=reason if _REASON.fullmatch(reason) else "Remote",
-            message=message,
-        )
 
     def _twin_of(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Twin:
         meta = pod["metadata"]

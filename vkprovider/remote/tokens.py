@@ -17,9 +17,16 @@ Owns, for one consumer and one provider:
   consumer mapped to that twin namespace, bound to this provider's nodes, gets no token at all;
   one whose annotations differ from the pod's spec gets the pod's own tokens. Both are reported
   (a log line, `gpufed_token_secrets_refused_total{remote_cluster,reason}`, and where the pod is
-  known a Warning Event `TokenSecretRefused` on it). A Secret whose bound pod is gone on the
-  consumer is deleted (UID precondition), without any TokenRequest;
+  known a Warning Event `TokenSecretRefused` on it, offered to the bounded `EventRelay`: a flood of
+  such Secrets costs at most the relay's queue, what it cannot take is counted as dropped there,
+  never a task per report), each once per Secret and reason (remembered for at most
+  `MAX_REPORTED` reports). A Secret whose bound pod is gone on the consumer is deleted (UID
+  precondition), without any TokenRequest;
 - `forget`: deleting a pod's token Secret when its twin goes.
+
+Construction takes the collaborators: the two API clients and `events`, the `EventRelay` of this
+provider's Events on consumer objects, which its owner runs (None: a relay of its own, with the
+default limits, run by `run`).
 
 Never logs, and never puts into an error message, a token: only names, namespaces and API messages.
 
@@ -41,12 +48,13 @@ import structlog
 from prometheus_client import Counter
 
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
-from gpufed.kube import events, rest
+from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.times import time_or_none
 from vkprovider.forge import meta
 from vkprovider.forge import tokens as tf
 from vkprovider.node.provider import ProviderError
+from vkprovider.remote.events_relay import EventRelay
 
 #: Refresh once this fraction of a token's lifetime has passed (the kubelet's 80%).
 DEFAULT_REFRESH_FRACTION = tf.DEFAULT_REFRESH_FRACTION
@@ -59,6 +67,8 @@ MIN_SLEEP_S = 0.005
 COMPONENT = "gpufed-virtual-kubelet"
 #: Reason of the Warning Event on a pod whose token Secret on the provider was refused or corrected.
 REFUSED_REASON = "TokenSecretRefused"
+#: Reports remembered as made (beyond: forgotten; a repeated report is harmless).
+MAX_REPORTED = 10_000
 
 TOKEN_SECRETS_REFUSED = Counter(
     "gpufed_token_secrets_refused_total",
@@ -106,6 +116,7 @@ class PodTokens:
         *,
         clock: Callable[[], datetime] = _utcnow,
         provider: str = "",
+        events: EventRelay | None = None,
     ) -> None:
         self.local = local_api
         self.remote = remote_api
@@ -113,6 +124,10 @@ class PodTokens:
         self.settings = settings
         self.clock = clock
         self.provider = provider
+        #: Where the Warning Events about refused Secrets go (bounded, rate-limited).
+        self.events = events if events is not None else EventRelay(local_api, provider, COMPONENT)
+        #: Whether `run` runs the relay (it is this object's own, not its owner's).
+        self._runs_events = events is None
         #: twin namespace -> the local namespace the consumer maps to it (from `run`'s mapping, and
         #: learned from `ensure`, whose caller decided it).
         self._local_ns: dict[str, str] = {}
@@ -121,7 +136,6 @@ class PodTokens:
         self._owns_pod: Callable[[Mapping[str, Any]], bool] | None = None
         #: (twin namespace, Secret name) -> the resourceVersion of that Secret last refused (reported once).
         self._refused: dict[Key, str] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         #: (key, reason, message) already reported.
         self._reported: set[tuple[Key, str, str]] = set()
         #: Set once the first pass of `run` (listing + due refreshes) is done.
@@ -228,8 +242,20 @@ class PodTokens:
 
         A Mapping names each twin namespace's local namespace (the consumer's decision); a plain list
         relies on what `ensure` was told. `owns_pod` says whether a local pod is bound to this
-        provider (None: not checked).
+        provider (None: not checked). Runs the relay too when it is this object's own.
         """
+        if not self._runs_events:
+            await self._run(twin_namespaces, owns_pod)
+            return
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.events.run())
+            await self._run(twin_namespaces, owns_pod)
+
+    async def _run(
+        self,
+        twin_namespaces: Callable[[], Mapping[str, str] | Iterable[str]],
+        owns_pod: Callable[[Mapping[str, Any]], bool] | None,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._owns_pod = owns_pod
         while True:
@@ -403,23 +429,18 @@ class PodTokens:
         self._report(reason, f"token Secret {key[0]}/{key[1]} on the provider gets no token: {why}", pod, key)
 
     def _report(self, reason: str, message: str, pod: Mapping[str, Any] | None, key: Key, version: str = "") -> None:
-        """Log, count and (with the pod) record an Event, once per Secret, reason and `version`."""
+        """Log, count and (with the pod) offer an Event to the relay, once per Secret, reason and
+        `version`. Never blocks and starts nothing: what the relay cannot take it drops and counts."""
         seen = (key, reason, version or message)
         if seen in self._reported:
             return
-        if len(self._reported) > 10_000:  # bounded: a repeated report is harmless
+        if len(self._reported) >= MAX_REPORTED:  # bounded: a repeated report is harmless
             self._reported.clear()
         self._reported.add(seen)
         TOKEN_SECRETS_REFUSED.labels(self.provider, reason).inc()
         self._log.warning("token secret refused", namespace=key[0], secret=key[1], reason=reason, why=message)
         if pod is not None:
-            task = asyncio.get_running_loop().create_task(
-                events.emit(
-                    self.local, pod, type_="Warning", reason=REFUSED_REASON, message=message, component=COMPONENT
-                )
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.events.offer(pod, type_="Warning", reason=REFUSED_REASON, message=message)
 
     # ---- issuing
 

@@ -9,6 +9,7 @@ another incarnation) and an apply that creates or replaces the object.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import copy
@@ -49,7 +50,8 @@ from vkprovider.forge.tokens import (
     token_sources,
 )
 from vkprovider.node.provider import ProviderError
-from vkprovider.remote.tokens import PodTokens, TokenSettings
+from vkprovider.remote.events_relay import QUEUE_FULL, RATE_LIMITED, EventRelay, RelayLimits
+from vkprovider.remote.tokens import MAX_REPORTED, REFUSED_REASON, PodTokens, TokenSettings
 
 CONSUMER = "consumer-1a2b3c4d"
 TWIN_NS = "team-consumer-1a2b3c4d"
@@ -447,9 +449,9 @@ class World:
     local_api: Any
     remote_api: Any
 
-    def tokens(self, resync_s: float = 0.01) -> PodTokens:
+    def tokens(self, resync_s: float = 0.01, events: EventRelay | None = None) -> PodTokens:
         settings = TokenSettings(api_host="10.96.0.1", api_port=443, resync_s=resync_s)
-        return PodTokens(self.local_api, self.remote_api, CONSUMER, settings, clock=self.clock)
+        return PodTokens(self.local_api, self.remote_api, CONSUMER, settings, clock=self.clock, events=events)
 
     def secret(self) -> dict[str, Any] | None:
         return self.provider.get("secrets", TWIN_NS, SECRET)
@@ -775,6 +777,70 @@ async def test_a_pod_not_bound_to_this_provider_gets_no_token(world: World) -> N
     assert len(world.issuer.requests) == 1, "no refresh for a pod of another node"
     (event,) = world.consumer.items("events", "team")
     assert "not offloaded to this provider" in event["message"]
+
+
+# ---------------------------------------------------------------- reports go through the bounded relay
+
+
+def secrets_listed(world: World) -> int:
+    return len(world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/secrets"))
+
+
+async def test_a_report_becomes_one_event_on_the_pod_through_the_relay_it_is_given(world: World) -> None:
+    relay = EventRelay(world.local_api, "", "gpufed-virtual-kubelet")
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens(events=relay)
+    assert tokens.events is relay
+    await tokens.ensure(pod, TARGET)
+    world.clock.advance(3607)
+    async with running(relay.run()), running(tokens.run(lambda: {TWIN_NS: "team"}, lambda _pod: False)):
+        await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
+        listed = secrets_listed(world)
+        await until(lambda: secrets_listed(world) > listed + 2, what="later resyncs refusing it again")
+        await relay.flushed()
+    (event,) = world.consumer.items("events", "team")
+    assert (event["type"], event["reason"], event["involvedObject"]["uid"]) == ("Warning", REFUSED_REASON, UID)
+    assert event.get("count", 1) == 1, "reported once, not at every resync"
+    assert relay.dropped == {QUEUE_FULL: 0, RATE_LIMITED: 0}
+
+
+async def test_a_flood_of_planted_secrets_costs_at_most_the_relays_queue(world: World) -> None:
+    n, capacity = 60, 8
+    relay = EventRelay(world.local_api, "", "test", RelayLimits(capacity=capacity))  # its owner does not run it
+    for i in range(n):
+        name = f"train-{i}"
+        world.consumer.create("pods", make_pod(KUBE_API_ACCESS, uid=f"uid-{i}", name=name))
+        world.provider.create("secrets", planted(token_secret_name(name), pod=name, uid=f"uid-{i}"))
+    before = refused_count("NotOffloadedHere")
+    tokens = world.tokens(events=relay)
+    async with running(tokens.run(lambda: {TWIN_NS: "team"}, lambda _pod: False)):
+        await until(lambda: refused_count("NotOffloadedHere") == before + n, what="every Secret refused")
+        listed = secrets_listed(world)
+        await until(lambda: secrets_listed(world) > listed + 2, what="later resyncs")
+    assert relay.pending() == capacity, "the refresher does not run a relay it was given"
+    assert relay.dropped == {QUEUE_FULL: n - capacity, RATE_LIMITED: 0}
+    assert world.consumer.items("events", "team") == []
+    assert world.issuer.requests == []
+
+
+async def test_reports_start_no_task_and_their_memory_is_bounded() -> None:
+    limits = RelayLimits(capacity=16)
+    relay = EventRelay(None, "flood-tokens", "test", limits, clock=lambda: 0.0)  # no refill: exact counts
+    tokens = PodTokens(None, None, CONSUMER, TokenSettings("10.96.0.1", 443), events=relay)
+    n = MAX_REPORTED + 2_000
+    tasks = asyncio.all_tasks()
+    for i in range(n):
+        pod = make_pod(uid=f"uid-{i}", name=f"p-{i}")
+        tokens._report("Tampered", f"message {i}", pod, (TWIN_NS, token_secret_name(f"p-{i}")))
+    assert asyncio.all_tasks() == tasks, "a report started a task"
+    assert relay.pending() == limits.capacity
+    assert relay.dropped == {
+        QUEUE_FULL: limits.total_burst - limits.capacity,
+        RATE_LIMITED: n - limits.total_burst,
+    }
+    assert len(tokens._reported) <= MAX_REPORTED
+    tokens._report("Tampered", f"message {n - 1}", pod, (TWIN_NS, token_secret_name(f"p-{n - 1}")))
+    assert sum(relay.dropped.values()) == n - limits.capacity, "a repeated report is not offered again"
 
 
 def test_token_lifetimes_are_capped_whatever_the_pod_asks() -> None:
