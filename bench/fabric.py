@@ -15,8 +15,11 @@ default route via 169.254.1.1), underlay MTU 1500:
   wireguard-go driver, `set_link` with the MTU the agent would choose, `nft_ruleset` applied with
   `netfabric.drivers.nft`, `set_routes`, ip_forward). The client pod 10.244.1.10 dials the server pod
   10.244.0.7 at its remapped address; the server sees the client at ITS remapped address. The table
-  includes the tunnel filter (`from_peer` / `to_peer`, conntrack, the allowed sets); its drop counters
-  are read after the runs (`filter_drops`: the measured traffic is legitimate and must not be dropped).
+  includes the tunnel filter (`from_peer` / `to_peer`, conntrack, the allowed sets) with the member
+  pods a busy peering has: the server pod among `MEMBER_PODS` twin pods, none adjacent (so the sets
+  keep one element each: the worst case for the lookup), on the provider's gateway and, as the
+  consumer sees them, on the consumer's; its drop counters are read after the runs (`filter_drops`:
+  the measured traffic is legitimate and must not be dropped).
 - `nofilter`: the full path, built the same way, whose two filter base chains (`FILTER_CHAINS`) are then
   deleted from both gateways' tables: remap NAT + WireGuard without the filter.
 - `bare`: the same two wireguard-go gateways (same driver, keys, keepalive, MTU) with no nftables and no
@@ -117,6 +120,8 @@ PLAIN_CLIENT_RANGE = IPv4Network("10.1.0.0/16")
 PLAIN_SERVER_RANGE = IPv4Network("10.2.0.0/16")
 PLAIN_CLIENT = IPv4Address("10.1.0.10")
 PLAIN_SERVER = IPv4Address("10.2.0.7")
+#: Twin pods of the peering in the full path's filter sets (the server pod is one of them).
+MEMBER_PODS = 1000
 UNDERLAY_A = IPv4Address("192.168.77.10")
 UNDERLAY_B = IPv4Address("192.168.77.11")
 UNDERLAY_MTU = 1500
@@ -509,10 +514,20 @@ async def _apply_gateway(
     remote: RemoteNetworkSpec,
     spec: GatewaySpec,
     private_key: str,
+    members: Sequence[IPv4Address],
 ) -> tuple[GatewayPlan, int]:
-    """What `GatewayAgent.apply` does with its inputs, step for step (status writes aside)."""
+    """What `GatewayAgent.apply` does with its inputs, step for step (status writes aside). `members`:
+    the real addresses of the provider's twin pods, which the provider's gateway lets be reached and
+    the consumer's reaches (at their remapped addresses, as its member watch sees them)."""
     local_ip, peer_ip = IPv4Address(spec.tunnel_address), IPv4Address(spec.peer_tunnel_address)
-    gp = plans.gateway_plan(local, remote, spec.masquerade, (local_ip, peer_ip))
+    tunnel = (local_ip, peer_ip)
+    if spec.role == "Server":
+        gp = plans.gateway_plan(local, remote, spec.masquerade, tunnel, local_members=members)
+    else:
+        seen_as = plans.gateway_plan(local, remote, spec.masquerade, tunnel).peer_pod
+        gp = plans.gateway_plan(
+            local, remote, spec.masquerade, tunnel, peer_members_mapped=[seen_as.to_mapped(a) for a in members]
+        )
     cfg = TunnelConfig(
         private_key=private_key,
         peer_public_key=spec.peer_public_key,
@@ -574,10 +589,11 @@ async def _setup_full(sc: Scenario, driver: WireguardGo) -> None:
     specs = fabric_specs(consumer_id, provider_id)
     ck, pk = _Keys.generate(), _Keys.generate()
     cgw, pgw = _gateway_specs(consumer_id, provider_id, ck, pk)
+    twins = member_pods(MEMBER_PODS)
     # the server first: it listens; the client's first packet starts the handshake
-    gp_p, sc.mtu["sgw"] = await _apply_gateway(Netns(sc.ns("sgw")), driver, *specs["provider"], pgw, pk.private)
+    gp_p, sc.mtu["sgw"] = await _apply_gateway(Netns(sc.ns("sgw")), driver, *specs["provider"], pgw, pk.private, twins)
     sc.tunnels["sgw"] = gp_p.interface
-    gp_c, sc.mtu["cgw"] = await _apply_gateway(Netns(sc.ns("cgw")), driver, *specs["consumer"], cgw, ck.private)
+    gp_c, sc.mtu["cgw"] = await _apply_gateway(Netns(sc.ns("cgw")), driver, *specs["consumer"], cgw, ck.private, twins)
     sc.tunnels["cgw"] = gp_c.interface
     sc.target = gp_c.peer_pod.to_mapped(SERVER_POD)
     sc.expect_seen = gp_p.peer_pod.to_mapped(CLIENT_POD)
@@ -586,11 +602,19 @@ async def _setup_full(sc: Scenario, driver: WireguardGo) -> None:
         "pod_cidr_both_sides": POD_CIDR,
         "consumer_sees_provider_pods_as": str(gp_c.peer_pod.mapped),
         "provider_sees_consumer_pods_as": str(gp_p.peer_pod.mapped),
+        "member_pods": len(twins),
         "nft_rules_per_gateway": {
             "consumer": _rule_count(nft_ruleset(gp_c)),
             "provider": _rule_count(nft_ruleset(gp_p)),
         },
     }
+
+
+def member_pods(count: int) -> list[IPv4Address]:
+    """`count` twin pod addresses in the pod CIDR, the server pod first, no two adjacent (one set
+    element each) and none the client's."""
+    base = int(IPv4Address("10.244.16.1"))
+    return [SERVER_POD, *(IPv4Address(base + 2 * i) for i in range(count - 1))]
 
 
 def _rule_count(ruleset: str) -> int:

@@ -78,26 +78,39 @@ def gateway_plan(
     remote: RemoteNetworkSpec,
     masquerade: bool,
     tunnel: tuple[IPv4Address, IPv4Address] | None = None,
+    local_members: Iterable[IPv4Address] | None = None,
+    peer_members_mapped: Iterable[IPv4Address] | None = None,
 ) -> GatewayPlan:
     """The data plane of our gateway for `remote`, from our own objects only. `tunnel`: (our, the
     peer's) tunnel address, so the filter lets exactly the peer's probe through to the gateway.
 
-    What the tunnel filter allows (`netfabric.render.filter_sets`) follows from these objects: our pod
-    CIDR and the addresses we exposed (`NetworkConfig.spec.externalIps`) on one side, the peer's whole
-    pod range (and external range, on the way out) on the other. Which of the peer's pods are twins is
-    not known at the gateway, so the peer's pod range counts as a whole."""
+    What the tunnel filter allows (`netfabric.render.filter_sets`) follows from these objects: our pods
+    (`local_members`, addresses in our pod CIDR; None: the whole CIDR) and the addresses we exposed
+    (`NetworkConfig.spec.externalIps`) on one side; the peer's pods on the other — as we see them
+    (`peer_members_mapped`, addresses in its remapped pod range, turned back into its real ones; None:
+    its whole pod range) — and its external range on the way out. Members outside their range are
+    left out: they are not pods of this peering."""
     peer_pod, peer_ext = _maps(remote.real, remote.mapped)
+    local_pod = _net(local.pod_cidr)
+    ours = None if local_members is None else frozenset(a for a in local_members if a in local_pod)
+    theirs = (
+        None
+        if peer_members_mapped is None
+        else frozenset(peer_pod.to_real(a) for a in peer_members_mapped if peer_pod.contains_mapped(a))
+    )
     return GatewayPlan(
         interface=interface_name(remote.cluster_id),
         table=table_name(remote.cluster_id),
         mark=mark_for(remote.cluster_id),
-        local_pod=_net(local.pod_cidr),
+        local_pod=local_pod,
         peer_pod=peer_pod,
         peer_external=peer_ext,
         external_ips={IPv4Address(e.external_address): IPv4Address(e.address) for e in local.external_ips},
         masquerade=masquerade,
         tunnel_address=tunnel[0] if tunnel else None,
         peer_tunnel_address=tunnel[1] if tunnel else None,
+        local_members=ours,
+        peer_members=theirs,
     )
 
 

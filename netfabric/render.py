@@ -13,12 +13,15 @@ external-CIDR addresses are DNATed to the real local addresses they stand for, a
 source is SNATed to its remapped twin (or masqueraded to the gateway's address instead).
 
 The tunnel filter: every packet forwarded from or into the WireGuard interface passes a chain that
-accepts replies of tracked flows and new flows between the allowed sets only — from the peer's real
-pod range to our pod range or an exposed address, from our pod range to the peer's real pod or
-external range — and drops (and counts, in a named counter per direction) everything else; packets
-from the tunnel to the gateway itself are dropped too, except the peer's probe of our tunnel address.
-The sets are built from this side's own objects only: what the peer's gateway filters is never relied
-on.
+accepts replies of tracked flows and new flows between the allowed sets only — from the peer's pods
+to our pods or an exposed address, from our pods to the peer's pods or external range — and drops
+(and counts, in a named counter per direction) everything else; packets from the tunnel to the
+gateway itself are dropped too, except the peer's probe of our tunnel address. "Pods" is a whole pod
+range or, when the plan names them (`local_members` / `peer_members`), only the pods of the peering:
+the provider's gateway lets only the consumer's twin pods be reached, the consumer's gateway lets
+only the peer addresses of pods it offloaded in. The sets are built from this side's own objects
+only: what the peer's gateway filters is never relied on. `nft_sets` refills the sets alone, in one
+transaction, when only the members changed.
 
 Does not: run `nft`, `ip` or `wg`, talk to a WireGuard device, create routes or policy rules (the
 drivers do), allocate ranges (`netfabric.ipam`), or handle IPv6.
@@ -78,7 +81,10 @@ class GatewayPlan:
     the gateway's own address instead of the peer's remapped twin. `tunnel_address` /
     `peer_tunnel_address`: the two ends of the tunnel; the peer's probe of ours is the one packet the
     filter lets through to the gateway itself (None: an echo request from the tunnel to any of the
-    gateway's addresses is let through instead).
+    gateway's addresses is let through instead). `local_members`: the addresses in our pod CIDR the
+    peer may reach and that may open flows into the tunnel (None: the whole CIDR); `peer_members`:
+    the peer's real pod addresses that may open flows to us and that our pods may reach (None: its
+    whole pod range). Members outside their range are refused.
     """
 
     interface: str
@@ -91,9 +97,18 @@ class GatewayPlan:
     masquerade: bool = False
     tunnel_address: IPv4Address | None = None
     peer_tunnel_address: IPv4Address | None = None
+    local_members: frozenset[IPv4Address] | None = None
+    peer_members: frozenset[IPv4Address] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "external_ips", MappingProxyType(dict(self.external_ips)))
+        for what, members, net in (
+            ("local", self.local_members, self.local_pod),
+            ("peer", self.peer_members, self.peer_pod.real),
+        ):
+            outside = sorted(a for a in members or () if a not in net)
+            if outside:
+                raise RenderError(f"{what} member {outside[0]} is outside the pod range {net}")
         if not _INTERFACE.fullmatch(self.interface) or self.interface in {".", ".."}:
             raise RenderError(
                 f"invalid interface name {self.interface!r}: use 1-{MAX_INTERFACE} of letters, digits, '_', '.', '-'"
@@ -128,26 +143,52 @@ def _peer_ranges(plan: GatewayPlan) -> list[RangeMap]:
 
 
 def filter_sets(plan: GatewayPlan) -> dict[str, list[IPv4Network]]:
-    """The named sets of the tunnel filter, each collapsed to the fewest prefixes, in address order.
+    """The named sets of the tunnel filter, each collapsed to the fewest prefixes, in address order
+    (a set may be empty: no member pod yet).
 
-    `peer_pods`: the sources a new flow from the peer may have (its real pod range: the tunnel carries
-    real addresses and the filter runs before the SNAT to the remapped twin). `local_reachable`: where
-    such a flow may go (our pod range and the real addresses of our exposed external addresses, which
+    `peer_pods`: the sources a new flow from the peer may have (its real pod addresses: the tunnel
+    carries real addresses and the filter runs before the SNAT to the remapped twin). `local_reachable`:
+    where such a flow may go (our pods and the real addresses of our exposed external addresses, which
     the DNAT has already put in place). `local_pods`: the sources a new flow into the tunnel may have.
-    `peer_reachable`: where it may go (the peer's real pod and external ranges: the way-out DNAT has
+    `peer_reachable`: where it may go (the peer's real pods and external range: the way-out DNAT has
     already turned the remapped address into the real one; the peer's gateway decides which of its
-    external addresses lead anywhere).
+    external addresses lead anywhere). Pods are the members when the plan names them, else the range.
     """
 
     def collapsed(nets: list[IPv4Network]) -> list[IPv4Network]:
         return list(collapse_addresses(nets))
 
+    def pods(net: IPv4Network, members: frozenset[IPv4Address] | None) -> list[IPv4Network]:
+        return [net] if members is None else [IPv4Network(a) for a in members]
+
+    local = pods(plan.local_pod, plan.local_members)
+    peer = pods(plan.peer_pod.real, plan.peer_members)
+    external = [plan.peer_external.real] if plan.peer_external is not None else []
     return {
-        "peer_pods": collapsed([plan.peer_pod.real]),
-        "peer_reachable": collapsed([r.real for r in _peer_ranges(plan)]),
-        "local_pods": collapsed([plan.local_pod]),
-        "local_reachable": collapsed([plan.local_pod, *(IPv4Network(a) for a in plan.external_ips.values())]),
+        "peer_pods": collapsed(peer),
+        "peer_reachable": collapsed([*peer, *external]),
+        "local_pods": collapsed(local),
+        "local_reachable": collapsed([*local, *(IPv4Network(a) for a in plan.external_ips.values())]),
     }
+
+
+def _fill_sets(plan: GatewayPlan) -> list[str]:
+    t, sets = plan.table, filter_sets(plan)
+    lines = [f"flush set ip {t} {name}" for name in sets]
+    lines += [
+        f"add element ip {t} {name} {{ {', '.join(map(str, nets))} }}"
+        for name, nets in sets.items()
+        if nets  # nft refuses an empty element list; the flushed set stays empty
+    ]
+    return lines
+
+
+def nft_sets(plan: GatewayPlan) -> str:
+    """Text for `nft -f -` that refills the tunnel filter's sets of an existing `plan.table` to the
+    plan, in one transaction (a packet sees the old sets or the new ones, never an empty one in
+    between); nothing else of the table changes. Fails when the table or a set is missing (the
+    caller applies `nft_update` then)."""
+    return "\n".join(_fill_sets(plan)) + "\n"
 
 
 def _chains(plan: GatewayPlan) -> list[tuple[str, str | None, list[str]]]:
@@ -232,8 +273,7 @@ def nft_update(plan: GatewayPlan) -> str:
         lines.append("\t}")
     lines.append("}")
     lines += [f"flush chain ip {t} {name}" for name, _, _ in chains]
-    lines += [f"flush set ip {t} {name}" for name in sets]
-    lines += [f"add element ip {t} {name} {{ {', '.join(map(str, nets))} }}" for name, nets in sets.items()]
+    lines += _fill_sets(plan)
     lines.append(f"table ip {t} {{")
     for name, _, rules in chains:
         if rules:

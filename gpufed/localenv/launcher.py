@@ -405,6 +405,10 @@ class LocalEnvironment:
         async with api_client(self.kubeconfig_path(name)) as api:
             # metrics-server reads the authentication ConfigMap as it starts: its RBAC comes first.
             await install.apply(api, [*metricsserver.rbac(), metricsserver.service(ports.metrics_server)])
+            # gpufed's kinds exist before the controller-manager starts, so its quota controller counts
+            # them from its first discovery (a kind it discovers later is counted in a quota made
+            # before that only at its next full resync, 5 minutes: a peering made meanwhile waits)
+            await self._install_crds(api)
             started += [
                 c
                 for c in ("kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
@@ -435,15 +439,25 @@ class LocalEnvironment:
         if self.settings.manifests_dir is not None:
             await self._install_gpufed(spec, state, deadline, progress)
 
+    async def _load_gpufed(self) -> list[dict[str, Any]]:
+        assert self.settings.manifests_dir is not None
+        try:
+            return await install.load_gpufed(self.settings.manifests_dir)
+        except (OSError, ValueError) as e:
+            raise LocalEnvError(f"cannot read gpufed's manifests in {self.settings.manifests_dir}: {e}") from e
+
+    async def _install_crds(self, api: Any) -> None:
+        """gpufed's CustomResourceDefinitions alone, Established (nothing when gpufed is not installed)."""
+        if self.settings.manifests_dir is None:
+            return
+        crds = [d for d in await self._load_gpufed() if d["kind"] == "CustomResourceDefinition"]
+        await install.apply_gpufed(api, crds)
+
     async def _install_gpufed(
         self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress
     ) -> None:
         """Apply gpufed's CRDs and RBAC, start its controller, wait for the cluster identity."""
-        assert self.settings.manifests_dir is not None
-        try:
-            docs = await install.load_gpufed(self.settings.manifests_dir)
-        except (OSError, ValueError) as e:
-            raise LocalEnvError(f"cannot read gpufed's manifests in {self.settings.manifests_dir}: {e}") from e
+        docs = await self._load_gpufed()
         async with api_client(self.kubeconfig_path(spec.name)) as api:
             await install.apply_gpufed(api, docs)
             started = self._start(spec, CONTROLLER, state)

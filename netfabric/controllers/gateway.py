@@ -4,9 +4,12 @@ Owns: turning this cluster's Gateway, RemoteNetwork, NetworkConfig and private-k
 peer into a running data plane — the WireGuard interface (kernel or wireguard-go, chosen per
 `spec.driver`), its tunnel address and MTU, the nftables prefix-NAT table, the policy routing that
 carries marked packets into the tunnel, the tunnel filter that drops whatever the peer sends outside
-the pod and exposed ranges this cluster allows (and whatever would leave into the tunnel outside the
-peer's ranges) — and keeping it so: it watches the three CRs (the Secret is read on each
-pass), re-applies on any change and every `resync_s` (repairing drift such as a flushed table), probes the peer across
+the pods of the peering and the addresses this cluster exposes (and whatever would leave into the
+tunnel for anything else) — and keeping it so: it watches the three CRs (the Secret is read on each
+pass) and the peering's member pods (`netfabric.controllers.members`: the consumer's twin pods on a
+provider, the pods offloaded to the peer on a consumer; the filter's sets are refilled alone, within
+`members_debounce_s`, when only they change), re-applies on any change and every `resync_s`
+(repairing drift such as a flushed table), probes the peer across
 the tunnel and publishes the Connection status (Connected / Degraded / Down with a reason). Recovery
 after an underlay cut needs no action: WireGuard's keepalive re-handshakes and the status follows
 the probe. When the Gateway is deleted it removes everything it created and returns.
@@ -54,17 +57,21 @@ from gpufed.kube.client import KubeError
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from netfabric import plan as plans
+from netfabric.controllers.members import Members, Role
 from netfabric.drivers import nft
 from netfabric.drivers.netns import DataplaneError, Netns, clear_routes, link_mtu, route_device, set_link, set_routes
 from netfabric.drivers.wireguard import KernelWireGuard, PeerStats, TunnelConfig, TunnelDriver, WireguardGo
 from netfabric.ipam import DEFAULT_MTU, IPAMError, mtu_for
 from netfabric.render import (
     DROP_COUNTERS,
+    GatewayPlan,
     RenderError,
     allowed_ips,
+    filter_sets,
     interface_name,
     mark_for,
     nft_ruleset,
+    nft_sets,
     nft_update,
     table_name,
 )
@@ -94,8 +101,9 @@ TUNNEL_HANDSHAKE = Gauge(
 )
 GATEWAY_DROPPED = Counter(
     "gpufed_gateway_dropped_packets",
-    "Packets the tunnel filter dropped: from the peer (direction=from_peer) to anything but our pod "
-    "range and exposed addresses, or into the tunnel (direction=to_peer) outside the peer's ranges.",
+    "Packets the tunnel filter dropped: from the peer (direction=from_peer) but from or to anything else "
+    "than the peering's pods and our exposed addresses, or into the tunnel (direction=to_peer) from or "
+    "to anything else than the peering's pods and the peer's external range.",
     ["remote_cluster", "direction"],
 )
 #: `direction` label of GATEWAY_DROPPED -> the named nftables counter it is read from.
@@ -119,6 +127,8 @@ class GatewaySettings:
     resync_s: float = 60.0
     #: Seconds after which an unchanged Connection status is written again (RTT, handshake age).
     status_refresh_s: float = 30.0
+    #: Seconds a change of the member pods waits for more before the filter's sets are refilled.
+    members_debounce_s: float = 0.1
 
 
 @dataclass
@@ -175,6 +185,7 @@ class GatewayAgent:
         settings: GatewaySettings,
         drivers: list[TunnelDriver] | None = None,
         clock: Callable[[], float] = time.time,
+        members: Callable[[Role, Callable[[], None]], Members] | None = None,
     ) -> None:
         self.api = api
         self.s = settings
@@ -195,6 +206,13 @@ class GatewayAgent:
         #: The drop counters' packets as last read (a smaller value: the table was rebuilt).
         self._drops_seen: dict[str, int] = {}
         self.log = log.bind(remote_cluster=settings.name, kind="Gateway")
+        self._new_members = members or (lambda role, changed: Members(api, settings.name, role, changed))
+        self.members: Members | None = None
+        self.members_changed = asyncio.Event()
+        self._members_task: asyncio.Task[None] | None = None
+        #: The plan last applied (its sets are what the filter holds), under `_plane`.
+        self.plan: GatewayPlan | None = None
+        self._plane = asyncio.Lock()
 
     def _path(self, plural: str, name: str, sub: str = "") -> str:
         return rest.path(API_VERSION, plural, name, namespace=self.s.namespace, sub=sub)
@@ -259,7 +277,7 @@ class GatewayAgent:
         if spec.role == "Client" and not spec.endpoint:
             raise DataplaneError("a client gateway needs spec.endpoint, the server gateway's host:port")
         local_ip, peer_ip = IPv4Address(spec.tunnel_address), IPv4Address(spec.peer_tunnel_address)
-        gp = plans.gateway_plan(inp.network, inp.remote, spec.masquerade, (local_ip, peer_ip))
+        gp = self._plan(inp)
         driver = self.driver
         if driver is None or spec.driver not in ("auto", driver.name):
             driver = await self._choose_driver(spec.driver)
@@ -277,6 +295,7 @@ class GatewayAgent:
         await self.ns.netlink(lambda ipr: set_link(ipr, gp.interface, local_ip, peer_ip, mtu), "configuring the tunnel")
         # in place: the drop counters and the allowed sets are updated, never recreated, on a re-apply
         await nft.apply_in_place(self.ns, nft_update(gp), nft_ruleset(gp))
+        self.plan = gp
         mapped = [gp.peer_pod.mapped] + ([gp.peer_external.mapped] if gp.peer_external else [])
         await self.ns.netlink(
             lambda ipr: set_routes(ipr, gp.interface, gp.mark, gp.mark, mapped), "routing into the tunnel"
@@ -286,6 +305,51 @@ class GatewayAgent:
         if (await self.ns.run(["sysctl", "-n", "net.ipv4.ip_forward"])).strip() != "1":
             await self.ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         await self._status_gateway(driver.name, gp.interface, mtu)
+
+    def _plan(self, inp: Inputs) -> GatewayPlan:
+        """The plan for `inp` and the member pods now (none before the members' first listing)."""
+        spec = inp.gateway
+        tunnel = (IPv4Address(spec.tunnel_address), IPv4Address(spec.peer_tunnel_address))
+        members = self.members.addresses() if self.members is not None else frozenset()
+        server = spec.role == "Server"
+        return plans.gateway_plan(
+            inp.network,
+            inp.remote,
+            spec.masquerade,
+            tunnel,
+            local_members=members if server else None,
+            peer_members_mapped=None if server else members,
+        )
+
+    async def refresh_members(self) -> None:
+        """Refill the filter's sets to the member pods now, when they differ from what was applied."""
+        async with self._plane:
+            if self.plan is None or self.inputs is None:
+                return
+            try:
+                gp = self._plan(self.inputs)
+            except (RenderError, IPAMError, ValueError) as e:
+                self.log.warning("tunnel filter members not applied", error=str(e))
+                return
+            if filter_sets(gp) == filter_sets(self.plan):
+                return
+            try:
+                await nft.apply(self.ns, nft_sets(gp))
+            except DataplaneError as e:
+                self.log.info("tunnel filter sets not refilled; re-applying the table", error=str(e)[:200])
+                self.dirty.set()
+                return
+            self.plan = gp
+
+    def _ensure_members(self, role: Role, tg: asyncio.TaskGroup | None) -> None:
+        """Watch the member pods for `role` (again, if the role changed)."""
+        if self.members is not None and self.members.role == role:
+            return
+        if self._members_task is not None:
+            self._members_task.cancel()
+        self.members = self._new_members(role, self.members_changed.set)
+        if tg is not None:
+            self._members_task = tg.create_task(self.members.run())
 
     async def teardown(self) -> None:
         gp_iface, table, mark = _names(self.s.name)
@@ -401,10 +465,13 @@ class GatewayAgent:
 
     # ---- loops
 
-    async def reconcile(self) -> None:
+    async def reconcile(self, tg: asyncio.TaskGroup | None = None) -> None:
         try:
-            self.inputs = await self.read()
-            await self.apply(self.inputs)
+            inputs = await self.read()
+            self._ensure_members(inputs.gateway.role, tg)
+            async with self._plane:
+                self.inputs = inputs
+                await self.apply(inputs)
             self.error = None
         except GatewayDeletedError:
             self.gone.set()
@@ -430,7 +497,14 @@ class GatewayAgent:
             params={"fieldSelector": f"metadata.name={name}"},
         )
 
-    async def _reconcile_loop(self) -> None:
+    async def _members_loop(self) -> None:
+        while not self.gone.is_set():
+            await self.members_changed.wait()
+            await asyncio.sleep(self.s.members_debounce_s)
+            self.members_changed.clear()
+            await self.refresh_members()
+
+    async def _reconcile_loop(self, tg: asyncio.TaskGroup) -> None:
         last = 0.0
         while not self.gone.is_set():
             with contextlib.suppress(TimeoutError):
@@ -438,7 +512,7 @@ class GatewayAgent:
                     await self.dirty.wait()  # asyncio.timeout: 3.11's wait_for may swallow a cancellation
             self.dirty.clear()
             last = time.monotonic()
-            await self.reconcile()
+            await self.reconcile(tg)
             await self.probe()  # so the status written next describes the tunnel just applied
             await self.publish(force=True)
 
@@ -462,11 +536,14 @@ class GatewayAgent:
         self.dirty.set()
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(self._watch(p, n)) for p, n in watched]
-            tasks.append(tg.create_task(self._reconcile_loop()))
+            tasks.append(tg.create_task(self._reconcile_loop(tg)))
             tasks.append(tg.create_task(self._probe_loop()))
+            tasks.append(tg.create_task(self._members_loop()))
             await self.gone.wait()
             for t in tasks:
                 t.cancel()
+            if self._members_task is not None:
+                self._members_task.cancel()
         await asyncio.shield(self.teardown())
 
 

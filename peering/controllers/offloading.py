@@ -79,6 +79,8 @@ KIND = "NamespaceOffloading"
 PLURAL = "namespaceoffloadings"
 #: Seconds between re-reads while a twin is not Ready yet (or is being removed).
 DEFAULT_PENDING_POLL_S = 1.0
+#: What kube-apiserver's quota admission says while a quota's usage is not computed yet.
+QUOTA_NOT_COUNTED = "status unknown for quota"
 #: Seconds between retries while a provider is unreachable.
 DEFAULT_UNREACHABLE_RETRY_S = 5.0
 #: Seconds between re-reads of settled offloadings.
@@ -349,6 +351,16 @@ class OffloadingController:
         except KubeError as e:
             if e.status in (400, 422):  # the provider's schema refuses the request: retrying changes nothing
                 return RemoteOutcome(provider, expected, "Refused", str(e)[:300])
+            if e.status == 403 and QUOTA_NOT_COUNTED in str(e):
+                # the provider answers, its quota controller has not counted our tenant namespace yet
+                # (a quota over a kind it started watching after the quota was made waits for its
+                # next full resync): the request is retried as it is
+                return RemoteOutcome(
+                    provider,
+                    expected,
+                    "Pending",
+                    "the provider's quota controller has not counted this consumer's usage yet: " + str(e)[:200],
+                )
             log.warning("provider unreachable", remote_cluster=provider, error=str(e)[:300])
             await self.remotes.drop(provider)
             return RemoteOutcome(provider, expected, "Unreachable", str(e)[:300])

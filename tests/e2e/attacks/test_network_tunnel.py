@@ -58,36 +58,43 @@ PPOD_LINK = "ppod-pgw"
 class Tunnel:
     fabric: Fabric
     metrics_port: int
-    #: role -> address of the consumer-side victims.
+    #: role -> address of the victims on the defending side.
     victims: dict[str, str] = field(default_factory=dict)
     #: (consumer namespace, the offloaded pod's IP on the consumer, the twin's real podIP).
     pod: tuple[str, str, str] = ("", "", "")
+    #: The side whose gateway stays gpufed's and must refuse ("consumer" or "gpu-a").
+    defender: str = "consumer"
 
     @property
     def provider_id(self) -> str:
         return str(self.fabric.ids["gpu-a"])
 
+    @property
+    def attacker_id(self) -> str:
+        return str(self.fabric.ids["gpu-a" if self.defender == "consumer" else "consumer"])
+
     def victim_ns(self, role: str) -> str:
         return self.fabric.ns(role)
 
     def dropped_metric(self, direction: str = "from_peer") -> float:
-        """`gpufed_gateway_dropped_packets_total` of the consumer's agent for this peering."""
+        """`gpufed_gateway_dropped_packets_total` of the defender's agent for this peering."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             text = r.read().decode()
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if (
                     s.name == "gpufed_gateway_dropped_packets_total"
-                    and s.labels.get("remote_cluster") == self.provider_id
+                    and s.labels.get("remote_cluster") == self.attacker_id
                     and s.labels.get("direction") == direction
                 ):
                     return float(s.value)
         return 0.0
 
     def dropped_counter(self) -> int:
-        """The consumer gateway's nftables counter of packets from the peer it dropped."""
-        table = table_name(self.provider_id)
-        got = ns_exec(self.fabric.ns("cgw"), "nft", "-j", "list", "counters", "table", "ip", table)
+        """The defending gateway's nftables counter of packets from the peer it dropped."""
+        table = table_name(self.attacker_id)
+        gw = "cgw" if self.defender == "consumer" else "pgw"
+        got = ns_exec(self.fabric.ns(gw), "nft", "-j", "list", "counters", "table", "ip", table)
         items = json.loads(got.stdout)["nftables"]
         return next(
             int(i["counter"]["packets"]) for i in items if i.get("counter", {}).get("name") == "dropped_from_peer"
@@ -211,12 +218,13 @@ def _consumer_pod_there(t: Tunnel) -> str:
 
 
 def _attack(t: Tunnel, role: str, target: str, *curl_flags: str) -> None:
-    """From the provider's pod, HTTP to `target` through the tunnel: refused by the consumer's gateway
+    """From the attacker's pod, HTTP to `target` through the tunnel: refused by the defender's gateway
     (the request times out), counted (nftables counter and metric), and nothing reaches the victim."""
     metric, counter = t.dropped_metric(), t.dropped_counter()
     t.watch(role)
+    attacker = "ppod" if t.defender == "consumer" else "cpod"
     got = ns_exec(
-        t.fabric.ns("ppod"), "curl", "-s", "-m", "3", *curl_flags, f"http://{target}:{HTTP_PORT}/", check=False
+        t.fabric.ns(attacker), "curl", "-s", "-m", "3", *curl_flags, f"http://{target}:{HTTP_PORT}/", check=False
     )
     assert got.returncode == 28, f"curl to {target}: exit {got.returncode} (28: timed out), {got.stdout!r}"
     assert t.delivered(role) == 0, f"packets from the provider reached {role} ({target})"
@@ -268,13 +276,27 @@ def test_provider_cannot_spoof_a_source_outside_its_pod_range(tunnel: Tunnel) ->
         ns_exec(f.ns("ppod"), "ip", "addr", "del", f"{spoofed}/32", "dev", PPOD_LINK, check=False)
 
 
+def test_provider_pod_that_is_no_twin_cannot_reach_a_consumer_pod(tunnel: Tunnel) -> None:
+    # a pod of the provider's own (or another tenant's), at an address of its real pod range that is
+    # no twin of the consumer's: the consumer's filter lets only the pods it offloaded there open flows
+    f = tunnel.fabric
+    provider_pods = IPv4Network(f.remote_network("consumer")["real"]["podCidr"])  # gpu-a's own, real
+    other = str(provider_pods.broadcast_address - 2)
+    assert other != tunnel.pod[2], "the address chosen for a non-twin pod is the twin's"
+    ns_exec(f.ns("ppod"), "ip", "addr", "add", f"{other}/32", "dev", PPOD_LINK)
+    try:
+        _attack(tunnel, "cpod", _consumer_pod_there(tunnel), "--interface", other)
+    finally:
+        ns_exec(f.ns("ppod"), "ip", "addr", "del", f"{other}/32", "dev", PPOD_LINK, check=False)
+
+
 def test_legitimate_flows_still_pass_the_filter(tunnel: Tunnel) -> None:
     f = tunnel.fabric
     _ns, local_ip, _remote = tunnel.pod
     dropped = tunnel.dropped_counter()
     # a consumer pod to the offloaded pod, by the address the consumer API shows
     eventually("the offloaded pod answers the consumer pod", lambda: f.curl("cpod", local_ip, 2), timeout=30)
-    # the provider's pod to the exposed consumer Service and to a consumer pod (its whole pod range)
+    # the provider's twin pod to the exposed consumer Service and to a consumer pod
     assert f.curl("ppod", _exposed_there(tunnel)) == local_ip
     assert f.curl("ppod", _consumer_pod_there(tunnel)) == local_ip
     ping = f.ping("cpod", local_ip, count=3)

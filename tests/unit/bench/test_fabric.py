@@ -3,6 +3,7 @@ specs it configures the gateways from, and its section of docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -226,3 +227,12 @@ def test_a_missed_filter_target_is_explained_by_the_runs_spread() -> None:
     doc = report.render({"fabric": result, "reflection": {"kinds": {}, "machine": {}}})
     why = doc[doc.index("**fabric.filter_throughput.**") :]
     assert "cannot tell the filter's cost from the machine's noise" in why.splitlines()[0]
+
+
+def test_member_pods_are_distinct_in_the_pod_cidr_none_adjacent_and_the_server_pod_first() -> None:
+    pods = fabric.member_pods(fabric.MEMBER_PODS)
+    assert len(set(pods)) == fabric.MEMBER_PODS and pods[0] == fabric.SERVER_POD
+    assert all(a in IPv4Network(fabric.POD_CIDR) for a in pods)
+    assert fabric.CLIENT_POD not in pods
+    ordered = sorted(int(a) for a in pods)
+    assert all(b - a > 1 for a, b in itertools.pairwise(ordered))

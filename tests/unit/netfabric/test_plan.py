@@ -301,6 +301,25 @@ def test_gateway_plan_filters_with_our_own_objects_and_the_tunnel_addresses() ->
     assert unknown.tunnel_address is None and unknown.peer_tunnel_address is None
 
 
+def test_gateway_plan_members_are_our_pods_and_the_peers_pods_turned_back_into_real_addresses() -> None:
+    gp = plan.gateway_plan(
+        LOCAL,
+        REMOTE,
+        masquerade=False,
+        local_members=[A("10.244.0.7"), A("10.99.0.1")],  # the second is no pod of ours: left out
+        # the peer's pods as we see them (10.64/16 stands for its 10.244/16); 10.244.1.1 is not
+        # in the remapped range, so it is no pod of the peer's as we see it: left out
+        peer_members_mapped=[A("10.64.3.9"), A("10.244.1.1")],
+    )
+    assert gp.local_members == frozenset({A("10.244.0.7")})
+    assert gp.peer_members == frozenset({A("10.244.3.9")})
+    sets = filter_sets(gp)
+    assert sets["peer_pods"] == [N("10.244.3.9/32")]
+    assert sets["local_pods"] == [N("10.244.0.7/32")]
+    whole = plan.gateway_plan(LOCAL, REMOTE, masquerade=False)
+    assert whole.local_members is None and whole.peer_members is None
+
+
 def test_gateway_plan_names_follow_the_remote_cluster_id() -> None:
     a = plan.gateway_plan(LOCAL, REMOTE, masquerade=False)
     b = plan.gateway_plan(LOCAL, REMOTE.model_copy(update={"cluster_id": "peer-b"}), masquerade=False)

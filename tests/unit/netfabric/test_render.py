@@ -22,6 +22,7 @@ from netfabric.render import (
     interface_name,
     mark_for,
     nft_ruleset,
+    nft_sets,
     nft_update,
     table_name,
     uapi_set,
@@ -501,3 +502,56 @@ def test_names_do_not_collide_over_many_ids() -> None:
     assert len({interface_name(i) for i in ids}) == len(ids)
     assert len({table_name(i) for i in ids}) == len(ids)
     assert len({mark_for(i) for i in ids}) == len(ids)
+
+
+# ---------------------------------------------------------------- member pods
+
+
+def test_filter_sets_name_only_the_member_pods_when_the_plan_names_them() -> None:
+    members = dataclasses.replace(
+        PLAN,
+        local_members=frozenset({A("10.244.0.6"), A("10.244.0.7"), A("10.244.9.1")}),
+        peer_members=frozenset({A("10.244.5.5")}),
+    )
+    assert filter_sets(members) == {
+        "peer_pods": [N("10.244.5.5/32")],
+        "peer_reachable": [N("10.200.0.0/24"), N("10.244.5.5/32")],
+        "local_pods": [N("10.244.0.6/31"), N("10.244.9.1/32")],
+        # the exposed addresses stay reachable whether or not they are members
+        "local_reachable": [N("10.96.0.10/32"), N("10.244.0.6/31"), N("10.244.3.4/32"), N("10.244.9.1/32")],
+    }
+
+
+def test_no_member_pods_leave_their_sets_empty_and_the_ruleset_valid() -> None:
+    empty = dataclasses.replace(PLAN, local_members=frozenset(), peer_members=frozenset())
+    sets = filter_sets(empty)
+    assert sets["peer_pods"] == [] and sets["local_pods"] == []
+    assert sets["peer_reachable"] == [N("10.200.0.0/24")]
+    text = nft_update(empty)
+    # nft refuses `add element ... { }`: an empty set is flushed and not filled
+    assert "flush set ip gpufed_test peer_pods" in text
+    assert "add element ip gpufed_test peer_pods" not in text
+    assert "{  }" not in text
+
+
+def test_nft_sets_refills_only_the_sets_in_one_transaction() -> None:
+    members = dataclasses.replace(PLAN, peer_members=frozenset({A("10.244.5.5")}))
+    text = nft_sets(members)
+    assert text.splitlines() == [
+        "flush set ip gpufed_test peer_pods",
+        "flush set ip gpufed_test peer_reachable",
+        "flush set ip gpufed_test local_pods",
+        "flush set ip gpufed_test local_reachable",
+        "add element ip gpufed_test peer_pods { 10.244.5.5/32 }",
+        "add element ip gpufed_test peer_reachable { 10.200.0.0/24, 10.244.5.5/32 }",
+        "add element ip gpufed_test local_pods { 10.244.0.0/16 }",
+        "add element ip gpufed_test local_reachable { 10.96.0.10/32, 10.244.0.0/16 }",
+    ]
+    # the same lines fill the sets in a full update, so both paths agree
+    assert all(line in nft_update(members).splitlines() for line in text.splitlines())
+
+
+@pytest.mark.parametrize(("field", "address"), [("local_members", "10.99.0.1"), ("peer_members", "10.64.0.1")])
+def test_a_member_outside_its_pod_range_is_refused(field: str, address: str) -> None:
+    with pytest.raises(RenderError, match=f"member {address} is outside the pod range"):
+        dataclasses.replace(PLAN, **{field: frozenset({A(address)})})  # type: ignore[arg-type]

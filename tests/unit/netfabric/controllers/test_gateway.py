@@ -27,10 +27,11 @@ from netfabric.controllers.gateway import (
     Health,
     judge,
 )
+from netfabric.controllers.members import Members, Role
 from netfabric.drivers.netns import COMMAND_TIMEOUT_S, DataplaneError, Netns
 from netfabric.drivers.wireguard import PeerStats, TunnelConfig, TunnelDriver
 from netfabric.ipam import RangeMap
-from netfabric.render import GatewayPlan, interface_name, mark_for, nft_ruleset, nft_update, table_name
+from netfabric.render import GatewayPlan, interface_name, mark_for, nft_ruleset, nft_sets, nft_update, table_name
 from tests.unit.fakes import FakeApiServer, running, serve, until
 
 T = TypeVar("T")
@@ -271,9 +272,18 @@ PLAN = GatewayPlan(
     external_ips={A("10.70.0.5"): A("10.96.0.10")},
     tunnel_address=A("169.254.64.2"),
     peer_tunnel_address=A("169.254.64.1"),
+    # the client (consumer) end lets only the pods it offloaded to the peer through: none before the
+    # member watch has listed
+    peer_members=frozenset(),
 )
-#: The same on the server side of the tunnel.
-SERVER_PLAN = dataclasses.replace(PLAN, tunnel_address=A("169.254.64.1"), peer_tunnel_address=A("169.254.64.2"))
+#: The same on the server side of the tunnel, which lets only its twin pods be reached.
+SERVER_PLAN = dataclasses.replace(
+    PLAN,
+    tunnel_address=A("169.254.64.1"),
+    peer_tunnel_address=A("169.254.64.2"),
+    peer_members=None,
+    local_members=frozenset(),
+)
 
 
 def _cr(plural: str, kind: str, name: str, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -448,6 +458,72 @@ async def test_reconcile_configures_a_server_tunnel() -> None:
         assert ns.commands("nft") == [
             (["nft", "-f", "-"], nft_update(dataclasses.replace(SERVER_PLAN, masquerade=True)))
         ]
+
+
+class StaticMembers(Members):
+    """Member pods the test sets (`become`), without watching anything."""
+
+    def __init__(self, role: Role, changed: Callable[[], None]) -> None:
+        super().__init__(None, PEER, role, changed)
+        self.synced.set()
+
+    def become(self, *addresses: str) -> None:
+        self._current = frozenset(A(a) for a in addresses)
+        self.on_change()
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_change_of_member_pods_refills_only_the_filter_sets() -> None:
+    async with serve() as (server, api):
+        seed(server, {**SERVER, "keepaliveS": 0})
+        made: list[StaticMembers] = []
+
+        def members(role: Role, changed: Callable[[], None]) -> StaticMembers:
+            made.append(StaticMembers(role, changed))
+            return made[-1]
+
+        agent = GatewayAgent(api, GatewaySettings(name=PEER, netns=None), [FakeDriver()], Clock(), members=members)
+        ns = FakeNs(fake_ipr())
+        agent.ns = ns
+        await agent.reconcile()
+        (m,) = made
+        assert m.role == "Server"
+        assert ns.commands("nft") == [(["nft", "-f", "-"], nft_update(SERVER_PLAN))]
+        m.become("10.244.0.7", "10.99.0.1")  # the second is outside our pod CIDR: not a pod of ours
+        assert agent.members_changed.is_set()
+        await agent.refresh_members()
+        with_pod = dataclasses.replace(SERVER_PLAN, local_members=frozenset({A("10.244.0.7")}))
+        assert ns.commands("nft")[1:] == [(["nft", "-f", "-"], nft_sets(with_pod))]
+        await agent.refresh_members()  # nothing changed: nothing applied
+        assert len(ns.commands("nft")) == 2
+        # a full re-apply keeps the members
+        await agent.reconcile()
+        assert ns.commands("nft")[2:] == [(["nft", "-f", "-"], nft_update(with_pod))]
+        assert len(made) == 1  # the same watch, not a new one per pass
+
+
+async def test_a_failed_refill_asks_for_a_full_reapply() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        made: list[StaticMembers] = []
+
+        def members(role: Role, changed: Callable[[], None]) -> StaticMembers:
+            made.append(StaticMembers(role, changed))
+            return made[-1]
+
+        agent = GatewayAgent(api, GatewaySettings(name=PEER, netns=None), [FakeDriver()], Clock(), members=members)
+        ns = FakeNs(fake_ipr())
+        agent.ns = ns
+        await agent.reconcile()
+        assert made[0].role == "Client"
+        agent.dirty.clear()
+        made[0].become("10.64.0.9")  # the peer's pod as we see it
+        ns.refuse_update = True  # nftables refuses the refill (say, the table was flushed by hand)
+        await agent.refresh_members()
+        assert agent.dirty.is_set()
+        assert agent.plan is not None and agent.plan.peer_members == frozenset()
 
 
 async def test_reconcile_rebuilds_the_table_when_nftables_refuses_the_update() -> None:

@@ -81,6 +81,8 @@ class FakeAPI:
         self.name = name
         self.objects: dict[str, dict[str, Any]] = {}
         self.down = False
+        #: A KubeError every request raises instead of answering (None: answer).
+        self.fails: KubeError | None = None
         self.rv = 0
 
     def put(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +101,8 @@ def world(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeAPI]:
     def check(api: FakeAPI) -> None:
         if api.down:
             raise KubeError("cannot reach the API server", status=0)
+        if api.fails is not None:
+            raise api.fails
 
     async def get(api: FakeAPI, path: str, **_: Any) -> dict[str, Any] | None:
         check(api)
@@ -209,6 +213,27 @@ async def test_unreachable_provider_is_a_condition_and_a_retry(world: dict[str, 
     assert {r["clusterId"]: r["phase"] for r in st["remoteNamespaces"]} == {"a": "Pending", "b": "Unreachable"}
     reach = next(x for x in st["conditions"] if x["type"] == "ProvidersReachable")
     assert reach["status"] == "False" and "b" in reach["message"]
+
+
+async def test_a_quota_not_counted_yet_on_the_provider_is_pending_not_unreachable(world: dict[str, FakeAPI]) -> None:
+    c = controller(world, {"clusterSelector": ON_B})
+    world["b"].fails = KubeError(
+        'twinnamespaces.gpufed.io "team" is forbidden: status unknown for quota: gpufed-grant, '
+        "resources: count/twinnamespaces.gpufed.io",
+        status=403,
+    )
+    assert await c.reconcile("team") == c.settings.pending_poll_s
+    st = world["local"].objects[NS_PATH]["status"]
+    (remote,) = st["remoteNamespaces"]
+    assert remote["phase"] == "Pending" and "quota controller has not counted" in remote["message"]
+    reach = next(x for x in st["conditions"] if x["type"] == "ProvidersReachable")
+    assert reach["status"] == "True"
+    # another 403 is no such case: the provider refuses us, which is reported as unreachable
+    world["b"].fails = KubeError('twinnamespaces.gpufed.io "team" is forbidden: User cannot create', status=403)
+    assert await c.reconcile("team") == c.settings.unreachable_retry_s
+    world["b"].fails = None
+    await c.reconcile("team")
+    assert TWIN_REQ in world["b"].objects
 
 
 async def test_refusal_is_an_event(world: dict[str, FakeAPI]) -> None:
