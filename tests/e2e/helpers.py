@@ -1,7 +1,12 @@
-"""Helpers the e2e modules share: the gpufed CLI as a user runs it, peering, offloading, polling, workloads."""
+"""Helpers the e2e modules share: the gpufed CLI as a user runs it, peering, offloading, polling, workloads,
+pausing a component, and the pod attacks of tests/e2e/attacks (one or more per pod rule)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -188,3 +193,20 @@ def processes(*needles: str) -> dict[int, str]:
         if cmd and all(n in cmd for n in needles):
             found[int(d.name)] = cmd
     return found
+
+
+@contextlib.contextmanager
+def component_paused(clusters: Clusters, cluster: str, component: str) -> Iterator[None]:
+    """`component` of `cluster` (e.g. gpu-a's `gpufed-controller`) stopped with SIGSTOP, so that what a
+    test writes stays as written (its reconcilers would put it back); resumed (SIGCONT) whatever happens."""
+    statuses = {s.name: s for s in asyncio.run(clusters.env.status())}
+    pid = next(c.pid for c in statuses[cluster].components if c.name == component)
+    assert pid is not None, f"{component} of {cluster} is not running"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+# ---------------------------------------------------------------------------- pod attacks (tests/e2e/attacks)

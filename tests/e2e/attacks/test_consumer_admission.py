@@ -7,13 +7,23 @@ What refuses each attack is gpu-a's own API server: the ValidatingAdmissionPolic
 `gpufed-offload-policy` (pods: Pod Security baseline, or restricted when the tenant is held to it,
 plus gpufed's rules) and `gpufed-consumer-objects` (Services, EndpointSlices, Ingresses), the
 grant's ResourceQuota, and the provider's controller for twin namespace names (a TwinNamespace
-status and a Warning Event). Each test is one attack; it asserts the refusal (and the rule it names)
-and that nothing was created. The module peers the consumer with gpu-a; each test offloads its own
-namespace.
+status and a Warning Event), with Pod Security Admission (the twin namespace's `enforce` label) as a
+first layer for pods. Each test (or case) is one attack; it asserts the refusal (and the rule it
+names) and that nothing was created. The module peers the consumer with gpu-a; each test offloads its
+own namespace.
+
+Pods: one test parametrized over the rule table (`peering.podsecurity.RULES`, one or more attacks per
+rule from `tests.e2e.helpers.POD_ATTACKS`, ids: the rule's id and the variant), each case refused by
+Pod Security Admission in its words where its level covers the attack, else by gpufed's policy naming
+the rule, where the pod breaks it and the Tenant field or standard; the same pod without the attack is
+admitted. A second test takes Pod Security Admission away (the twin relabelled `enforce=privileged`)
+and shows that gpufed's policy alone refuses every attack the first layer refused, at baseline and at
+restricted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from collections.abc import Iterator
@@ -25,13 +35,23 @@ from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.apis.wire import CONSUMER_LABEL, ClusterID, tenant_namespace, twin_namespace
 from peering import podsecurity
 from peering.handshake import CONSUMER_GROUP, consumer_user
+from tests.e2e.attacks.podattacks import POD_ATTACKS, PodAttack, pod_attacks
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, offload, peered_session
+from tests.e2e.helpers import component_paused, eventually, offload, peered_session
 
 pytestmark = pytest.mark.e2e
 
 SMALL = {"cpu": "10m", "memory": "16Mi"}
 PROVIDER = "gpu-a"
+#: Pod Security Admission's label that makes it enforce a level in a namespace.
+PSA_ENFORCE = f"{podsecurity.PSA_PREFIX}enforce"
+#: The namespace flags that grant a rule's exception (what a Tenant's allow* field is projected to), by rule id.
+ALLOW_LABELS = {
+    podsecurity.PRIVILEGED.id: podsecurity.ALLOW_PRIVILEGED_LABEL,
+    podsecurity.HOST_NAMESPACES.id: podsecurity.ALLOW_HOST_NAMESPACES_LABEL,
+    podsecurity.HOST_PATH_VOLUMES.id: podsecurity.ALLOW_HOST_PATH_LABEL,
+    podsecurity.HOST_PORTS.id: podsecurity.ALLOW_HOST_PORTS_LABEL,
+}
 
 
 @pytest.fixture(scope="module")
@@ -87,26 +107,42 @@ def absent(clusters: Clusters, kind: str, name: str, namespace: str) -> None:
     assert p.returncode != 0 and "NotFound" in p.stderr, f"{kind} {namespace}/{name} exists:\n{p.stdout}"
 
 
+def by_policy(stderr: str, attack: PodAttack, node: str = "") -> bool:
+    """gpufed's pod policy refused the attack: its refusal names the rule, where the pod breaks it, and
+    the Tenant field that would allow it (or the standard that refuses it)."""
+    rule = attack.rule
+    return (
+        f"ValidatingAdmissionPolicy '{podsecurity.POLICY_NAME}'" in stderr
+        and f"{rule.what} are refused (" in stderr
+        and attack.where(node) in stderr
+        and rule.tail in stderr
+    )
+
+
 def refused_pod(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, obj: dict[str, Any], rule: podsecurity.Rule
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, attack: PodAttack, node: str = ""
 ) -> str:
-    """The pod is refused by the offload policy for `rule`, and no pod exists."""
+    """The attack pod is refused, and no pod exists. Pod Security Admission (the twin namespace's enforce
+    label) runs before the admission policies and refuses what its level covers, in its words; gpufed's
+    policy refuses the rest in its own (test_consumer_pod_is_refused_by_gpufed_policy_alone shows that
+    it refuses the first too)."""
+    obj = attack.pod("attack", namespace, node)
     stderr = attempt(clusters, ids, obj)
     assert "Forbidden" in stderr, stderr
-    # Pod Security Admission (the twin namespace's enforce label) runs before the admission policies and
-    # refuses what its level covers; gpufed's policy refuses the rest, naming the rule.
-    by_psa = "violates PodSecurity" in stderr
-    by_policy = (
-        f"ValidatingAdmissionPolicy '{podsecurity.POLICY_NAME}'" in stderr and f"{rule.what} are refused (" in stderr
-    )
-    assert by_psa or by_policy, stderr
+    if attack.psa:
+        assert "violates PodSecurity" in stderr and attack.psa in stderr, stderr
+    else:
+        assert by_policy(stderr, attack, node), stderr
     absent(clusters, "pod", obj["metadata"]["name"], namespace)
     return stderr
 
 
-def names(stderr: str, ours: str, psa: str) -> None:
-    """The refusal names the offending field: gpufed's policy in its words, or Pod Security Admission in its."""
-    assert ours in stderr or ("violates PodSecurity" in stderr and psa in stderr), stderr
+def admitted(clusters: Clusters, ids: dict[str, ClusterID], obj: dict[str, Any]) -> None:
+    """The consumer may create `obj` (a server-side dry run: nothing is created)."""
+    p = clusters.kubectl(
+        PROVIDER, "create", "--dry-run=server", "-f", "-", *as_consumer(ids), input_text=json.dumps(obj), check=False
+    )
+    assert p.returncode == 0, p.stderr
 
 
 def refused_object(clusters: Clusters, ids: dict[str, ClusterID], obj: dict[str, Any], words: str) -> str:
@@ -128,130 +164,127 @@ def annotation(clusters: Clusters, namespace: str, key: str) -> str:
     return str((ns["metadata"].get("annotations") or {}).get(key, ""))
 
 
-# ---------------------------------------------------------------------------- pods: Pod Security baseline
+def labels(clusters: Clusters, namespace: str) -> dict[str, str]:
+    found: dict[str, str] = clusters.kubectl_json(PROVIDER, "get", "namespace", namespace)["metadata"]["labels"]
+    return found
 
 
-def test_consumer_pod_with_host_port_22_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod("sshd", ns, ports=[{"containerPort": 22, "hostPort": 22}])
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.HOST_PORTS)
-    names(stderr, "ports.hostPort=22", "hostPort 22")
+def relabel(clusters: Clusters, namespace: str, values: dict[str, str]) -> None:
+    """gpu-a's admin sets labels of `namespace`."""
+    if values:
+        clusters.kubectl(
+            PROVIDER, "label", "namespace", namespace, "--overwrite", *(f"{k}={v}" for k, v in values.items())
+        )
 
 
-def test_consumer_pod_with_nfs_volume_is_refused(clusters: Clusters, ids: dict[str, ClusterID], namespace: str) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod(
-        "nfs",
-        ns,
-        {"volumes": [{"name": "data", "nfs": {"server": "10.0.0.1", "path": "/exports"}}]},
-        volumeMounts=[{"name": "data", "mountPath": "/data"}],
-    )
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.VOLUME_TYPES)
-    assert "volume data: nfs" in stderr and "allowedVolumeTypes" in stderr, stderr
-
-
-def test_consumer_pod_with_seccomp_unconfined_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod("unconfined", ns, {"securityContext": {"seccompProfile": {"type": "Unconfined"}}})
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.SECCOMP)
-    names(stderr, "spec.securityContext.seccompProfile.type=Unconfined", 'seccompProfile.type to "Unconfined"')
-
-
-def test_consumer_pod_with_selinux_spc_t_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod("spc", ns, securityContext={"seLinuxOptions": {"type": "spc_t"}})
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.SELINUX)
-    names(stderr, "securityContext.seLinuxOptions.type=spc_t", 'type "spc_t"')
-
-
-def test_consumer_pod_with_unsafe_sysctl_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod("sysctl", ns, {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}})
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.SYSCTLS)
-    assert "kernel.msgmax" in stderr, stderr
-
-
-def test_consumer_pod_as_root_is_refused_under_restricted(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    confined = {
-        "allowPrivilegeEscalation": False,
-        "runAsNonRoot": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-        "capabilities": {"drop": ["ALL"]},
-    }
+@contextlib.contextmanager
+def held_to_restricted(clusters: Clusters, ids: dict[str, ClusterID], ns: str) -> Iterator[None]:
+    """gpu-a's admin holds the consumer to Pod Security restricted, projected onto `ns` (gpufed's level
+    annotation, and Pod Security Admission's enforce label); the default is restored afterwards."""
     try:
         set_policy(clusters, ids, {"podSecurity": {"level": "restricted"}})
         eventually(
             "level restricted projected", lambda: annotation(clusters, ns, podsecurity.LEVEL_ANNOTATION) == "restricted"
         )
-        labels = clusters.kubectl_json(PROVIDER, "get", "namespace", ns)["metadata"]["labels"]
-        assert labels["pod-security.kubernetes.io/enforce"] == "restricted", labels
-        obj = pod("root", ns, {"securityContext": {"runAsUser": 0}}, securityContext=confined)
-        stderr = refused_pod(clusters, ids, ns, obj, podsecurity.RUN_AS_ROOT)
-        names(stderr, "spec.securityContext.runAsUser=0", "runAsUser=0")
-        # The same pod without user 0 is admitted (what restricted asks is satisfiable).
-        ok = pod("nonroot", ns, {"securityContext": {"runAsUser": 1000}}, securityContext=confined)
-        p = clusters.kubectl(
-            PROVIDER, "create", "--dry-run=server", "-f", "-", *as_consumer(ids), input_text=json.dumps(ok), check=False
-        )
-        assert p.returncode == 0, p.stderr
+        assert labels(clusters, ns)[PSA_ENFORCE] == "restricted"
+        yield
     finally:
         set_policy(clusters, ids, {"podSecurity": None})
 
 
-# ---------------------------------------------------------------------------- pods: gpufed's own rules
+@contextlib.contextmanager
+def gpu_products_limited(clusters: Clusters, ids: dict[str, ClusterID], ns: str) -> Iterator[None]:
+    """gpu-a's admin lets the consumer pin the GPU products gpu-a has, and no other (a Tenant allows any by
+    default), projected onto `ns`; the default is restored afterwards."""
+    nodes = clusters.kubectl_json(PROVIDER, "get", "nodes", "-l", GPU_PRODUCT_LABEL)["items"]
+    products = sorted({n["metadata"]["labels"][GPU_PRODUCT_LABEL] for n in nodes})
+    assert products, "gpu-a has GPU nodes"
+    try:
+        set_policy(clusters, ids, {"allowedGpuProducts": products})
+        eventually(
+            "the allowed products projected",
+            lambda: annotation(clusters, ns, podsecurity.ALLOWED_GPU_PRODUCTS_ANNOTATION) == ",".join(products),
+        )
+        yield
+    finally:
+        set_policy(clusters, ids, {"allowedGpuProducts": None})
 
 
-def test_consumer_pod_choosing_its_node_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+def provider_policy(
+    clusters: Clusters, ids: dict[str, ClusterID], ns: str, rule: podsecurity.Rule
+) -> contextlib.AbstractContextManager[None]:
+    """What gpu-a's admin sets in the consumer's Tenant for `rule` to apply (nothing for most rules)."""
+    if rule.level == "restricted":
+        return held_to_restricted(clusters, ids, ns)
+    if rule is podsecurity.GPU_PRODUCTS:
+        return gpu_products_limited(clusters, ids, ns)
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------- pods: one case per attack on a rule
+
+
+@pytest.mark.parametrize("attack", pod_attacks())
+def test_consumer_pod_breaking_a_rule_is_refused(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, attack: PodAttack
 ) -> None:
     ns = twin(clusters, ids, namespace)
-    node = clusters.kubectl_json(PROVIDER, "get", "nodes")["items"][0]["metadata"]["name"]
-    stderr = refused_pod(clusters, ids, ns, pod("pinned", ns, {"nodeName": node}), podsecurity.NODE_NAME)
-    assert f"spec.nodeName={node}" in stderr, stderr
+    # A pod naming its node names a real one of gpu-a.
+    node = clusters.kubectl_json(PROVIDER, "get", "nodes")["items"][0]["metadata"]["name"] if attack.names_node else ""
+    with provider_policy(clusters, ids, ns, attack.rule):
+        refused_pod(clusters, ids, ns, attack, node)
+        # The same pod without the attack is admitted: the refusal is the attack's (and what the level
+        # asks is satisfiable).
+        admitted(clusters, ids, attack.control("control", ns))
 
 
-def test_consumer_pod_tolerating_every_taint_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_consumer_pod_is_refused_by_gpufed_policy_alone(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, level: str
 ) -> None:
+    """Every attack Pod Security Admission refuses at `level` (the case above accepts its refusal) is
+    refused by gpufed's policy alone, in its words, when the twin namespace no longer enforces Pod
+    Security (`enforce=privileged`, as for a tenant allowed an exception). gpu-a's controller is paused
+    meanwhile: it would put the label back."""
     ns = twin(clusters, ids, namespace)
-    obj = pod("everywhere", ns, {"tolerations": [{"operator": "Exists"}]})
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.TOLERATIONS)
-    assert "toleration (every taint)" in stderr, stderr
-    control_plane = [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]
-    refused_pod(clusters, ids, ns, pod("control-plane", ns, {"tolerations": control_plane}), podsecurity.TOLERATIONS)
+    attacks = [a for a in POD_ATTACKS if a.psa and a.rule.level == level]
+    assert attacks
+    restricted = held_to_restricted(clusters, ids, ns) if level == "restricted" else contextlib.nullcontext()
+    with restricted, component_paused(clusters, PROVIDER, "gpufed-controller"):
+        before = labels(clusters, ns)
+        relabel(clusters, ns, {PSA_ENFORCE: "privileged"})
+        try:
+            assert labels(clusters, ns)[PSA_ENFORCE] == "privileged"
+            for attack in attacks:
+                refused_by_policy_alone(clusters, ids, ns, attack)
+        finally:
+            relabel(clusters, ns, {PSA_ENFORCE: before[PSA_ENFORCE]})
+        assert labels(clusters, ns) == before
 
 
-def test_consumer_pod_with_a_priority_class_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod("critical", ns, {"priorityClassName": "system-node-critical"})
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.PRIORITY_CLASSES)
-    assert "spec.priorityClassName=system-node-critical" in stderr, stderr
+def refused_by_policy_alone(clusters: Clusters, ids: dict[str, ClusterID], ns: str, attack: PodAttack) -> None:
+    """`attack` is refused by gpufed's policy in `ns`; the rules it cannot help breaking too are allowed
+    meanwhile (the policy names the first rule a pod breaks), so the refusal is the rule's own."""
+    allow = {ALLOW_LABELS[r.id]: "true" for r in attack.besides}
+    before = labels(clusters, ns)
+    relabel(clusters, ns, allow)
+    try:
+        obj = attack.pod("attack", ns)
+
+        def refused() -> str | None:
+            # Every try is refused; Pod Security Admission and the policy read the namespace from their
+            # caches, which follow a relabelling shortly.
+            stderr = attempt(clusters, ids, obj)
+            return stderr if by_policy(stderr, attack) else None
+
+        stderr = eventually(f"{attack.id}: refused by {podsecurity.POLICY_NAME} alone", refused, timeout=20)
+        assert "violates PodSecurity" not in stderr, stderr
+        absent(clusters, "pod", obj["metadata"]["name"], ns)
+    finally:
+        relabel(clusters, ns, {k: before[k] for k in allow})
 
 
-def test_consumer_pod_requesting_an_ungranted_extended_resource_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    obj = pod(
-        "mig",
-        ns,
-        resources={"requests": {**SMALL, "nvidia.com/mig-1g.10gb": "1"}, "limits": {"nvidia.com/mig-1g.10gb": "1"}},
-    )
-    stderr = refused_pod(clusters, ids, ns, obj, podsecurity.RESOURCES)
-    assert "nvidia.com/mig-1g.10gb" in stderr, stderr
+# ---------------------------------------------------------------------------- pods: the grant's quota
 
 
 def test_consumer_pod_with_ephemeral_storage_over_quota_is_refused(
@@ -264,26 +297,6 @@ def test_consumer_pod_with_ephemeral_storage_over_quota_is_refused(
     stderr = attempt(clusters, ids, pod("disk", ns, resources={"requests": {**SMALL, **huge}, "limits": huge}))
     assert "exceeded quota" in stderr and "ephemeral-storage" in stderr, stderr
     absent(clusters, "pod", "disk", ns)
-
-
-def test_consumer_pod_pinning_a_gpu_product_outside_the_grant_is_refused(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    ns = twin(clusters, ids, namespace)
-    nodes = clusters.kubectl_json(PROVIDER, "get", "nodes", "-l", GPU_PRODUCT_LABEL)["items"]
-    products = sorted({n["metadata"]["labels"][GPU_PRODUCT_LABEL] for n in nodes})
-    assert products, "gpu-a has GPU nodes"
-    try:
-        set_policy(clusters, ids, {"allowedGpuProducts": products})
-        eventually(
-            "the allowed products projected",
-            lambda: annotation(clusters, ns, podsecurity.ALLOWED_GPU_PRODUCTS_ANNOTATION) == ",".join(products),
-        )
-        obj = pod("a100", ns, {"nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}})
-        stderr = refused_pod(clusters, ids, ns, obj, podsecurity.GPU_PRODUCTS)
-        assert "allowedGpuProducts" in stderr, stderr
-    finally:
-        set_policy(clusters, ids, {"allowedGpuProducts": None})
 
 
 # ---------------------------------------------------------------------------- Services, EndpointSlices, Ingresses

@@ -7,13 +7,19 @@ pod, as the forge would send it, against the policy gpu-a publishes in the TwinN
 (vkprovider.forge.podpolicy, the same rules as gpu-a's admission policy); the pod's status reason
 is ProviderFailed and a Warning Event `OffloadPolicyRefused` on the pod names the rule and the
 Tenant field that would allow it. Should the early check be skipped, gpu-a's own API server refuses
-with the same words (tests/e2e/attacks/test_consumer_admission.py). Each test is one attack; it
-asserts the refusal, the Event, and that no twin exists on gpu-a. The module peers the consumer
-with gpu-a; each test offloads its own namespace.
+with the same words (tests/e2e/attacks/test_consumer_admission.py).
+
+One test, parametrized over the rule table (`peering.podsecurity.RULES`, one or more attacks per rule
+from `tests.e2e.helpers.POD_ATTACKS`, ids: the rule's id and the variant), but for the rules a tenant's
+pod cannot break on the provider (`NOT_FOR_THE_TENANT`); each case is one attack and asserts the
+refusal (the rule, where the pod breaks it, and the Tenant field or standard its tail names), the
+Event, and that no twin exists on gpu-a. A restricted rule's case holds the Tenant to restricted
+first. The module peers the consumer with gpu-a; each case offloads its own namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -23,12 +29,12 @@ import pytest
 
 from gpufed.apis.wire import ClusterID, tenant_namespace, twin_namespace
 from peering import podsecurity
+from tests.e2e.attacks.podattacks import PodAttack, pod_attacks
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, offload, peered_session
 
 pytestmark = pytest.mark.e2e
 
-SMALL = {"cpu": "10m", "memory": "16Mi"}
 PROVIDER = "gpu-a"
 REASON = "OffloadPolicyRefused"
 #: Seconds a refused pod is watched for a twin appearing on gpu-a after its refusal.
@@ -59,20 +65,6 @@ def offloaded(clusters: Clusters, ids: dict[str, ClusterID], namespace: str, lev
         lambda: (published(clusters, ids, namespace) or {}).get("level") == level,
         timeout=90,
     )
-
-
-def pod(name: str, namespace: str, spec: dict[str, Any] | None = None, **main: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "registry.example/app:1", "resources": {"requests": SMALL}, **main}
-            ],
-            **(spec or {}),
-        },
-    }
 
 
 def refused_before_offload(
@@ -117,104 +109,47 @@ def never_created(clusters: Clusters, twin: str, name: str) -> None:
         time.sleep(0.5)
 
 
-def test_tenant_pod_with_host_port_22_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod("sshd", namespace, ports=[{"containerPort": 22, "hostPort": 22}])
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.HOST_PORTS)
-    assert "ports.hostPort=22" in message and "Tenant spec.policy.podSecurity.allowHostPorts" in message, message
+#: The rules a tenant user's pod cannot break on the provider, and why.
+NOT_FOR_THE_TENANT = {
+    podsecurity.NODE_NAME.id: "the forge never sends the node name the consumer's scheduler chose",
+    podsecurity.PRIORITY_CLASSES.id: "the forge never sends a priority class",
+    podsecurity.GPU_PRODUCTS.id: (
+        "the consumer's virtual nodes offer the granted products only; a pin outside them is the provider's to "
+        "refuse (test_consumer_admission)"
+    ),
+}
 
 
-def test_tenant_pod_with_nfs_volume_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod(
-        "nfs",
-        namespace,
-        {"volumes": [{"name": "data", "nfs": {"server": "10.0.0.1", "path": "/exports"}}]},
-        volumeMounts=[{"name": "data", "mountPath": "/data"}],
-    )
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.VOLUME_TYPES)
-    assert "volume data: nfs" in message, message
-
-
-def test_tenant_pod_with_inline_csi_volume_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod(
-        "csi",
-        namespace,
-        {"volumes": [{"name": "secrets", "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True}}]},
-        volumeMounts=[{"name": "secrets", "mountPath": "/mnt"}],
-    )
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.VOLUME_TYPES)
-    assert "volume secrets: csi" in message, message
-
-
-def test_tenant_pod_with_seccomp_unconfined_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod("unconfined", namespace, securityContext={"seccompProfile": {"type": "Unconfined"}})
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.SECCOMP)
-    assert "securityContext.seccompProfile.type=Unconfined" in message and "Pod Security baseline" in message
-
-
-def test_tenant_pod_with_apparmor_unconfined_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod("apparmor", namespace, {"securityContext": {"appArmorProfile": {"type": "Unconfined"}}})
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.APPARMOR)
-    assert "spec.securityContext.appArmorProfile.type=Unconfined" in message, message
-
-
-def test_tenant_pod_with_selinux_spc_t_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod("spc", namespace, {"securityContext": {"seLinuxOptions": {"type": "spc_t"}}})
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.SELINUX)
-    assert "seLinuxOptions.type=spc_t" in message, message
-
-
-def test_tenant_pod_with_unsafe_sysctl_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod("sysctl", namespace, {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}})
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.SYSCTLS)
-    assert "kernel.msgmax" in message, message
-
-
-def test_tenant_pod_tolerating_every_taint_is_refused_before_offload(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    offloaded(clusters, ids, namespace)
-    obj = pod("everywhere", namespace, {"tolerations": [{"operator": "Exists"}]})
-    message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.TOLERATIONS)
-    assert "toleration (every taint)" in message and "allowedTolerations" in message, message
-
-
-def test_tenant_pod_as_root_is_refused_before_offload_under_restricted(
-    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
-) -> None:
-    patch = {"spec": {"policy": {"podSecurity": {"level": "restricted"}}}}
+@contextlib.contextmanager
+def tenant_level(clusters: Clusters, ids: dict[str, ClusterID], level: str) -> Iterator[None]:
+    """gpu-a's admin holds the consumer's Tenant to `level` (nothing to do for the default, baseline);
+    the default is restored afterwards."""
+    if level == "baseline":
+        yield
+        return
+    patch = {"spec": {"policy": {"podSecurity": {"level": level}}}}
     clusters.kubectl(PROVIDER, "patch", "tenant", ids["consumer"], "--type=merge", "-p", json.dumps(patch))
     try:
-        offloaded(clusters, ids, namespace, level="restricted")
-        confined = {
-            "allowPrivilegeEscalation": False,
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            "capabilities": {"drop": ["ALL"]},
-        }
-        obj = pod("root", namespace, {"securityContext": {"runAsUser": 0}}, securityContext=confined)
-        message = refused_before_offload(clusters, ids, namespace, obj, podsecurity.RUN_AS_ROOT)
-        assert "spec.securityContext.runAsUser=0" in message and "Pod Security restricted" in message, message
+        yield
     finally:
         reset = {"spec": {"policy": {"podSecurity": None}}}
         clusters.kubectl(PROVIDER, "patch", "tenant", ids["consumer"], "--type=merge", "-p", json.dumps(reset))
+
+
+def virtual_node(clusters: Clusters, ids: dict[str, ClusterID]) -> str:
+    nodes = clusters.kubectl_json("consumer", "get", "nodes", "-l", f"gpufed.io/remote-cluster-id={ids[PROVIDER]}")
+    assert nodes["items"], "the consumer has a virtual node of gpu-a"
+    return str(nodes["items"][0]["metadata"]["name"])
+
+
+@pytest.mark.parametrize("attack", pod_attacks(exempt=NOT_FOR_THE_TENANT))
+def test_tenant_pod_breaking_a_rule_is_refused_before_offload(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str, attack: PodAttack
+) -> None:
+    rule = attack.rule
+    with tenant_level(clusters, ids, rule.level):
+        offloaded(clusters, ids, namespace, level=rule.level)
+        # A pod no scheduler would place on the virtual node is placed there by the user.
+        node = virtual_node(clusters, ids) if attack.unschedulable else ""
+        message = refused_before_offload(clusters, ids, namespace, attack.pod("attack", namespace, node), rule)
+        assert attack.where() in message and rule.tail in message, message
