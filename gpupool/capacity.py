@@ -7,7 +7,9 @@ Owns:
   shares. Only aggregates: no node or pod names, ever (consumers get no view of the provider's nodes);
 - `PodShape` (`shape_of`): what one pod needs, as the scheduler counts it; `Resources`: the
   summed vector (GPUs, CPU, memory, pod slots) requests and free capacity are counted in;
-- `Placement`: the answer to "does a pod of this shape fit", with a sentence that says why.
+- `Placement`: the answer to "does a pod of this shape fit", with a sentence that says why;
+- `best_fit` / `largest_after` / `buckets_of`: the free-GPU histogram after some pods are placed on
+  it, largest first, each on the fullest node that still takes it (as a bin-packing scheduler would).
 
 `gpupool.inventory.Inventory` keeps the live model of one cluster and computes these values.
 
@@ -29,7 +31,7 @@ ports, volumes or DRA claims; predict preemption; talk to anyone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
@@ -268,3 +270,35 @@ def shape_of(pod: Mapping[str, Any], *, gpu_product: str | None = None) -> PodSh
         node_selector=pairs,
         tolerations=tolerations,
     )
+
+
+# ---- pods on the free-GPU histogram
+
+
+def best_fit(histogram: Sequence[Bucket], gpus: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Free GPUs per node after placing `gpus` (largest first, each on the fullest node that still
+    takes it, as a bin-packing scheduler would), and the pods that fit nowhere."""
+    free = sorted((b.free_gpus for b in histogram for _ in range(b.nodes)), reverse=True)
+    unplaced: list[int] = []
+    for g in sorted((g for g in gpus if g > 0), reverse=True):
+        fits = [i for i, f in enumerate(free) if f >= g]
+        if not fits:
+            unplaced.append(g)
+            continue
+        i = min(fits, key=lambda j: free[j])
+        free[i] -= g
+    return free, unplaced
+
+
+def largest_after(histogram: Sequence[Bucket], gpus: Sequence[int]) -> int:
+    free, _ = best_fit(histogram, gpus)
+    return max(free, default=0)
+
+
+def buckets_of(free: Sequence[int]) -> tuple[Bucket, ...]:
+    """Free GPUs per node as a histogram (by free_gpus descending, nodes with none left out)."""
+    counts: dict[int, int] = {}
+    for f in free:
+        if f > 0:
+            counts[f] = counts.get(f, 0) + 1
+    return tuple(Bucket(f, n) for f, n in sorted(counts.items(), reverse=True))

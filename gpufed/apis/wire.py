@@ -172,3 +172,26 @@ GPU_POOLS_ANNOTATION = "gpufed.io/gpu-pools"
 #: Comma-separated label keys (or prefixes ending in `/` or `*`) the provider's node labels may set on
 #: its virtual nodes beyond the GPU ones; reserved domains (kubernetes.io, k8s.io, gpufed.io) never pass.
 NODE_LABELS_ANNOTATION = "gpufed.io/allowed-node-labels"
+
+# ---- gang placement (consumer side) and the Kueue names gpufed reads
+
+#: Scheduling gate the offloading webhook puts on every pod of a group (a Job with parallelism > 1,
+#: or pods carrying POD_GROUP_LABEL) in an offloaded namespace: the gang controller removes it once it
+#: has chosen one pool (provider and GPU product) that holds the whole group, pinning the pod there.
+GANG_GATE = "gpufed.io/gang"
+#: On pods: the name of the group they belong to (pods of one namespace with the same value), with
+#: POD_GROUP_SIZE_ANNOTATION saying how many pods run together.
+POD_GROUP_LABEL = "gpufed.io/pod-group"
+POD_GROUP_SIZE_ANNOTATION = "gpufed.io/pod-group-size"
+#: On every pod the webhook gates: the group (a digest of its namespace and name, a valid label
+#: value; the gang controller watches pods with this label), its name and its size.
+GANG_LABEL = "gpufed.io/gang"
+GANG_GROUP_ANNOTATION = "gpufed.io/gang-group"
+GANG_SIZE_ANNOTATION = "gpufed.io/gang-size"
+#: On a group's pods once placed: the pool (virtual node) the group was released to.
+GANG_NODE_ANNOTATION = "gpufed.io/gang-node"
+#: Kueue's names: a Job or pod with the queue label is Kueue's to admit (gpufed's gang path steps
+#: aside); plain pods of a Kueue pod group carry the group label and the total-count annotation.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_POD_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"

@@ -3,7 +3,9 @@
 Owns: wiring — one API client, the preflight checks (CRDs and the consumer ClusterRoles installed),
 the cluster identity (created at first start), and, side by side under one TaskGroup until
 cancelled: the provider and consumer peering roles, the namespace offloading controller, the
-offloading webhook (when a port is set; ready only once it serves), the approver of the virtual
+offloading webhook (when a port is set; ready only once it serves) and with it the gang controller
+(`vkprovider.gangs`: releases the groups of pods the webhook gates), Kueue's flavors and GPU quotas
+kept within the grants (`vkprovider.kueue`, once Kueue's API is served), the approver of the virtual
 nodes' kubelet-serving certificates (`vkprovider.kubelet.csrapprove`) and the virtual kubelets'
 supervisor, and the capacity estimator (`gpupool.estimator.server`, when a port is set; ready only
 once it serves and has published its ConfigMap). Roles communicate only through the API server.
@@ -44,7 +46,9 @@ from peering.controllers.identity import Identity, ensure_identity
 from peering.controllers.offloading import OffloadingController, OffloadingSettings
 from peering.controllers.provider import ProviderRole, ProviderSettings
 from vkprovider import defaults
+from vkprovider.gangs import GangController
 from vkprovider.kubelet.csrapprove import ServingCSRApprover
+from vkprovider.kueue import FlavorKeeper
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
 
@@ -218,6 +222,9 @@ async def _run(settings: ControllerSettings, ready: asyncio.Event | None) -> Non
                 tg.create_task(consumer.run())
                 tg.create_task(offloading.run())
                 tg.create_task(ServingCSRApprover(api, settings.virtual_kubelets.users).run())
+                if webhook is not None:  # the webhook gates the pods of groups; the leader releases them
+                    tg.create_task(GangController(api).run())
+                tg.create_task(FlavorKeeper(api).run())  # idle until Kueue's API is served
                 tg.create_task(workloads.run())
                 vks = settings.virtual_kubelets
                 if vks.kubeconfig is not None:

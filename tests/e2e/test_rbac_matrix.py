@@ -73,8 +73,8 @@ ALLOW: Expect = "ALLOW"
 DENY: Expect = "DENY"
 ADMISSION: Expect = "ADMISSION"
 GAP: Expect = "GAP"
-#: The admission policy that refuses the ADMISSION rows (deploy/rbac/virtual-kubelet.yaml).
-VK_POLICY = "gpufed-virtual-kubelet"
+#: The admission policy that refuses each identity's ADMISSION rows (deploy/rbac/<identity>.yaml).
+POLICIES = {"virtual-kubelet": "gpufed-virtual-kubelet", "controller": "gpufed-controller-pods"}
 #: A pod in kube-system, bound to no virtual node, that the ADMISSION rows aim at.
 BYSTANDER_POD = "gpufed-rbac-bystander"
 
@@ -221,6 +221,15 @@ MATRIX: list[Row] = [
     ("controller", P, "get", "secrets", "{tenant}", "", DENY, "the tenant's secrets"),
     ("controller", P, "get", "secrets", "{twin}", "", DENY, "the twin's secrets"),
     ("controller", C, "get", "configmaps", "kube-system", "kube-proxy", DENY, "kube-system config"),
+    ("controller", C, "patch", "pods", "{ns}", "x", ALLOW, "vkprovider/gangs.py: releases a gated group"),
+    ("controller", C, "patch", "pods/status", "{ns}", "x", ALLOW, "vkprovider/gangs.py: GangPlaced condition"),
+    ("controller", C, "get", "jobs.batch", "{ns}", "x", ALLOW, "vkprovider/webhook/server.py: a pod's Job"),
+    ("controller", C, "list", "jobs.batch", "", "", DENY, "listing Jobs (one Job is read by name)"),
+    ("controller", C, "patch", "resourceflavors.kueue.x-k8s.io", "", "x", ALLOW, "vkprovider/kueue.py: flavors"),
+    ("controller", C, "patch", "clusterqueues.kueue.x-k8s.io", "", "x", ALLOW, "vkprovider/kueue.py: GPU quotas"),
+    ("controller", C, "delete", "clusterqueues.kueue.x-k8s.io", "", "x", DENY, "the admins' ClusterQueues"),
+    ("controller", C, "create", "workloads.kueue.x-k8s.io", "default", "", DENY, "Kueue's workloads"),
+    ("controller", C, "patch", "pods", "kube-system", BYSTANDER_POD, ADMISSION, "pods that are no gated group"),
     ("controller", C, "create", "pods", "{ns}", "", DENY, "it runs no workload"),
     ("controller", C, "delete", "pods", "kube-system", "", DENY, "pod deletion"),
     ("controller", C, "patch", "nodes", "", "{node}", DENY, "node writes"),
@@ -574,6 +583,9 @@ def _real_request(verb: str, resource: str, namespace: str, name: str) -> tuple[
     if verb == "patch" and resource == "nodes":
         label = json.dumps({"metadata": {"labels": {TYPE_LABEL: VIRTUAL_NODE_TYPE}}})
         return ["patch", "node", name, "--type=merge", "-p", label, dry], None
+    if verb == "patch" and resource == "pods":
+        label = json.dumps({"metadata": {"labels": {"example.com/touched": "yes"}}})
+        return ["patch", "pod", name, "-n", namespace, "--type=merge", "-p", label, dry], None
     if verb == "delete" and resource in ("nodes", "pods"):
         return ["delete", resource, name, *(["-n", namespace] if namespace else []), dry], None
     if verb == "create" and resource == LEASES:
@@ -615,11 +627,12 @@ def test_rows_denied_by_admission_are_refused_for_real_requests(clusters: Cluste
                 )
                 asked += 1
                 label = f"{user} {verb} {resource} ns={ns or '-'} name={nm} ({why})"
-                if proc.returncode == 0 or VK_POLICY not in proc.stderr:
-                    wrong.append(f"not refused by {VK_POLICY}: {label}: rc={proc.returncode} {proc.stderr.strip()}")
+                policy = POLICIES[who]
+                if proc.returncode == 0 or policy not in proc.stderr:
+                    wrong.append(f"not refused by {policy}: {label}: rc={proc.returncode} {proc.stderr.strip()}")
     finally:
         clusters.kubectl(C, "delete", "pod", "-n", "kube-system", BYSTANDER_POD, "--ignore-not-found", "--wait=false")
-    assert asked >= 8
+    assert asked >= 10
     assert not wrong, "\n".join(wrong)
     # Nothing happened: the dry runs changed nothing, the real node is still there and unlabelled.
     node = clusters.kubectl_json(C, "get", "node", peering.nodes[C])

@@ -8,7 +8,8 @@
   without `run` follows TwinNamespaces by.
 - `FakeApiServer`: aiohttp on 127.0.0.1, served to a real kubernetes_asyncio ApiClient. It knows
   just what NodeController and PodController use: create/get/put/delete, JSON merge and strategic
-  merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`),
+  merge patches (lists merged by their merge key, `null` deletes, `{"$patch": "replace"}`), JSON
+  patches (RFC 6902: add, remove, replace, test),
   server-side apply approximated (creates a missing object, else a JSON merge of the applied fields), the
   status subresource, pod deletion with grace period and UID precondition, list+watch with
   fieldSelector and equality labelSelector, and a resourceVersion bumped on every write; review kinds (TokenReview,
@@ -223,6 +224,40 @@ KINDS = {"nodes": "Node", "pods": "Pod", "leases": "Lease", "events": "Event"}
 DEFAULT_GRACE_S = 30
 
 ObjKey = tuple[str, str, str]  # (resource, namespace, name)
+
+
+def json_patch(target: dict[str, Any], ops: Any) -> None:
+    """Apply RFC 6902 operations (add, remove, replace, test) onto `target` (all or nothing: a failed
+    `test` or a missing path raises before anything changes)."""
+    work = copy.deepcopy(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op["path"]).split("/")[1:]]
+        parent: Any = work
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+        last = parts[-1]
+        if op["op"] == "test":
+            here = parent[int(last)] if isinstance(parent, list) else parent[last]
+            if here != op["value"]:
+                raise ValueError(f"test of {op['path']} failed")
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                else:
+                    parent.insert(int(last), op["value"]) if op["op"] == "add" else parent.__setitem__(
+                        int(last), op["value"]
+                    )
+            else:
+                if op["op"] == "replace" and last not in parent:
+                    raise KeyError(op["path"])
+                parent[last] = copy.deepcopy(op["value"])
+        else:
+            raise ValueError(f"unsupported JSON patch operation {op['op']!r}")
+    target.clear()
+    target.update(work)
 
 
 def merge(target: dict[str, Any], patch: Mapping[str, Any], *, strategic: bool) -> dict[str, Any]:
@@ -444,6 +479,13 @@ class FakeApiServer:
             return web.json_response(obj)
         if request.method == "DELETE":
             return self._delete(key, obj, body)
+        if request.method == "PATCH" and request.content_type == "application/json-patch+json":
+            try:
+                json_patch(obj, body)
+            except (KeyError, IndexError, ValueError) as e:
+                return _status(422, "Invalid", f"the JSON patch cannot be applied: {e}")
+            self._emit(resource, "MODIFIED", obj)
+            return web.json_response(obj)
         want_rv = (body.get("metadata") or {}).pop("resourceVersion", None)
         if want_rv is not None and want_rv != obj["metadata"]["resourceVersion"]:
             return _status(

@@ -8,7 +8,11 @@ into RFC 6902 JSON-patch operations for an AdmissionReview response:
 - LocalAndRemote: the toleration; with a selector also required affinity of the terms
   [`gpufed.io/type NotIn [virtual-node]`] OR [`In [virtual-node]` AND selector…], so local nodes
   stay allowed while only the selected virtual nodes qualify;
-- Local: required affinity `gpufed.io/type NotIn [virtual-node]` (no toleration).
+- Local: required affinity `gpufed.io/type NotIn [virtual-node]` (no toleration);
+- `gate`: the scheduling gate `gpufed.io/gang` on a pod that asks for GPUs and belongs to a group
+  (`gpupool.gang.group_of`) in a namespace whose pods may go remote: the gang controller releases
+  the group's pods together, pinned to one pool, once one holds them all. Single pods, pods without
+  GPUs and what Kueue admits are not gated.
 
 Invariants:
 - the user's settings are never removed: required node-selector terms are ORed by Kubernetes, so
@@ -31,7 +35,19 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpufed.apis.wire import TYPE_LABEL, VIRTUAL_NODE_TAINT, VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TYPE
+from gpufed.apis.pool import GPU_RESOURCE
+from gpufed.apis.wire import (
+    GANG_GATE,
+    GANG_GROUP_ANNOTATION,
+    GANG_LABEL,
+    GANG_SIZE_ANNOTATION,
+    TYPE_LABEL,
+    VIRTUAL_NODE_TAINT,
+    VIRTUAL_NODE_TAINT_KEY,
+    VIRTUAL_NODE_TYPE,
+)
+from gpupool.gang import group_of
+from peering.grants import pod_requests
 
 STRATEGIES = ("Local", "Remote", "LocalAndRemote")
 #: The toleration pods that may run on virtual nodes receive.
@@ -182,3 +198,53 @@ def mutate(pod: Mapping[str, Any], strategy: str, cluster_selector: Mapping[str,
 
 
 __all__ = ["NOT_ON_VIRTUAL", "ON_VIRTUAL", "STRATEGIES", "TOLERATION", "mutate", "required_terms", "selector_terms"]
+
+
+def _requesting(container: Mapping[str, Any]) -> dict[str, Any]:
+    resources = container.get("resources") or {}
+    return {
+        **container,
+        "resources": {"requests": {**(resources.get("limits") or {}), **(resources.get("requests") or {})}},
+    }
+
+
+def gpus_of(pod: Mapping[str, Any]) -> int:
+    """GPUs the pod asks for (requests, or limits where a container names no request: the API server
+    defaults one from the other, but a webhook may see the pod before that)."""
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    containers = {
+        part: [_requesting(c) for c in _mappings(spec.get(part), f"spec.{part}")]
+        for part in ("containers", "initContainers")
+    }
+    return int(pod_requests({**pod, "spec": {**spec, **containers}}).get(GPU_RESOURCE, 0))
+
+
+def gate(pod: Mapping[str, Any], strategy: str, job: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """JSON-patch operations that add the gang gate to `pod`, with the group's label and annotations
+    (see module doc); none when it already has it or is no group pod. `job`: the Job controlling the
+    pod, if any. Raises `gpupool.gang.GroupError` for a group label whose size is no whole number of pods."""
+    if strategy == "Local":
+        return []
+    group = group_of(pod, job)
+    if group is None or gpus_of(pod) <= 0:
+        return []
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    gates = _mappings(spec.get("schedulingGates"), "spec.schedulingGates")
+    if any(g.get("name") == GANG_GATE for g in gates):
+        return []
+    ops: list[dict[str, Any]] = []
+    if not gates:
+        ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GANG_GATE}]})
+    else:
+        ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GANG_GATE}})
+    meta = _mapping(pod.get("metadata"), "metadata") or {}
+    marks = {
+        "labels": {GANG_LABEL: group.label},
+        "annotations": {GANG_GROUP_ANNOTATION: group.name, GANG_SIZE_ANNOTATION: str(group.size)},
+    }
+    for part, values in marks.items():
+        if _mapping(meta.get(part), f"metadata.{part}") is None:
+            ops.append({"op": "add", "path": f"/metadata/{part}", "value": values})
+        else:
+            ops += [{"op": "add", "path": f"/metadata/{part}/{_escape(k)}", "value": v} for k, v in values.items()]
+    return ops

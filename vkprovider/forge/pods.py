@@ -144,6 +144,15 @@ def _is_default_toleration(toleration: Mapping[str, Any]) -> bool:
     )
 
 
+def remote_scheduling(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """`pod` with the node selection its twin gets: what only virtual nodes satisfy (the virtual-node
+    type, gpufed's labels, a hostname pin such as a placed group's) left out, so a fit check against
+    the provider's nodes asks what the twin will ask."""
+    spec = dict(pod.get("spec") or {})
+    _scheduling(spec)
+    return {**pod, "spec": spec}
+
+
 def _scheduling(spec: dict[str, Any]) -> None:
     selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if not _virtual_only_key(k)}
     # Virtual-node keys were satisfied by the virtual node; provider nodes do not carry them, so

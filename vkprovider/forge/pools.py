@@ -6,8 +6,6 @@ Owns:
   `gpufed-<provider>`, labelled with the product when there is exactly one);
 - `advertise`: a pool node's capacity, allocatable, labels and figures from the estimator's live
   snapshot, the grant, and what the consumer's pods hold;
-- `best_fit` / `largest_after`: the free-GPU histogram after the pods the virtual kubelet has
-  accepted but the provider has not placed yet ("in flight");
 - `filter_node_labels`: which labels a provider supplies (its grant's `nodeLabels`, its estimator's
   product labels) may land on a virtual node. Offloading policies select providers by node labels,
   so a provider must not be able to claim what the consumer's own tooling means:
@@ -45,7 +43,7 @@ from decimal import Decimal
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
 from gpufed.apis.quantity import format_quantity
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
-from gpupool.capacity import Bucket, ProductCapacity, Snapshot
+from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, buckets_of
 from peering.grants import GPU_LABEL_PREFIXES
 
 Resources = Mapping[str, Decimal]
@@ -149,29 +147,6 @@ def plan_pools(base: str, products: Iterable[str], granted_product: str | None, 
     return [Pool(base, None)]
 
 
-# ---- in-flight pods on the free-GPU histogram
-
-
-def best_fit(histogram: Sequence[Bucket], gpus: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Free GPUs per node after placing `gpus` (largest first, each on the fullest node that still
-    takes it, as a bin-packing scheduler would), and the pods that fit nowhere."""
-    free = sorted((b.free_gpus for b in histogram for _ in range(b.nodes)), reverse=True)
-    unplaced: list[int] = []
-    for g in sorted((g for g in gpus if g > 0), reverse=True):
-        fits = [i for i, f in enumerate(free) if f >= g]
-        if not fits:
-            unplaced.append(g)
-            continue
-        i = min(fits, key=lambda j: free[j])
-        free[i] -= g
-    return free, unplaced
-
-
-def largest_after(histogram: Sequence[Bucket], gpus: Sequence[int]) -> int:
-    free, _ = best_fit(histogram, gpus)
-    return max(free, default=0)
-
-
 # ---- what a pool node advertises
 
 
@@ -196,6 +171,11 @@ class PoolFigures:
     capacity_source: str
     #: Pods on this pool accepted but not yet placed by the provider.
     in_flight: int = 0
+    #: GPUs of the grant the consumer's pods on every pool of this provider leave unused.
+    headroom: int = 0
+    #: [free GPUs, provider nodes with that many free] after the in-flight pods, fullest first (what
+    #: a group of pods can be packed onto); None without a snapshot.
+    free_nodes: list[list[int]] | None = None
 
     def annotation(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -300,11 +280,12 @@ def advertise(
         source = f"Static: {static_reason}"
         total: int | None = None
         free: int | None = None
+        free_nodes: list[list[int]] | None = None
     else:
         source = "Live"
         if cap is None:  # the product is gone (or none at all): nothing more goes here
             extra = {r: Decimal(0) for r in SLICE_RESOURCES}
-            total, free = 0, 0
+            total, free, free_nodes = 0, 0, []
         else:
             labels.update(filter_node_labels(cap.labels, label_allow).kept)
             if cap.gpu_memory_mib and pool.product:
@@ -312,8 +293,9 @@ def advertise(
             waiting = {r: sum((p.get(r, Decimal(0)) for p in in_flight), Decimal(0)) for r in SLICE_RESOURCES}
             free_now = _free_of(cap)
             extra = {r: max(Decimal(0), min(headroom[r], free_now[r] - waiting[r])) for r in SLICE_RESOURCES}
-            largest = largest_after(cap.histogram, [_gpu(p) for p in in_flight])
-            extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(largest))
+            free_after, _ = best_fit(cap.histogram, [_gpu(p) for p in in_flight])
+            free_nodes = [[b.free_gpus, b.nodes] for b in buckets_of(free_after)]
+            extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(max(free_after, default=0)))
             total, free = cap.total, cap.free
     allocatable = {r: used_here.get(r, Decimal(0)) + extra[r] for r in SLICE_RESOURCES}
     if not pool.product and granted.get(GPU_RESOURCE, Decimal(0)) <= 0 and _gpu(used_here) == 0:
@@ -330,6 +312,8 @@ def advertise(
         largest_placeable=int(extra.get(GPU_RESOURCE, Decimal(0))),
         capacity_source=source,
         in_flight=len(in_flight),
+        headroom=int(headroom.get(GPU_RESOURCE, Decimal(0))),
+        free_nodes=free_nodes,
     )
     return Advertised(
         capacity=_fmt(capacity),

@@ -20,7 +20,9 @@ Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, b
   whose twin the provider has not placed within `unplaced_timeout_s`, is failed locally — its
   twin deleted first (nothing keeps holding the provider's quota), then phase Failed with the
   reason, a DisruptionTarget condition and a Warning Event — so that its Job/ReplicaSet creates a
-  replacement the scheduler can put elsewhere.
+  replacement the scheduler can put elsewhere. The other pods of its group (label `gpufed.io/gang`:
+  a group is released onto one pool node, so they are all here) are failed back with it
+  (`GangFailedBack`): a group runs whole or not at all.
 
 Metrics (label `node`): `gpufed_offloaded_pods{phase}` (local pods bound to the node by their
 local phase; kept per watch event, O(1) each), `gpufed_offload_latency_seconds{stage}` (from the
@@ -42,6 +44,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
+from gpufed.apis.wire import GANG_LABEL
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
@@ -61,6 +64,8 @@ from vkprovider.node.provider import PodProvider, ProviderError, Twin
 PROVIDER_FAILED = "ProviderFailed"
 #: Reason of a pod failed back because the provider did not place its twin in time.
 UNPLACED_TIMEOUT = "ProviderPendingTimeout"
+#: Reason of the pods of a group failed back because another pod of the group was.
+GANG_FAILED_BACK = "GangFailedBack"
 COMPONENT = "gpufed-virtual-kubelet"
 #: Seconds a twin may stay unplaced (Pending on no node) at the provider before the pod is failed back.
 DEFAULT_UNPLACED_TIMEOUT_S = defaults.UNPLACED_TIMEOUT_S
@@ -301,7 +306,30 @@ class PodController:
             "failed back so that it can be scheduled elsewhere"
         )
         self._failing[pod["metadata"]["uid"]] = (UNPLACED_TIMEOUT, message)
+        self._fail_group(pod)
         return await self._fail_back(pod, twin, UNPLACED_TIMEOUT, message)
+
+    def _fail_group(self, pod: Mapping[str, Any]) -> None:
+        """The other pods of `pod`'s group on this node (a group is released onto one pool node) are
+        failed back with it: a group runs whole or not at all."""
+        meta = pod["metadata"]
+        group = (meta.get("labels") or {}).get(GANG_LABEL)
+        if not group:
+            return
+        message = f"pod {meta['name']} of its group was failed back; the group runs whole or not at all"
+        for key, other in self.pods.items():
+            om = other["metadata"]
+            if (
+                om["namespace"] != meta["namespace"]
+                or (om.get("labels") or {}).get(GANG_LABEL) != group
+                or om.get("uid") in (meta.get("uid"), None)
+                or om.get("uid") in self._failing
+                or is_terminal(other)
+                or om.get("deletionTimestamp")
+            ):
+                continue
+            self._failing[om["uid"]] = (GANG_FAILED_BACK, message)
+            self.queue.add(key)
 
     async def _fail_back(self, pod: dict[str, Any], twin: Twin | None, reason: str, message: str) -> float | None:
         """Delete the twin (it must not hold the provider's quota), then fail the pod here."""
@@ -327,6 +355,7 @@ class PodController:
             if e.fail_back:
                 self._refusals.pop(key, None)
                 self._failing[pod["metadata"]["uid"]] = (e.reason, str(e))
+                self._fail_group(pod)
                 return await self._fail_back(pod, None, e.reason, str(e))
             n = self._refusals.get(key, 0) + 1
             self._refusals[key] = n

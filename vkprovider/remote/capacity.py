@@ -30,6 +30,7 @@ from prometheus_client import Gauge
 
 from gpupool.capacity import Placement, Snapshot, shape_of
 from gpupool.estimator.client import EstimatorClient, EstimatorError, from_provider
+from vkprovider.forge.pods import remote_scheduling
 
 #: Backoff (s) between reconnects of a broken stream: doubles up to the cap.
 RETRY_S = 1.0
@@ -146,12 +147,13 @@ class CapacityFeed:
                 await self._client.close()
 
     async def can_place(self, pod: Mapping[str, Any], product: str | None) -> Placement | None:
-        """The estimator's answer for one more pod like `pod` (None: it cannot be asked now)."""
+        """The estimator's answer for one more pod like `pod` (None: it cannot be asked now), asked
+        with the node selection its twin will have (`forge.pods.remote_scheduling`)."""
         client = self._client
         if client is None:
             return None
         try:
-            return await client.can_place(shape_of(pod, gpu_product=product))
+            return await client.can_place(shape_of(remote_scheduling(pod), gpu_product=product))
         except EstimatorError as e:
             self._log.warning("placement not checked", error=str(e))
             return None

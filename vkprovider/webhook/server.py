@@ -4,7 +4,9 @@ Owns:
 - `Webhook.run()`: a TLS certificate (self-signed CA + serving certificate for `host`, kept in
   Secret `gpufed/gpufed-webhook-tls`, reused across restarts, re-issued 30 days before it expires,
   also while running), an aiohttp HTTPS server on `port` answering `POST /mutate-pods` with
-  AdmissionReview v1 responses (JSONPatch from `vkprovider.forge.offloading.mutate`) and
+  AdmissionReview v1 responses (JSONPatch from `vkprovider.forge.offloading.mutate`, plus its
+  `gate` for pods of a group: a pod a Job controls is judged with that Job, read once per Job and
+  kept a minute, `JobCache`) and
   `GET /healthz`, and the MutatingWebhookConfiguration `gpufed-offloading` that points the API
   server at it (server-side applied on start and whenever the certificate changes);
 - a watch cache of NamespaceOffloadings: a namespace whose offloading is being deleted (or that has
@@ -61,7 +63,8 @@ from gpufed.kube import rest, servingtls
 from gpufed.kube.client import KubeError
 from gpufed.kube.servingtls import TLSMaterial
 from gpufed.kube.watch import watch
-from vkprovider.forge.offloading import STRATEGIES, mutate
+from gpupool.gang import GroupError, job_owner
+from vkprovider.forge.offloading import STRATEGIES, gate, mutate
 
 WEBHOOK_CONFIGURATION = "gpufed-offloading"
 WEBHOOK_NAME = "pods.offloading.gpufed.io"
@@ -158,8 +161,12 @@ def webhook_configuration(
     }
 
 
-def review_response(review: Any, offloading: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The AdmissionReview answer for `review` given the namespace's NamespaceOffloading (or None).
+def review_response(
+    review: Any, offloading: Mapping[str, Any] | None, job: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The AdmissionReview answer for `review` given the namespace's NamespaceOffloading (or None)
+    and the Job that controls the pod (or None). A group declaration that cannot be honoured (a size
+    that is no whole number of pods) refuses the pod with the reason.
 
     Raises ValueError for a malformed review (answered 400).
     """
@@ -176,6 +183,11 @@ def review_response(review: Any, offloading: Mapping[str, Any] | None) -> dict[s
         strategy = str(spec.get("podOffloadingStrategy") or "LocalAndRemote")
         if strategy in STRATEGIES:
             ops = mutate(obj, strategy, spec.get("clusterSelector"))
+            try:
+                ops += gate(obj, strategy, job)
+            except GroupError as e:
+                response.update(allowed=False, status={"code": 422, "reason": "Invalid", "message": f"gpufed: {e}"})
+                ops = []
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
@@ -212,6 +224,29 @@ class OffloadingCache:
         return obj
 
 
+class JobCache:
+    """The Jobs that pods being admitted name as their controller, read once per Job and kept for
+    `ttl_s` (a Job's pods are created together; its parallelism is what matters here)."""
+
+    def __init__(self, api: Any, ttl_s: float = 60.0, size: int = 1024) -> None:
+        self.api = api
+        self.ttl_s = ttl_s
+        self.size = size
+        self._items: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+
+    async def lookup(self, namespace: str, name: str) -> dict[str, Any] | None:
+        now = asyncio.get_running_loop().time()
+        key = (namespace, name)
+        hit = self._items.get(key)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        job = await rest.get(self.api, rest.path("batch/v1", "jobs", name, namespace=namespace))
+        if len(self._items) >= self.size:
+            self._items.clear()
+        self._items[key] = (now, job)
+        return job
+
+
 class Webhook:
     """Serves the offloading webhook until cancelled; `ready` once it answers and is registered."""
 
@@ -219,6 +254,7 @@ class Webhook:
         self.api = api
         self.settings = settings
         self.cache = OffloadingCache(api)
+        self.jobs = JobCache(api)
         self.ready = asyncio.Event()
         self.material: TLSMaterial | None = None
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -232,7 +268,12 @@ class Webhook:
             req = review.get("request") if isinstance(review, dict) else None
             namespace = str((req or {}).get("namespace") or "") if isinstance(req, dict) else ""
             offloading = await self.cache.lookup(namespace) if namespace else None
-            answer = review_response(review, offloading)
+            job = None
+            pod = (req or {}).get("object") if isinstance(req, dict) else None
+            owner = job_owner(pod) if offloading is not None and isinstance(pod, dict) else None
+            if owner:
+                job = await self.jobs.lookup(namespace, owner)
+            answer = review_response(review, offloading, job)
         except (ValueError, UnicodeDecodeError) as e:
             return web.json_response({"error": f"malformed AdmissionReview: {e}"}, status=400)
         except RecursionError:  # json.loads (or a deep copy) of absurdly nested input

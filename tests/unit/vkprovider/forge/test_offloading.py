@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from vkprovider.forge.offloading import NOT_ON_VIRTUAL, ON_VIRTUAL, TOLERATION, mutate
+from gpufed.apis.wire import GANG_GATE, GANG_GROUP_ANNOTATION, GANG_LABEL, GANG_SIZE_ANNOTATION
+from gpupool.gang import Group
+from vkprovider.forge.offloading import NOT_ON_VIRTUAL, ON_VIRTUAL, TOLERATION, gate, gpus_of, mutate
 
 H100 = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
 CLUSTER_B = {"key": "gpufed.io/remote-cluster-id", "operator": "In", "values": ["gpu-b-1"]}
@@ -183,3 +185,34 @@ def test_a_pod_already_restricted_to_our_terms_is_left_alone() -> None:
 def test_unknown_strategy_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown pod offloading strategy"):
         mutate(pod(), "Sometimes", None)
+
+
+def test_gate_only_gpu_pods_of_groups_once_and_never_in_local_namespaces() -> None:
+    owned = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "controller": True}
+    pod: dict[str, Any] = {
+        "metadata": {"name": "w-0", "namespace": "team", "ownerReferences": [owned]},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]},
+    }
+    job = {"metadata": {"name": "train", "uid": "j"}, "spec": {"parallelism": 3}}
+    group = Group("team", "job-train-j", 3)
+    assert gate(pod, "Remote", job) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GANG_GATE}]},
+        {"op": "add", "path": "/metadata/labels", "value": {GANG_LABEL: group.label}},
+        {
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {GANG_GROUP_ANNOTATION: group.name, GANG_SIZE_ANNOTATION: "3"},
+        },
+    ]
+    assert gate(pod, "LocalAndRemote", job) != []
+    assert gate(pod, "Local", job) == []
+    gated = {**pod, "spec": {**pod["spec"], "schedulingGates": [{"name": GANG_GATE}]}}
+    assert gate(gated, "Remote", job) == []
+    other = {**pod, "spec": {**pod["spec"], "schedulingGates": [{"name": "example.com/wait"}]}}
+    other["metadata"] = {**pod["metadata"], "labels": {"app": "train"}}
+    appended = {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GANG_GATE}}
+    labelled = {"op": "add", "path": "/metadata/labels/gpufed.io~1gang", "value": group.label}
+    assert gate(other, "Remote", job)[:2] == [appended, labelled]
+    cpu = {**pod, "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}
+    assert gate(cpu, "Remote", job) == []
+    assert gpus_of({"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}) == 4

@@ -22,6 +22,7 @@ from vkprovider.forge.pods import (
     local_status,
     references,
     remote_pod,
+    remote_scheduling,
     status_differs,
     terminated_status,
 )
@@ -866,3 +867,16 @@ def test_local_status_leaves_out_a_refused_address() -> None:
         remote_running(), {}, host_ip="192.0.2.10", to_local_ip=lambda ip: None if ip == "10.244.1.7" else ip
     )
     assert some["status"]["podIP"] == "fd00::7"
+
+
+def test_remote_scheduling_leaves_out_what_only_the_virtual_node_satisfies() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "w-0"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "gpufed-gpu-a", "nvidia.com/gpu.product": "NVIDIA-H100"},
+            "containers": [{"name": "c"}],
+        },
+    }
+    out = remote_scheduling(pod)
+    assert out["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100"}
+    assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "gpufed-gpu-a", "the input is not changed"

@@ -12,14 +12,12 @@ from hypothesis import strategies as st
 
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpufed.ops.pool import report
-from gpupool.capacity import Bucket, ProductCapacity, Snapshot
+from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, largest_after
 from vkprovider.forge.pools import (
     Pool,
     advertise,
-    best_fit,
     filter_node_labels,
     label_allowed,
-    largest_after,
     parse_figures,
     plan_pools,
     slug,

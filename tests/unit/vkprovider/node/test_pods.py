@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from gpufed.apis.wire import GANG_LABEL
 from tests.unit.fakes import FakeApiServer, FakeProvider, running, serve, until
 from vkprovider.node.pods import Key, PodController, PodSettings
 from vkprovider.node.provider import ProviderError
@@ -312,6 +313,42 @@ async def test_twin_left_unplaced_is_deleted_then_the_pod_failed_back() -> None:
     assert (NS, "train", uid, 0) in provider.deletes
     assert provider.twin(NS, "train") is None
     assert provider.creates == [(NS, "train", uid)]
+
+
+async def test_a_group_is_failed_back_whole_when_one_twin_is_not_placed() -> None:
+    provider = FakeProvider()
+    settings = PodSettings(workers=4, max_retry_s=0.05, deletion_poll_s=0.05, unplaced_timeout_s=0.4)
+    async with serve() as (server, api):
+        env = Env(server, api, provider, Recording(api, provider, NODE, settings))
+        async with running(env.controller.run()):
+            await until(env.controller.ready.is_set)
+            members = [pod(f"w-{i}") for i in range(3)]
+            alone = pod("alone")
+            for p in [*members, alone]:
+                if p is not alone:
+                    p["metadata"]["labels"] = {GANG_LABEL: "ring"}
+                server.create("pods", p)
+            await until(lambda: all(provider.twin(NS, f"w-{i}") is not None for i in range(3)), what="twins")
+            await until(lambda: provider.twin(NS, "alone") is not None, what="twin of the pod on its own")
+            for i in range(3):
+                provider.set_phase(NS, f"w-{i}", "Running")
+            provider.set_phase(NS, "alone", "Running")
+            await until(lambda: env.status("w-1").get("phase") == "Running", what="running")
+            # the provider loses one twin's placement: it stays unplaced past the timeout
+            provider.set_phase(NS, "w-0", "Pending")
+            provider.unplaced(NS, "w-0", time.time())
+            await until(
+                lambda: all(env.status(f"w-{i}").get("phase") == "Failed" for i in range(3)), what="group failed back"
+            )
+            await asyncio.sleep(0.2)
+            statuses = {f"w-{i}": env.status(f"w-{i}") for i in range(3)}
+            alone_phase = env.status("alone").get("phase")
+    assert statuses["w-0"]["reason"] == "ProviderPendingTimeout"
+    for name in ("w-1", "w-2"):
+        assert statuses[name]["reason"] == "GangFailedBack"
+        assert "w-0 of its group was failed back" in statuses[name]["message"]
+        assert provider.twin(NS, name) is None
+    assert alone_phase == "Running", "a pod of no group is left alone"
 
 
 async def test_twin_placed_before_the_timeout_is_kept() -> None:

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from structlog.testing import capture_logs
 
-from gpufed.kube import servingtls
+from gpufed.kube import rest, servingtls
 from vkprovider.forge.offloading import NOT_ON_VIRTUAL, TOLERATION
 from vkprovider.webhook import server
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
@@ -123,3 +123,53 @@ def test_offloading_cache_ignores_deleting_objects() -> None:
     assert "team" not in cache.items
     cache.on_event("ADDED", {"metadata": {"name": "other", "namespace": "x"}})
     assert "x" not in cache.items
+
+
+def _gpu_pod(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "w-0",
+            "namespace": "team",
+            "labels": labels or {},
+            "annotations": annotations or {},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "controller": True}],
+        },
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+    }
+
+
+def test_pods_of_a_group_are_gated_and_a_bad_group_size_is_refused() -> None:
+    job = {"metadata": {"name": "train", "uid": "j-1"}, "spec": {"parallelism": 4, "completions": 4}}
+    out = server.review_response(review(obj=_gpu_pod()), OFFLOADING, job)["response"]
+    ops = json.loads(base64.b64decode(out["patch"]))
+    assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpufed.io/gang"}]} in ops
+    # a Job that runs one pod at a time: today's path, no gate
+    single = {**job, "spec": {"parallelism": 1}}
+    ops = json.loads(
+        base64.b64decode(server.review_response(review(obj=_gpu_pod()), OFFLOADING, single)["response"]["patch"])
+    )
+    assert all("schedulingGates" not in op["path"] for op in ops)
+    bad = _gpu_pod({"gpufed.io/pod-group": "ring"}, {"gpufed.io/pod-group-size": "lots"})
+    refused = server.review_response(review(obj=bad), OFFLOADING)["response"]
+    assert refused["allowed"] is False and "patch" not in refused
+    assert "gpufed.io/pod-group-size" in refused["status"]["message"]
+
+
+async def test_the_job_of_a_pod_is_read_once() -> None:
+    hook = Webhook(None, WebhookServerSettings(port=0))
+    hook.cache.items.update({"team": OFFLOADING})
+    reads: list[tuple[str, str]] = []
+    job = {"metadata": {"name": "train", "uid": "j-1"}, "spec": {"parallelism": 2}}
+
+    async def get(_api: Any, path: str, **_: Any) -> dict[str, Any]:
+        reads.append(("GET", path))
+        return job
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rest, "get", get)
+        async with TestClient(TestServer(hook.app())) as client:
+            for uid in ("u-1", "u-2"):
+                r = await client.post("/mutate-pods", json=review(uid=uid, obj=_gpu_pod()))
+                ops = json.loads(base64.b64decode((await r.json())["response"]["patch"]))
+                assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpufed.io/gang"}]} in ops
+    assert reads == [("GET", "/apis/batch/v1/namespaces/team/jobs/train")]

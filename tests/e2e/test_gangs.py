@@ -1,0 +1,167 @@
+"""Groups of pods placed whole, on the real local clusters (gpu-a 4 x 8 H100; gpu-b 2 x 4 A100 + 4 x 1
+L4): the offloading webhook gates a group's pods, the consumer's gang controller releases them onto one
+pool (one provider, one GPU product) once one holds them all, a group no pool holds waits with its
+reason and starts when capacity frees, a group larger than any grant is refused at once, and a bad
+group declaration is refused at creation.
+
+The module peers the consumer with gpu-a (all 32 GPUs) and gpu-b (all 12: two pools).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpufed.apis.wire import GANG_GATE, GANG_LABEL, ClusterID
+from gpufed.localenv import manifests
+from tests.e2e.conftest import Clusters
+from tests.e2e.helpers import eventually, offload, peered_session
+
+pytestmark = pytest.mark.e2e
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture(scope="module")
+def ids(clusters: Clusters) -> Iterator[dict[str, ClusterID]]:
+    yield from peered_session(clusters, {"gpu-a": ("--gpus", "32"), "gpu-b": ("--gpus", "12")})
+
+
+def group_job(name: str, namespace: str, pods: int, gpus: int) -> dict[str, Any]:
+    job = manifests.job(name, namespace, gpus=str(gpus), completions=pods, parallelism=pods, pod_labels={"job": name})
+    job["spec"]["completionMode"] = "Indexed"
+    return job
+
+
+def job_pods(clusters: Clusters, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = clusters.kubectl_json(
+        "consumer", "get", "pods", "-n", namespace, "-l", f"job={name}"
+    )["items"]
+    return items
+
+
+def bound(clusters: Clusters, namespace: str, name: str, count: int) -> dict[str, str] | None:
+    """pod -> node once `count` pods of the job are bound."""
+    placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in job_pods(clusters, namespace, name)}
+    nodes = {k: v for k, v in placed.items() if v}
+    return nodes if len(nodes) >= count else None
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    return any(g["name"] == GANG_GATE for g in pod["spec"].get("schedulingGates") or [])
+
+
+def condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    return next(
+        (c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "gpufed.io/GangPlaced"), None
+    )
+
+
+def test_a_four_by_two_gpu_job_lands_whole_on_one_pool(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    clusters.create("consumer", group_job("ring", namespace, 4, 2))
+    placed = eventually("the 4 pods bound", lambda: bound(clusters, namespace, "ring", 4), timeout=90)
+    assert len(set(placed.values())) == 1, f"the group was split: {placed}"
+    (node,) = set(placed.values())
+    assert node.startswith("gpufed-"), node
+    pods = job_pods(clusters, namespace, "ring")
+    assert all(p["metadata"]["labels"].get(GANG_LABEL) for p in pods), "the webhook did not mark the group"
+    assert all(p["metadata"]["annotations"].get("gpufed.io/gang-node") == node for p in pods)
+    clusters.kubectl(
+        "consumer", "wait", "-n", namespace, "--for=condition=Complete", "job/ring", "--timeout=120s", timeout=130
+    )
+
+
+def test_an_eight_gpu_group_goes_to_the_provider_that_can_hold_it(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    clusters.create("consumer", group_job("big", namespace, 3, 8))
+    placed = eventually("the 3 pods bound", lambda: bound(clusters, namespace, "big", 3), timeout=90)
+    assert set(placed.values()) == {f"gpufed-{ids['gpu-a']}"}, placed
+
+
+def test_a_group_no_pool_holds_waits_with_its_reason_then_starts(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    # gpu-a's own workloads take three of its four 8-GPU nodes; gpu-b has no node with 8 GPUs
+    load_ns = f"load-{namespace}"[:63]
+    clusters.kubectl("gpu-a", "create", "namespace", load_ns)
+    try:
+        for i in range(3):
+            clusters.create(
+                "gpu-a",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"load-{i}", "namespace": load_ns},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": f"gpu-a-h100-{i}"},
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "main", "image": "local/load:1", "resources": {"limits": {GPU: "8"}}}],
+                    },
+                },
+            )
+        clusters.create("consumer", group_job("wait", namespace, 2, 8))
+
+        def waiting() -> dict[str, Any] | None:
+            pods = job_pods(clusters, namespace, "wait")
+            if len(pods) < 2 or not all(gated(p) for p in pods):
+                return None
+            return condition(pods[0])
+
+        cond = eventually("the group waiting with its reason", waiting, timeout=90)
+        assert cond["reason"] == "Waiting" and "2 pods (8 GPUs each, 16 in all)" in cond["message"], cond
+        events = clusters.kubectl_json(
+            "consumer", "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=wait"
+        )["items"]
+        assert any(e["reason"] == "GangWaiting" for e in events), events
+        # one of gpu-a's nodes frees up: the group fits and starts
+        clusters.kubectl("gpu-a", "delete", "pod", "-n", load_ns, "load-0", "--wait=false")
+        placed = eventually(
+            "the group bound once capacity freed", lambda: bound(clusters, namespace, "wait", 2), timeout=120
+        )
+        assert set(placed.values()) == {f"gpufed-{ids['gpu-a']}"}, placed
+    finally:
+        clusters.kubectl("gpu-a", "delete", "namespace", load_ns, "--wait=false", check=False)
+
+
+def test_a_group_larger_than_any_grant_is_refused_at_once(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    clusters.create("consumer", group_job("huge", namespace, 5, 8))  # 40 GPUs: gpu-a grants 32
+
+    def refused() -> dict[str, Any] | None:
+        pods = job_pods(clusters, namespace, "huge")
+        return condition(pods[0]) if len(pods) == 5 else None
+
+    cond = eventually("the refusal", refused, timeout=60)
+    assert cond["reason"] == "NeverFits" and "more than any provider grants" in cond["message"], cond
+    assert all(gated(p) and not p["spec"].get("nodeName") for p in job_pods(clusters, namespace, "huge"))
+
+
+def test_a_bad_group_declaration_is_refused_at_creation(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "member",
+            "namespace": namespace,
+            "labels": {"gpufed.io/pod-group": "ring"},
+            "annotations": {"gpufed.io/pod-group-size": "many"},
+        },
+        "spec": {"containers": [{"name": "main", "image": "local/train:1", "resources": {"limits": {GPU: "1"}}}]},
+    }
+    p = clusters.kubectl("consumer", "create", "-f", "-", input_text=json.dumps(pod), check=False)
+    assert p.returncode != 0 and "gpufed.io/pod-group-size" in p.stderr, p.stderr
+    assert clusters.kubectl("consumer", "get", "pod", "-n", namespace, "member", check=False).returncode != 0

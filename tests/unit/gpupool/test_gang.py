@@ -1,0 +1,142 @@
+"""Gang placement (gpupool.gang): which pods form a group, and which pool holds a whole group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpufed.apis.wire import (
+    KUEUE_POD_GROUP_COUNT_ANNOTATION,
+    KUEUE_POD_GROUP_LABEL,
+    KUEUE_QUEUE_LABEL,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
+)
+from gpupool.capacity import Bucket, best_fit
+from gpupool.gang import Group, GroupError, Offer, group_of, job_owner, largest_group, offer_from_figures, place
+
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
+
+
+def pod(
+    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None, job: str = ""
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "team", "labels": labels or {}, "annotations": annotations or {}}
+    if job:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": job, "controller": True}]
+    return {"metadata": meta, "spec": {}}
+
+
+def job(
+    parallelism: int | None, completions: int | None = None, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    if completions is not None:
+        spec["completions"] = completions
+    return {"metadata": {"name": "train", "uid": "0123456789abcdef", "labels": labels or {}}, "spec": spec}
+
+
+# ---- groups
+
+
+def test_a_jobs_pods_that_run_together_form_a_group() -> None:
+    p = pod(job="train")
+    assert job_owner(p) == "train"
+    assert group_of(p, job(4)) == Group("team", "job-train-01234567", 4)
+    assert group_of(p, job(4, completions=2)) == Group("team", "job-train-01234567", 2)
+    # one pod at a time: no group, today's path
+    assert group_of(p, job(1)) is None
+    assert group_of(p, job(None, completions=8)) is None
+    assert group_of(p, None) is None
+
+
+def test_pods_with_a_group_label_form_a_group_of_the_declared_size() -> None:
+    p = pod({POD_GROUP_LABEL: "ring"}, {POD_GROUP_SIZE_ANNOTATION: "3"})
+    assert group_of(p) == Group("team", "group-ring", 3)
+    kueue = pod({KUEUE_POD_GROUP_LABEL: "ring"}, {KUEUE_POD_GROUP_COUNT_ANNOTATION: "2"})
+    assert group_of(kueue) == Group("team", "group-ring", 2)
+
+
+@pytest.mark.parametrize("size", ["", "zero", "0", "-2", "1001", "2.5"])
+def test_a_group_size_that_is_no_whole_number_of_pods_is_refused(size: str) -> None:
+    with pytest.raises(GroupError, match=POD_GROUP_SIZE_ANNOTATION):
+        group_of(pod({POD_GROUP_LABEL: "ring"}, {POD_GROUP_SIZE_ANNOTATION: size}))
+
+
+def test_what_kueue_admits_is_left_to_kueue() -> None:
+    assert group_of(pod({KUEUE_QUEUE_LABEL: "team-a"}, job="train"), job(4)) is None
+    assert group_of(pod(job="train"), job(4, labels={KUEUE_QUEUE_LABEL: "team-a"})) is None
+
+
+# ---- pools
+
+
+def offer(node: str, free: list[tuple[int, int]] | None, headroom: int = 64, product: str = H100) -> Offer:
+    buckets = None if free is None else tuple(Bucket(f, n) for f, n in free)
+    return Offer(node, node.removeprefix("gpufed-"), product, headroom, buckets, total=64, granted=64)
+
+
+def test_the_largest_group_a_pool_takes_packs_onto_the_fullest_nodes() -> None:
+    o = offer("gpufed-a", [(8, 1), (4, 1), (2, 2)])
+    assert largest_group(o, [2, 2, 2, 2]) == 4  # 8 on one node
+    assert largest_group(o, [2] * 8) == 8
+    assert largest_group(o, [2] * 9) == 8
+    assert largest_group(o, [8, 8]) == 1
+    assert largest_group(offer("gpufed-a", [(8, 4)], headroom=6), [2, 2, 2, 2]) == 3  # the grant caps it
+    # static figures: the headroom alone
+    assert largest_group(offer("gpufed-a", None, headroom=6), [2, 2, 2, 2]) == 3
+
+
+def test_a_group_goes_whole_to_one_pool_and_the_tightest_one() -> None:
+    offers = [offer("gpufed-a", [(8, 4)]), offer("gpufed-b", [(4, 2)], product=A100)]
+    # both hold it and leave as much of their grant unused: the first by name
+    d = place([2, 2, 2, 2], offers)
+    assert d.node == "gpufed-a" and "fits on gpufed-a" in d.reason
+    # gpufed-b holds 4 x 2 exactly and leaves less of its grant unused: best fit
+    tight = [offer("gpufed-a", [(8, 4)], headroom=64), offer("gpufed-b", [(4, 2)], headroom=8, product=A100)]
+    assert place([2, 2, 2, 2], tight).node == "gpufed-b"
+    assert place([8, 8, 8], tight).node == "gpufed-a"
+    assert place([2, 2, 2, 2], tight, product=H100).node == "gpufed-a"
+
+
+def test_a_group_no_pool_takes_now_waits_with_what_each_pool_takes() -> None:
+    offers = [offer("gpufed-a", [(8, 1), (2, 1)]), offer("gpufed-b", [(4, 1)], product=A100)]
+    d = place([4, 4, 4], offers)
+    assert d.node is None and not d.never
+    assert "3 pods (4 GPUs each, 12 in all)" in d.reason
+    assert "gpufed-a: 2, gpufed-b: 1" in d.reason
+
+
+def test_a_group_larger_than_any_grant_is_refused_at_once() -> None:
+    d = place([8] * 9, [offer("gpufed-a", [(8, 8)])])  # 72 GPUs > the grant of 64
+    assert d.node is None and d.never and "more than any provider grants" in d.reason
+    assert place([1, 1], [], product=H100).never
+
+
+def test_offers_are_read_from_the_pool_figures() -> None:
+    figures = {"node": "gpufed-a", "provider": "a", "product": H100, "headroom": 12, "free_nodes": [[8, 1], [4, 2]]}
+    o = offer_from_figures({**figures, "total": 32, "granted": 16})
+    assert o == Offer("gpufed-a", "a", H100, 12, (Bucket(8, 1), Bucket(4, 2)), total=32, granted=16)
+    assert offer_from_figures({"node": "x"}) is None
+    assert offer_from_figures({**figures, "free_nodes": [["x", 1]]}) is None
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(1, 3)), max_size=5),
+    st.lists(st.integers(1, 8), min_size=1, max_size=6),
+    st.integers(0, 64),
+)
+def test_the_chosen_pool_really_holds_the_whole_group(
+    free: list[tuple[int, int]], gpus: list[int], headroom: int
+) -> None:
+    o = offer("gpufed-a", free, headroom=headroom)
+    d = place(gpus, [o])
+    if d.node is not None:
+        assert sum(gpus) <= headroom
+        assert not best_fit(o.free_nodes or (), gpus)[1]
+    assert largest_group(o, gpus) <= len(gpus)

@@ -1,0 +1,204 @@
+"""The gang controller (vkprovider.gangs) against the in-memory API server: a group is released whole
+onto one pool, waits with its reason when no pool holds it, and never gets GPUs promised twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from gpufed.apis.wire import (
+    GANG_GATE,
+    GANG_GROUP_ANNOTATION,
+    GANG_LABEL,
+    GANG_NODE_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    POOL_ANNOTATION,
+    TYPE_LABEL,
+    VIRTUAL_NODE_TYPE,
+)
+from tests.unit.fakes import FakeApiServer, serve, until
+from vkprovider.gangs import CONDITION, GangController, GangSettings, release_patch
+
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
+
+
+def pool(
+    name: str, provider: str, product: str, free: list[list[int]], headroom: int, granted: int = 64
+) -> dict[str, Any]:
+    figures = {
+        "provider": provider,
+        "node": name,
+        "product": product,
+        "total": 64,
+        "granted": granted,
+        "in_use": 0,
+        "free": sum(f * n for f, n in free),
+        "largest_placeable": max((f for f, _ in free), default=0),
+        "capacity_source": "Live",
+        "in_flight": 0,
+        "headroom": headroom,
+        "free_nodes": free,
+    }
+    labels = {TYPE_LABEL: VIRTUAL_NODE_TYPE, "kubernetes.io/hostname": name, "nvidia.com/gpu.product": product}
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {POOL_ANNOTATION: json.dumps(figures)}},
+    }
+
+
+def member(i: int, group: str = "train", size: int = 4, gpus: int = 2, **spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{group}-{i}",
+            "namespace": "team",
+            "labels": {GANG_LABEL: group},
+            "annotations": {GANG_GROUP_ANNOTATION: f"job-{group}", GANG_SIZE_ANNOTATION: str(size)},
+        },
+        "spec": {
+            "schedulingGates": [{"name": GANG_GATE}],
+            "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}],
+            **spec,
+        },
+    }
+
+
+def seed(server: FakeApiServer, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+    for n in nodes:
+        server.create("nodes", n)
+    for p in pods:
+        server.create("pods", p)
+
+
+@contextlib.asynccontextmanager
+async def running(ctl: GangController) -> Any:
+    task = asyncio.create_task(ctl.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+FAST = GangSettings(debounce_s=0.01, recheck_s=0.2)
+
+
+def released_to(server: FakeApiServer, name: str) -> str | None:
+    pod = server.get("pods", "team", name)
+    assert pod is not None
+    if any(g.get("name") == GANG_GATE for g in pod["spec"].get("schedulingGates") or []):
+        return None
+    return str(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"])
+
+
+def test_release_patch_keeps_other_gates_and_selectors() -> None:
+    pod = member(0, nodeSelector={"zone": "a"})
+    pod["spec"]["schedulingGates"].append({"name": "example.com/wait"})
+    ops = release_patch(pod, "gpufed-a")
+    assert ops[0]["op"] == "test"
+    assert {"op": "replace", "path": "/spec/schedulingGates", "value": [{"name": "example.com/wait"}]} in ops
+    assert {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname", "value": "gpufed-a"} in ops
+
+
+async def test_a_whole_group_is_released_onto_one_pool() -> None:
+    async with serve() as (server, api):
+        nodes = [pool("gpufed-a", "a", H100, [[8, 1]], headroom=8), pool("gpufed-b", "b", A100, [[2, 2]], headroom=4)]
+        seed(server, nodes, [member(i) for i in range(4)])
+        async with running(GangController(api, FAST)):
+            await until(lambda: all(released_to(server, f"train-{i}") for i in range(4)))
+        assert {released_to(server, f"train-{i}") for i in range(4)} == {"gpufed-a"}
+        pod = server.get("pods", "team", "train-0")
+        assert pod is not None and pod["metadata"]["annotations"][GANG_NODE_ANNOTATION] == "gpufed-a"
+
+
+async def test_an_incomplete_group_waits_for_its_last_pod() -> None:
+    async with serve() as (server, api):
+        seed(server, [pool("gpufed-a", "a", H100, [[8, 1]], headroom=8)], [member(i) for i in range(3)])
+        ctl = GangController(api, FAST)
+        async with running(ctl):
+            await until(lambda: ("team", "train") in ctl.groups and len(ctl.groups[("team", "train")]) == 3)
+            await asyncio.sleep(0.3)
+            assert released_to(server, "train-0") is None
+            server.create("pods", member(3))
+            await until(lambda: all(released_to(server, f"train-{i}") for i in range(4)))
+
+
+async def test_a_group_no_pool_holds_waits_with_its_reason_then_starts_when_capacity_frees() -> None:
+    async with serve() as (server, api):
+        seed(
+            server,
+            [pool("gpufed-a", "a", H100, [[8, 1], [2, 1]], headroom=16), pool("gpufed-b", "b", A100, [[4, 1]], 16)],
+            [member(i, gpus=4, size=3) for i in range(3)],
+        )
+        async with running(GangController(api, FAST)):
+
+            def waiting() -> dict[str, Any] | None:
+                pod = server.get("pods", "team", "train-0") or {}
+                return next(
+                    (c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == CONDITION), None
+                )
+
+            await until(lambda: waiting() is not None)
+            cond = waiting()
+            assert cond is not None and cond["reason"] == "Waiting"
+            assert (
+                "3 pods (4 GPUs each, 12 in all)" in cond["message"] and "gpufed-a: 2, gpufed-b: 1" in cond["message"]
+            )
+            await until(lambda: any(e["reason"] == "GangWaiting" for e in server.items("events")))
+            events = [e for e in server.items("events") if e["reason"] == "GangWaiting"]
+            assert len(events) == 1 and "job-train" in events[0]["message"]
+            assert released_to(server, "train-0") is None
+            # gpu-a's other 2-GPU node frees up to 4: the pool now holds the group
+            server.update(
+                "nodes",
+                "",
+                "gpufed-a",
+                lambda n: n["metadata"]["annotations"].update(
+                    {
+                        POOL_ANNOTATION: pool("gpufed-a", "a", H100, [[8, 1], [4, 1]], headroom=16)["metadata"][
+                            "annotations"
+                        ][POOL_ANNOTATION]
+                    }
+                ),
+            )
+            await until(lambda: all(released_to(server, f"train-{i}") == "gpufed-a" for i in range(3)))
+
+
+async def test_a_group_larger_than_any_grant_is_refused_at_once() -> None:
+    async with serve() as (server, api):
+        seed(
+            server, [pool("gpufed-a", "a", H100, [[8, 8]], headroom=64)], [member(i, gpus=8, size=9) for i in range(9)]
+        )
+        async with running(GangController(api, FAST)):
+            await until(lambda: any(e["reason"] == "GangUnplaceable" for e in server.items("events")))
+        pod = server.get("pods", "team", "train-0")
+        assert pod is not None
+        (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == CONDITION]
+        assert cond["reason"] == "NeverFits" and "more than any provider grants" in cond["message"]
+
+
+async def test_two_groups_are_never_promised_the_same_gpus() -> None:
+    async with serve() as (server, api):
+        pods = [member(i, "one", size=2, gpus=4) for i in range(2)] + [
+            member(i, "two", size=2, gpus=4) for i in range(2)
+        ]
+        seed(server, [pool("gpufed-a", "a", H100, [[8, 1]], headroom=16)], pods)
+        async with running(GangController(api, FAST)):
+            await until(lambda: released_to(server, "one-0") is not None or released_to(server, "two-0") is not None)
+            await asyncio.sleep(0.5)
+            placed = [g for g in ("one", "two") if released_to(server, f"{g}-0")]
+            # the pool's 8 free GPUs hold one group of 2 x 4; the other waits until the first is bound
+            assert len(placed) == 1
+
+
+async def test_a_pool_the_pods_own_selection_excludes_is_not_chosen() -> None:
+    async with serve() as (server, api):
+        only_a100: dict[str, Any] = {"nodeSelector": {"nvidia.com/gpu.product": A100}}
+        nodes = [pool("gpufed-a", "a", H100, [[8, 1]], headroom=8), pool("gpufed-b", "b", A100, [[8, 1]], headroom=64)]
+        seed(server, nodes, [member(i, nodeSelector=only_a100["nodeSelector"]) for i in range(4)])
+        async with running(GangController(api, FAST)):
+            await until(lambda: all(released_to(server, f"train-{i}") for i in range(4)))
+        assert {released_to(server, f"train-{i}") for i in range(4)} == {"gpufed-b"}

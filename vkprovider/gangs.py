@@ -1,0 +1,317 @@
+"""The gang controller (consumer side): the pods of a group are released together, onto one pool.
+
+Owns: watching the pods the offloading webhook gated (label `gpufed.io/gang`, gate `gpufed.io/gang`)
+and the virtual nodes (their pool figures, `gpufed.io/gpu-pool`), and for each group whose pods all
+exist:
+
+- choosing one pool (one provider, one GPU product) that holds every pod now, among the pools each
+  pod's own required node selection allows (`gpupool.gang.place`, with the GPUs of groups released
+  but not yet bound kept aside so that two groups are never promised the same GPUs);
+- releasing the group: each pod gets `nodeSelector kubernetes.io/hostname=<pool node>` (a gated pod
+  may gain node selection) and loses the gate, in one JSON patch with a `test` of the gate, and is
+  annotated with the pool; the ordinary kube-scheduler then binds them there;
+- when no pool holds the group now: the pods stay gated with the condition `gpufed.io/GangPlaced`
+  False (reason `Waiting`) and a Warning Event `GangWaiting` on the group's Job (or its first pod) that
+  say what the group needs and the largest group each pool takes now; the group is looked at again
+  on every change of the pools. A group no pool could ever hold gets reason `NeverFits` and
+  `GangUnplaceable` at once.
+
+A pod outside an offloaded namespace, or one Kueue admits, is never gated (the webhook decides), so
+this controller steps aside for them. Failing a placed group back whole when one of its twins is not
+placed in time is the virtual kubelet's (`vkprovider.node.pods`: all pods of a group are on one pool
+node, so on one virtual kubelet).
+
+Does not: decide which pods form a group (`gpupool.gang.group_of`, at admission), or bind pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+
+from gpufed.apis.wire import (
+    GANG_GATE,
+    GANG_GROUP_ANNOTATION,
+    GANG_LABEL,
+    GANG_NODE_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    POOL_ANNOTATION,
+    TYPE_LABEL,
+    VIRTUAL_NODE_TYPE,
+)
+from gpufed.kube import events, meta, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.times import rfc3339
+from gpufed.kube.watch import watch
+from gpupool.capacity import best_fit, buckets_of
+from gpupool.gang import Decision, Offer, job_owner, node_allows, offer_from_figures, place
+from vkprovider.forge.offloading import gpus_of
+from vkprovider.forge.pods import HOSTNAME_LABEL
+
+COMPONENT = "gpufed-gang"
+#: Pod condition saying whether the group was placed (and why not).
+CONDITION = "gpufed.io/GangPlaced"
+#: Seconds a burst of changes is gathered before the groups are looked at.
+DEBOUNCE_S = 0.2
+#: Seconds a released group's GPUs stay set aside while its pods are not bound yet.
+RESERVE_S = 60.0
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class GangSettings:
+    debounce_s: float = DEBOUNCE_S
+    reserve_s: float = RESERVE_S
+    #: Seconds between looks at the groups when nothing changed.
+    recheck_s: float = 5.0
+
+
+@dataclass
+class _Released:
+    node: str
+    gpus: list[int]
+    at: float
+    pods: set[str]
+
+
+def _gated(pod: Mapping[str, Any]) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(isinstance(g, Mapping) and g.get("name") == GANG_GATE for g in gates)
+
+
+def release_patch(pod: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
+    """The JSON patch that pins `pod` to `node` and removes the gang gate (failing, thanks to its
+    `test`, if the gates changed meanwhile)."""
+    spec = pod.get("spec") or {}
+    gates = list(spec.get("schedulingGates") or [])
+    rest_gates = [g for g in gates if g.get("name") != GANG_GATE]
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]
+    if rest_gates:
+        ops.append({"op": "replace", "path": "/spec/schedulingGates", "value": rest_gates})
+    else:
+        ops.append({"op": "remove", "path": "/spec/schedulingGates"})
+    if spec.get("nodeSelector"):
+        ops.append({"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname", "value": node})
+    else:
+        ops.append({"op": "add", "path": "/spec/nodeSelector", "value": {HOSTNAME_LABEL: node}})
+    if (pod.get("metadata") or {}).get("annotations"):
+        ops.append(
+            {"op": "add", "path": f"/metadata/annotations/{GANG_NODE_ANNOTATION.replace('/', '~1')}", "value": node}
+        )
+    else:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {GANG_NODE_ANNOTATION: node}})
+    return ops
+
+
+class GangController:
+    """Places gated groups until cancelled."""
+
+    def __init__(
+        self, api: Any, settings: GangSettings | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.api = api
+        self.settings = settings or GangSettings()
+        self.clock = clock
+        #: group (namespace, label) -> pod name -> pod (every pod with the label, gated or not)
+        self.groups: dict[Key, dict[str, dict[str, Any]]] = {}
+        #: virtual node name -> node
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.released: dict[Key, _Released] = {}
+        #: group -> the last reason reported, so a waiting group is reported once per change
+        self.reported: dict[Key, str] = {}
+        self.dirty = asyncio.Event()
+        self._log = structlog.get_logger().bind(component="gang")
+
+    # ---- caches
+
+    def on_pod(self, event: str, pod: dict[str, Any]) -> None:
+        label = meta.labels(pod).get(GANG_LABEL)
+        if not label:
+            return
+        key = (meta.namespace(pod), label)
+        members = self.groups.setdefault(key, {})
+        if event == "DELETED":
+            members.pop(meta.name(pod), None)
+            if not members:
+                self.groups.pop(key, None)
+                self.released.pop(key, None)
+                self.reported.pop(key, None)
+        else:
+            members[meta.name(pod)] = pod
+        self.dirty.set()
+
+    def on_node(self, event: str, node: dict[str, Any]) -> None:
+        if event == "DELETED":
+            self.nodes.pop(meta.name(node), None)
+        else:
+            self.nodes[meta.name(node)] = node
+        self.dirty.set()
+
+    # ---- decisions
+
+    def offers(self, now: float) -> list[Offer]:
+        """The pools, with the GPUs of released groups whose pods are not all bound set aside."""
+        pending: dict[str, list[int]] = {}
+        for key, r in list(self.released.items()):
+            members = self.groups.get(key, {})
+            unbound = [p for p in members.values() if not (p.get("spec") or {}).get("nodeName")]
+            if not unbound or now - r.at > self.settings.reserve_s:
+                self.released.pop(key, None)
+                continue
+            pending.setdefault(r.node, []).extend(gpus_of(p) for p in unbound)
+        out: list[Offer] = []
+        for name, node in self.nodes.items():
+            try:
+                figures = json.loads(meta.annotations(node).get(POOL_ANNOTATION) or "{}")
+            except ValueError:
+                continue
+            offer = offer_from_figures(figures) if isinstance(figures, dict) else None
+            if offer is None or offer.node != name:
+                continue
+            held = pending.get(name, [])
+            if held:
+                free = None
+                if offer.free_nodes is not None:
+                    left, _ = best_fit(offer.free_nodes, held)
+                    free = buckets_of(left)
+                offer = replace(offer, headroom=max(0, offer.headroom - sum(held)), free_nodes=free)
+            out.append(offer)
+        return out
+
+    def decide(self, key: Key, now: float) -> tuple[Decision, list[dict[str, Any]]] | None:
+        """The decision for one group and its gated pods; None when there is nothing to decide."""
+        members = self.groups.get(key, {})
+        gated = [p for p in members.values() if _gated(p) and not meta.is_deleting(p)]
+        if not gated or key in self.released:
+            return None
+        sizes = [int(meta.annotations(p).get(GANG_SIZE_ANNOTATION) or 0) for p in gated]
+        size = max(sizes, default=0)
+        if len(gated) < size:
+            return None  # the rest of the group is still being created
+        gated.sort(key=meta.name)
+        gated = gated[:size] if size else gated
+        offers = [
+            o for o in self.offers(now) if all(node_allows(p, o.node, meta.labels(self.nodes[o.node])) for p in gated)
+        ]
+        return place([gpus_of(p) for p in gated], offers), gated
+
+    # ---- actions
+
+    async def _release(self, key: Key, node: str, pods: list[dict[str, Any]], now: float) -> None:
+        self.released[key] = _Released(node, [gpus_of(p) for p in pods], now, {meta.name(p) for p in pods})
+        for pod in pods:
+            path = rest.path("v1", "pods", meta.name(pod), namespace=meta.namespace(pod))
+            try:
+                await rest.request(
+                    self.api, "PATCH", path, body=release_patch(pod, node), content_type="application/json-patch+json"
+                )
+            except KubeError as e:
+                if e.status != 404:
+                    self._log.warning("gang pod not released", pod=meta.name(pod), error=str(e)[:200])
+                    self.released.pop(key, None)
+                    self.dirty.set()
+                    return
+        self.reported.pop(key, None)
+        self._log.info("gang released", namespace=key[0], group=_group_name(pods), node=node, pods=len(pods))
+
+    async def _report(self, key: Key, decision: Decision, pods: list[dict[str, Any]]) -> None:
+        reason = "NeverFits" if decision.never else "Waiting"
+        if self.reported.get(key) == decision.reason:
+            return
+        self.reported[key] = decision.reason
+        condition = {
+            "type": CONDITION,
+            "status": "False",
+            "reason": reason,
+            "message": decision.reason,
+            "lastTransitionTime": _now(),
+        }
+        for pod in pods:
+            path = rest.path("v1", "pods", meta.name(pod), namespace=meta.namespace(pod), sub="status")
+            with contextlib.suppress(KubeError):
+                await rest.strategic_patch(self.api, path, {"status": {"conditions": [condition]}})
+        subject = await self._subject(pods[0])
+        await events.emit(
+            self.api,
+            subject,
+            type_="Warning",
+            reason="GangUnplaceable" if decision.never else "GangWaiting",
+            message=f"group {_group_name(pods)}: {decision.reason}",
+            component=COMPONENT,
+        )
+
+    async def _subject(self, pod: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The group's Job when one controls it (users look there), else the pod."""
+        name = job_owner(pod)
+        if name:
+            job = await rest.get(self.api, rest.path("batch/v1", "jobs", name, namespace=meta.namespace(pod)))
+            if job is not None:
+                return {**job, "apiVersion": "batch/v1", "kind": "Job"}
+        return {**pod, "apiVersion": "v1", "kind": "Pod"}
+
+    async def reconcile(self) -> None:
+        now = self.clock()
+        for key in sorted(self.groups):
+            decided = self.decide(key, now)
+            if decided is None:
+                continue
+            decision, pods = decided
+            try:
+                if decision.node is not None:
+                    await self._release(key, decision.node, pods, now)
+                else:
+                    await self._report(key, decision, pods)
+            except KubeError as e:
+                self._log.warning("gang not handled", group=key[1], error=str(e)[:200])
+
+    # ---- loops
+
+    async def run(self) -> None:
+        """Place groups until cancelled; an API error ends no more than this pass (logged, started
+        again after `recheck_s`), never the controller."""
+        while True:
+            try:
+                await self._run()
+            except* KubeError as group:
+                self._log.warning("gang placement stopped", error=str(group.exceptions[0])[:300])
+            await asyncio.sleep(self.settings.recheck_s)
+
+    async def _run(self) -> None:
+        self.groups.clear()  # the watches list everything again
+        self.nodes.clear()
+        async with asyncio.TaskGroup() as tg:
+            pods = {"labelSelector": GANG_LABEL}
+            tg.create_task(watch(self.api, "/api/v1/pods", self.on_pod, what="gang pods", params=pods))
+            tg.create_task(
+                watch(
+                    self.api,
+                    "/api/v1/nodes",
+                    self.on_node,
+                    what="virtual nodes",
+                    params={"labelSelector": f"{TYPE_LABEL}={VIRTUAL_NODE_TYPE}"},
+                )
+            )
+            while True:
+                # waiting groups are looked at again now and then (set-aside GPUs expire)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.recheck_s):
+                        await self.dirty.wait()
+                await asyncio.sleep(self.settings.debounce_s)
+                self.dirty.clear()
+                await self.reconcile()
+
+
+def _group_name(pods: list[dict[str, Any]]) -> str:
+    return meta.annotations(pods[0]).get(GANG_GROUP_ANNOTATION) or meta.labels(pods[0]).get(GANG_LABEL, "?")
+
+
+def _now() -> str:
+    return rfc3339(time.time())
