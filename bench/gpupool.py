@@ -84,7 +84,7 @@ from gpufed.localenv.launcher import LocalEnvironment
 from gpufed.localenv.topology import Topology, default_topology
 
 DEFAULT_STATE_DIR = REPO / ".cache" / "bench-gpupool"
-#: Three clusters x 20 ports from here: 16100-16159 (the offload/reflection environment has 16000-16039).
+#: Three clusters x 25 ports from here: 16100-16174 (the offload/reflection environment has 16000-16074).
 DEFAULT_BASE_PORT = 16100
 DEFAULT_JOBS = 200
 DEFAULT_SEED = 8

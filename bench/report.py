@@ -500,7 +500,14 @@ def _fabric_section(data: dict[str, Any]) -> list[str]:
         f"that share the machine's {m.get('cores', '?')} cores with iperf3's two ends and the kernel's forwarding "
         "(nothing pinned), so the tunnel paths are CPU-bound; the NAT cost measured here is the nft prefix "
         "DNAT/SNAT plus conntrack on top of that. **full** includes the tunnel filter (conntrack state, the allowed "
-        "address sets, the counted drop); **nofilter** is full built the same way with the filter's two base "
+        "address sets, the counted drop)"
+        + (
+            f", its sets holding the {full['member_pods']} member pods of a busy peering (the server pod among them, "
+            "none adjacent: one set element each)"
+            if full.get("member_pods")
+            else ""
+        )
+        + "; **nofilter** is full built the same way with the filter's two base "
         "chains deleted from both tables, so full / nofilter is the filter's own cost.",
         "",
     ]

@@ -32,9 +32,13 @@ from gpufed.apis.wire import (
     VIRTUAL_NODE_TAINT_KEY,
 )
 
-#: Kueue's API group and the version gpufed writes.
+#: Kueue's API group, and the versions whose ResourceFlavor and ClusterQueue gpufed reads and writes, in
+#: order of preference: v1beta2 (Kueue >= 0.15; its storage version, v1beta1 deprecated there) and
+#: v1beta1 (older Kueue). The fields gpufed touches (a flavor's `nodeLabels` and `tolerations`, a
+#: ClusterQueue's `resourceGroups`) have the same shape in both.
 KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta1"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+KUEUE_VERSION = KUEUE_VERSIONS[0]
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 #: (ClusterQueue, flavor) -> GPUs
@@ -53,10 +57,10 @@ class Pool:
     granted: int
 
 
-def flavor(pool: Pool) -> dict[str, Any]:
-    """The ResourceFlavor object of `pool`."""
+def flavor(pool: Pool, version: str = KUEUE_VERSION) -> dict[str, Any]:
+    """The ResourceFlavor object of `pool` (in Kueue's API `version`)."""
     return {
-        "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+        "apiVersion": f"{KUEUE_GROUP}/{version}",
         "kind": "ResourceFlavor",
         "metadata": {
             "name": pool.node,

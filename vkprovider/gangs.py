@@ -192,7 +192,7 @@ class GangController:
         gated = [p for p in members.values() if _gated(p) and not meta.is_deleting(p)]
         if not gated or key in self.released:
             return None
-        sizes = [int(meta.annotations(p).get(GANG_SIZE_ANNOTATION) or 0) for p in gated]
+        sizes = [_size(p) for p in gated]
         size = max(sizes, default=0)
         if len(gated) < size:
             return None  # the rest of the group is still being created
@@ -275,13 +275,14 @@ class GangController:
     # ---- loops
 
     async def run(self) -> None:
-        """Place groups until cancelled; an API error ends no more than this pass (logged, started
-        again after `recheck_s`), never the controller."""
+        """Place groups until cancelled; an error ends no more than this pass (logged, started again
+        after `recheck_s`), never the controller."""
         while True:
             try:
                 await self._run()
-            except* KubeError as group:
-                self._log.warning("gang placement stopped", error=str(group.exceptions[0])[:300])
+            except* Exception as group:  # whatever fails here must not end the controller
+                first = group.exceptions[0]
+                self._log.warning("gang placement stopped", error=f"{type(first).__name__}: {first}"[:300])
             await asyncio.sleep(self.settings.recheck_s)
 
     async def _run(self) -> None:
@@ -307,6 +308,14 @@ class GangController:
                 await asyncio.sleep(self.settings.debounce_s)
                 self.dirty.clear()
                 await self.reconcile()
+
+
+def _size(pod: Mapping[str, Any]) -> int:
+    """The group size the webhook wrote on the pod (0: none readable)."""
+    try:
+        return max(0, int(meta.annotations(pod).get(GANG_SIZE_ANNOTATION) or 0))
+    except ValueError:
+        return 0
 
 
 def _group_name(pods: list[dict[str, Any]]) -> str:

@@ -1,7 +1,8 @@
 """Kueue over the federated pool (consumer side): gpufed keeps Kueue's flavors and GPU quotas in line
 with what the providers granted.
 
-Owns, while Kueue's API is served (looked for every `retry_s` until it is):
+Owns, while Kueue's API is served (its group's discovery document, looked at every `retry_s` until
+it serves one of `gpupool.flavors.KUEUE_VERSIONS`; the keeper then reads and writes that version):
 - one ResourceFlavor per pool virtual node (`gpupool.flavors.flavor`: pinned to that node, tolerating
   virtual nodes), created when the pool appears and deleted when it goes; Kueue admits a whole
   workload to one flavor, so an admitted Job lands on one provider and GPU product;
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,18 +34,31 @@ from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, POOL_ANNOTATION, TYPE
 from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.watch import watch
-from gpupool.flavors import KUEUE_GROUP, KUEUE_VERSION, Pool, clamp, flavor, gpu_quotas, with_gpu_quotas
+from gpupool.flavors import KUEUE_GROUP, KUEUE_VERSIONS, Pool, clamp, flavor, gpu_quotas, with_gpu_quotas
 
 COMPONENT = "gpufed-kueue"
 REQUESTED_ANNOTATION = "gpufed.io/requested-gpu-quota"
 APPLIED_ANNOTATION = "gpufed.io/applied-gpu-quota"
-API = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}"
+GROUP_PATH = f"/apis/{KUEUE_GROUP}"
 
 
 @dataclass(frozen=True)
 class KueueSettings:
+    #: Seconds the figures may keep changing before the flavors and quotas are written.
     debounce_s: float = 0.5
-    retry_s: float = 60.0
+    #: Seconds between looks for Kueue's API while it is not served. One discovery GET each time, on
+    #: every cluster gpufed runs on: at 5 s that is 12 cheap requests a minute, and Kueue installed
+    #: after gpufed (or started beside it, as the local clusters do) gets its flavors within seconds.
+    retry_s: float = 5.0
+    #: After a failure (a permission missing, Kueue removed under a watch) the next try waits twice
+    #: as long as the last, from `retry_s` up to this.
+    max_backoff_s: float = 60.0
+
+
+def served_version(group: Mapping[str, Any] | None) -> str | None:
+    """The version of `KUEUE_VERSIONS` to use, from the API group's discovery document (None: none served)."""
+    served = {v.get("version") for v in (group or {}).get("versions") or [] if isinstance(v, Mapping)}
+    return next((v for v in KUEUE_VERSIONS if v in served), None)
 
 
 def pool_of(node: Mapping[str, Any]) -> Pool | None:
@@ -86,8 +101,19 @@ class FlavorKeeper:
         self.queues: dict[str, dict[str, Any]] = {}
         self.flavors: dict[str, dict[str, Any]] = {}
         self.dirty = asyncio.Event()
+        #: The Kueue API version in use (None: not served, or not looked at yet).
+        self.version: str | None = None
         self._synced: set[str] = set()
         self._log = structlog.get_logger().bind(component="kueue")
+
+    @property
+    def api_version(self) -> str:
+        """`kueue.x-k8s.io/<version>` of the objects read and written (the preferred one before discovery)."""
+        return f"{KUEUE_GROUP}/{self.version or KUEUE_VERSIONS[0]}"
+
+    @property
+    def api_path(self) -> str:
+        return f"/apis/{self.api_version}"
 
     # ---- caches
 
@@ -118,20 +144,24 @@ class FlavorKeeper:
     async def reconcile(self) -> None:
         if not {"nodes", "queues", "flavors"} <= self._synced:
             return
-        for name, pool in self.pools.items():
-            want = flavor(pool)
+        api = self.api_path
+        # the watches change the caches while a write awaits: iterate over copies
+        for name, pool in list(self.pools.items()):
+            want = flavor(pool, self.version or KUEUE_VERSIONS[0])
             have = self.flavors.get(name)
             if have is None or have.get("spec") != want["spec"]:
                 try:
-                    await rest.apply(self.api, f"{API}/resourceflavors/{rest.segment(name)}", want)
+                    await rest.apply(self.api, f"{api}/resourceflavors/{rest.segment(name)}", want)
                 except KubeError as e:
                     self._log.warning("flavor not written", flavor=name, error=str(e)[:200])
         for name in [n for n in self.flavors if n not in self.pools]:
+            if meta.is_deleting(self.flavors[name]):
+                continue  # deleted, waiting for Kueue's finalizer (a ClusterQueue still names it)
             with contextlib.suppress(KubeError):
-                await rest.delete(self.api, f"{API}/resourceflavors/{rest.segment(name)}")
+                await rest.delete(self.api, f"{api}/resourceflavors/{rest.segment(name)}")
         ours = set(self.pools)
         asked: dict[tuple[str, str], int] = {}
-        for cq_name, cq in self.queues.items():
+        for cq_name, cq in list(self.queues.items()):
             for f, q in asked_of(cq, ours).items():
                 asked[(cq_name, f)] = q
         allowed = clamp(asked, self.pools)
@@ -160,7 +190,7 @@ class FlavorKeeper:
             "spec": {"resourceGroups": with_gpu_quotas(cq, quotas)},
         }
         try:
-            await rest.merge_patch(self.api, f"{API}/clusterqueues/{rest.segment(name)}", patch)
+            await rest.merge_patch(self.api, f"{self.api_path}/clusterqueues/{rest.segment(name)}", patch)
         except KubeError as e:
             self._log.warning("cluster queue quota not written", queue=name, error=str(e)[:200])
             self.dirty.set()
@@ -174,20 +204,21 @@ class FlavorKeeper:
             parts = ", ".join(f"{f}: {q}" for f, q in sorted(quotas.items()))
             message = f"nominal nvidia.com/gpu quota back to what was asked ({parts})"
             reason, type_ = "GPUQuotaRestored", "Normal"
-        obj = {**cq, "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "ClusterQueue"}
+        obj = {**cq, "apiVersion": self.api_version, "kind": "ClusterQueue"}
         await events.emit(self.api, obj, type_=type_, reason=reason, message=message, component=COMPONENT)
         self._log.info("cluster queue quota", queue=name, quotas=quotas, asked=asked)
 
     # ---- loops
 
-    async def _served(self) -> bool:
+    async def _served(self) -> str | None:
+        """The Kueue API version to use, from discovery (None: Kueue's API is not served here)."""
         try:
-            await rest.request(self.api, "GET", API)
+            group = await rest.get(self.api, GROUP_PATH)
         except KubeError as e:
             if e.status == 404:
-                return False
+                return None
             raise
-        return True
+        return served_version(group)
 
     def _listed(self, what: str) -> None:
         self._synced.add(what)
@@ -195,17 +226,35 @@ class FlavorKeeper:
 
     async def run(self) -> None:
         """Keep the flavors until cancelled; an API error (Kueue removed, a permission missing) is
-        logged and the whole keeper starts again after `retry_s`, never ending the controller."""
+        logged and the whole keeper starts again after a backoff (`retry_s`, doubling with each
+        failure in a row up to `max_backoff_s`), never ending the controller. While Kueue's API is
+        not served it looks again every `retry_s`, and says so once."""
+        said_absent = False
+        failures = 0
         while True:
+            wait = self.settings.retry_s
+            began = time.monotonic()
             try:
-                if await self._served():
-                    await self._keep()
+                self.version = await self._served()
+                if self.version is None:
+                    if not said_absent:
+                        self._log.info("Kueue's API is not served here: no flavors to keep until it is")
+                        said_absent = True
+                    failures = 0
                 else:
-                    self._log.info("Kueue's API is not served here: no flavors to keep", retry_s=self.settings.retry_s)
-            except* KubeError as group:
-                self._log.warning("keeping Kueue's flavors failed", error=str(group.exceptions[0])[:300])
+                    said_absent = False
+                    self._log.info("keeping Kueue's flavors", api=self.api_version)
+                    await self._keep()
+            except* Exception as group:  # whatever fails here must not end the controller
+                # a keeper that ran for a while before failing starts its backoff again
+                failures = 1 if time.monotonic() - began > self.settings.max_backoff_s else failures + 1
+                wait = min(self.settings.retry_s * 2 ** (failures - 1), self.settings.max_backoff_s)
+                first = group.exceptions[0]
+                self._log.warning(
+                    "keeping Kueue's flavors failed", error=f"{type(first).__name__}: {first}"[:300], retry_s=wait
+                )
             self._synced.clear()
-            await asyncio.sleep(self.settings.retry_s)
+            await asyncio.sleep(wait)
 
     async def _keep(self) -> None:
         for cache in (self.pools, self.queues, self.flavors):
@@ -226,7 +275,7 @@ class FlavorKeeper:
             tg.create_task(
                 watch(
                     self.api,
-                    f"{API}/clusterqueues",
+                    f"{self.api_path}/clusterqueues",
                     self.on_queue,
                     what="cluster queues",
                     on_synced=lambda: self._listed("queues"),
@@ -235,7 +284,7 @@ class FlavorKeeper:
             tg.create_task(
                 watch(
                     self.api,
-                    f"{API}/resourceflavors",
+                    f"{self.api_path}/resourceflavors",
                     self.on_flavor,
                     what="resource flavors",
                     params=flavors,

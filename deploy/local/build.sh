@@ -3,7 +3,9 @@
 #   gpufed-k8s (multi-call: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
 #   etcd, kwok) with one symlink per applet, wireguard-go, metrics-server (from its own module,
 #   metrics-server/go.mod, with the dependency versions upstream's release pins), and helm (from its
-#   own module, helm/go.mod: `make test` lints and renders the chart deploy/charts/gpufed with it).
+#   own module, helm/go.mod: `make test` lints and renders the chart deploy/charts/gpufed with it), and
+#   kueue, Kueue's manager (from its own module, kueue/go.mod, with the dependency versions Kueue's
+#   release pins; gpufed/localenv/kueue.py reads Kueue's CRDs, RBAC and webhooks from that module).
 # Cached: a stamp over the Go sources, both go.mod/go.sum pairs, this script and the Go version decides
 # whether anything is rebuilt, so a warm call returns in well under a second; Go's own build
 # cache makes a rebuild after a source change a matter of a link.
@@ -18,8 +20,9 @@ mkdir -p "$out"
 k8s_version=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")
 ms_version=$(awk '$1=="sigs.k8s.io/metrics-server" && $2 ~ /^v/ {print $2; exit}' "$here/metrics-server/go.mod")
 helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v3" {print $3; exit}' "$here/helm/go.mod")
-# The least Go version that builds both modules.
-need_go=$(for m in "$here/go.mod" "$here/metrics-server/go.mod" "$here/helm/go.mod"; do awk '$1=="go" {print $2; exit}' "$m"; done | sort -V | sed -n '$p')
+kueue_version=$(awk '$1=="require" && $2=="sigs.k8s.io/kueue" {print $3; exit}' "$here/kueue/go.mod")
+# The least Go version that builds every module.
+need_go=$(for m in "$here/go.mod" "$here/metrics-server/go.mod" "$here/helm/go.mod" "$here/kueue/go.mod"; do awk '$1=="go" {print $2; exit}' "$m"; done | sort -V | sed -n '$p')
 
 if ! command -v go >/dev/null 2>&1; then
   echo "error: Go is not installed; the local clusters are built from source and need Go >= $need_go (https://go.dev/doc/install)" >&2
@@ -34,10 +37,10 @@ fi
 export GOTOOLCHAIN=local
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
-stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum build.sh && find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
+stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum kueue/go.mod kueue/go.sum build.sh && find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
 applets="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok"
-if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ]; then
-  echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version)"
+if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ] && [ -x "$out/kueue" ]; then
+  echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version, kueue $kueue_version)"
   exit 0
 fi
 
@@ -52,7 +55,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$(date +%s)
-echo "building Kubernetes $k8s_version components, etcd, kwok, metrics-server and helm into $out (a cold build takes ~10 min on 2 cores; later builds are cached)" >&2
+echo "building Kubernetes $k8s_version components, etcd, kwok, metrics-server, helm and kueue into $out (a cold build takes ~10 min on 2 cores; later builds are cached)" >&2
 (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out/gpufed-k8s.new" ./cmd/gpufed-k8s)
 mv -f "$out/gpufed-k8s.new" "$out/gpufed-k8s"
 echo "building wireguard-go" >&2
@@ -66,6 +69,27 @@ echo "building helm $helm_version" >&2
 helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 (cd "$here/helm" && go build -trimpath -ldflags "$helm_ldflags" -o "$out/helm.new" helm.sh/helm/v3/cmd/helm)
 mv -f "$out/helm.new" "$out/helm"
+echo "building kueue $kueue_version" >&2
+# Kueue's manager, upstream's cmd/kueue/main.go with one line changed: with internal certificate
+# management off it reads the metrics endpoint's certificate from the fixed path
+# /etc/kueue/metrics/certs (a Secret mounted into its Pod upstream); a local cluster runs it as a
+# plain process without root, so GPUFED_KUEUE_METRICS_CERT_DIR may name that directory (unset:
+# upstream's path). The patched file is built as this module's ./cmd/kueue through a build overlay
+# (Go refuses overlays of files in the module cache); nothing is written into the checkout.
+kueue_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+kueue_tmp=$(mktemp -d)
+trap 'rm -rf "$kueue_tmp"' EXIT
+sed 's|^\(\s*metricsCertPath := "/etc/kueue/metrics/certs"\)$|\1; if d := os.Getenv("GPUFED_KUEUE_METRICS_CERT_DIR"); d != "" { metricsCertPath = d }|' \
+  "$kueue_src/cmd/kueue/main.go" > "$kueue_tmp/main.go"
+if [ "$(ls "$kueue_src/cmd/kueue")" != main.go ] || [ "$(grep -c GPUFED_KUEUE_METRICS_CERT_DIR "$kueue_tmp/main.go")" != 1 ]; then
+  echo "error: kueue $kueue_version: cmd/kueue is no longer the one main.go setting metricsCertPath that build.sh patches" >&2
+  exit 1
+fi
+printf '{"Replace":{"%s":"%s"}}\n' "$here/kueue/cmd/kueue/main.go" "$kueue_tmp/main.go" > "$kueue_tmp/overlay.json"
+kueue_ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
+kueue_ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-$kueue_version -X sigs.k8s.io/kueue/pkg/version.BuildDate=$build_date"
+(cd "$here/kueue" && go build -trimpath -overlay "$kueue_tmp/overlay.json" -ldflags "$kueue_ldflags" -o "$out/kueue.new" ./cmd/kueue)
+mv -f "$out/kueue.new" "$out/kueue"
 for a in $applets; do ln -sfn gpufed-k8s "$out/$a"; done
 echo "$stamp" > "$out/.stamp"
 echo "built in $(( $(date +%s) - start ))s: $(ls "$out" | tr '\n' ' ')" >&2

@@ -106,7 +106,7 @@ def up(
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
     topology: Annotated[Path | None, typer.Option(help="Topology YAML (default: consumer, gpu-a, gpu-b)")] = None,
-    base_port: Annotated[int, typer.Option(help="First loopback port; each cluster takes 10")] = LOCAL_BASE_PORT,
+    base_port: Annotated[int, typer.Option(help="First loopback port; 25 per cluster")] = LOCAL_BASE_PORT,
     job_seconds: Annotated[float, typer.Option(help="How long Job pods run on kwok nodes")] = LOCAL_JOB_SECONDS,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for everything to be healthy")] = 240.0,
 ) -> None:

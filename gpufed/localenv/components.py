@@ -1,10 +1,12 @@
 """What runs in each local cluster: its components, their identities and their command lines.
 
 Owns: the components in start order (embedded etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok, metrics-server), gpufed's controller as one more process of the cluster, the
-binaries they need, the identities that get a kubeconfig, the port each component listens on, the
-apiserver's optional audit policy, and the full command line of each component: every listener on
-127.0.0.1, every certificate from the cluster's PKI, every kubeconfig from its state directory.
+kube-scheduler, kwok, metrics-server, and Kueue where the topology asks for it), gpufed's controller
+as one more process of the cluster, the binaries they need, the identities that get a kubeconfig, the
+ports each component listens on, where Kueue's configuration and certificate directory live in a
+cluster's state directory, the apiserver's optional audit policy, and the full command line of each
+component: every listener on 127.0.0.1, every certificate from the cluster's PKI, every kubeconfig
+from its state directory.
 
 Pure: builds argument lists from paths it is handed (`Paths`, which `LocalEnvironment` provides) and
 from the topology; does no I/O. Does not: start, watch or stop anything (`launcher`, `supervise`).
@@ -16,14 +18,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from gpufed.localenv import kwokcfg, metricsserver
+from gpufed.localenv import kueue, kwokcfg, metricsserver
 from gpufed.localenv.topology import ClusterPorts, ClusterSpec
 
 if TYPE_CHECKING:
     from gpufed.localenv.pki import ClusterPKI
 
-#: The components, in start order.
+#: The components of every cluster, in start order.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
+#: Kueue's manager: a component of the clusters whose topology sets `kueue` (`components_of`).
+KUEUE = "kueue"
+#: Kueue's configuration file and its certificate directory (tls.crt/tls.key), in the cluster's directory.
+KUEUE_CONFIG_FILE = "kueue.yaml"
+KUEUE_CERT_DIR = "kueue-certs"
 #: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
 CONTROLLER = "gpufed-controller"
 #: Identity of the virtual kubelets the controller starts (one process per virtual node).
@@ -36,6 +43,7 @@ BINARIES = (
     "kubectl",
     "kwok",
     "metrics-server",
+    KUEUE,
 )
 #: The client identities that get a kubeconfig in every cluster's state directory.
 IDENTITIES = (
@@ -44,6 +52,7 @@ IDENTITIES = (
     "scheduler",
     "kwok",
     metricsserver.IDENTITY,
+    kueue.IDENTITY,
     CONTROLLER,
     VIRTUAL_KUBELET,
 )
@@ -77,9 +86,15 @@ class Paths(Protocol):
     def binary(self, name: str) -> Path: ...
 
 
-def ports_of(ports: ClusterPorts) -> dict[str, int]:
-    """The port each component of `COMPONENTS` listens on (etcd: its client port)."""
-    return {
+def components_of(spec: ClusterSpec) -> tuple[str, ...]:
+    """The components of the cluster `spec`, in start order: `COMPONENTS`, then Kueue where it runs."""
+    return (*COMPONENTS, KUEUE) if spec.kueue else COMPONENTS
+
+
+def ports_of(ports: ClusterPorts, *, kueue: bool = False) -> dict[str, int]:
+    """The port each component listens on (etcd: its client port; Kueue: its webhook server), for
+    `COMPONENTS` and, with `kueue`, Kueue."""
+    out = {
         "etcd": ports.etcd_client,
         "kube-apiserver": ports.apiserver,
         "kube-controller-manager": ports.controller_manager,
@@ -87,6 +102,28 @@ def ports_of(ports: ClusterPorts) -> dict[str, int]:
         "kwok": ports.kwok,
         "metrics-server": ports.metrics_server,
     }
+    if kueue:
+        out[KUEUE] = ports.kueue_webhook
+    return out
+
+
+def other_ports(ports: ClusterPorts, component: str) -> tuple[int, ...]:
+    """The ports a component binds besides its `ports_of` one (etcd's peer port, Kueue's metrics and probes)."""
+    if component == "etcd":
+        return (ports.etcd_peer,)
+    if component == KUEUE:
+        return (ports.kueue_metrics, ports.kueue_health)
+    return ()
+
+
+def kueue_config(paths: Paths, spec: ClusterSpec, ports: ClusterPorts) -> dict[str, object]:
+    """Kueue's configuration for the cluster `spec` (written to `KUEUE_CONFIG_FILE`)."""
+    return kueue.configuration(
+        webhook_port=ports.kueue_webhook,
+        metrics_port=ports.kueue_metrics,
+        health_port=ports.kueue_health,
+        cert_dir=paths.cluster_dir(spec.name) / KUEUE_CERT_DIR,
+    )
 
 
 def command(paths: Paths, spec: ClusterSpec, ports: ClusterPorts, component: str, *, audit: bool) -> list[str]:
@@ -212,6 +249,13 @@ def command(paths: Paths, spec: ClusterSpec, ports: ClusterPorts, component: str
             # At WARN, kwok logs five lines per resource-metrics scrape of every node without pods.
             "--v=ERROR",
         ]
+    if component == KUEUE:
+        return kueue.args(
+            paths.binary("kueue"),
+            config=d / KUEUE_CONFIG_FILE,
+            kubeconfig=paths.kubeconfig_path(spec.name, kueue.IDENTITY),
+            cert_dir=d / KUEUE_CERT_DIR,
+        )
     if component == "metrics-server":
         return metricsserver.args(
             paths.binary("metrics-server"),

@@ -2,9 +2,9 @@
 
 Owns: the fake kwok nodes of a cluster (labels, the annotations that hand them to kwok and point
 metrics-server at their resource-metrics path, pod CIDR, GPU capacity), whether they are Ready,
-server-side apply of the launcher's own objects (metrics-server's RBAC, Service and APIService),
-gpufed's CRDs and RBAC from deploy/ (applied, then waited for until Established) and the cluster's
-NetworkConfig.
+server-side apply of the launcher's own objects (metrics-server's RBAC, Service and APIService;
+Kueue's namespace, CRDs, RBAC and webhook configurations), gpufed's CRDs and RBAC from deploy/
+(applied, then waited for until Established) and the cluster's NetworkConfig.
 
 Every call takes an API client for one cluster, as its admin. Does not: start or wait for processes
 (`launcher`), or decide which objects metrics-server needs (`metricsserver`).
@@ -29,16 +29,41 @@ def node_ready(node: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
 
 
+#: kind -> (plural, namespaced) of what the launcher applies beyond `manifests.KINDS`.
+_EXTRA_KINDS = {
+    "Service": ("services", True),
+    "APIService": ("apiservices", False),
+    "MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", False),
+    "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
+}
+
+
+async def _apply_one(api: Any, obj: dict[str, Any]) -> None:
+    plural, namespaced = _EXTRA_KINDS.get(obj["kind"]) or manifests.KINDS[obj["kind"]]
+    meta = obj["metadata"]
+    url = rest.path(obj["apiVersion"], plural, meta["name"], namespace=meta.get("namespace") if namespaced else None)
+    await rest.apply(api, url, obj, what=f"apply {obj['kind']} {meta['name']}")
+
+
 async def apply(api: Any, docs: list[dict[str, Any]]) -> None:
-    """Server-side apply of the objects the launcher itself installs (RBAC, Service, APIService)."""
-    extra = {"Service": ("services", True), "APIService": ("apiservices", False)}
+    """Server-side apply, in order, of the objects the launcher itself installs (RBAC, Service,
+    APIService, webhook configurations)."""
     for obj in docs:
-        plural, namespaced = extra.get(obj["kind"]) or manifests.KINDS[obj["kind"]]
-        meta = obj["metadata"]
-        url = rest.path(
-            obj["apiVersion"], plural, meta["name"], namespace=meta.get("namespace") if namespaced else None
-        )
-        await rest.apply(api, url, obj, what=f"apply {obj['kind']} {meta['name']}")
+        await _apply_one(api, obj)
+
+
+async def apply_kueue(
+    api: Any, namespace: dict[str, Any], crds: list[dict[str, Any]], rbac: list[dict[str, Any]]
+) -> None:
+    """Kueue's namespace, CRDs and RBAC, then wait until every CRD is Established.
+
+    Server-side apply throughout: upstream's CRDs are too large for client-side apply's
+    last-applied annotation. The CRDs go in concurrently (each is one write the apiserver validates
+    on its own), the Roles once their namespace exists."""
+    await _apply_one(api, namespace)
+    await asyncio.gather(*(_apply_one(api, d) for d in crds))
+    await apply(api, rbac)
+    await manifests.wait_established(api, [d["metadata"]["name"] for d in crds])
 
 
 async def ensure_nodes(spec: ClusterSpec, api: Any) -> None:

@@ -1,15 +1,23 @@
 """Starting, checking and stopping N real Kubernetes control planes on loopback.
 
 Owns: the lifecycle of every local cluster (embedded etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok, metrics-server): their state directory and state file, their PKI and
-kubeconfigs, and the waits until everything is healthy — including `metrics.k8s.io` being
-Available, because an unavailable aggregated API stalls namespace deletion and garbage collection
-in the controller-manager. `up` is idempotent: components that are already running (same pid,
-same process start time) are kept; missing ones are started; the topology of a running
-environment cannot change underneath it. `down` stops every process it started, by process group,
+kube-scheduler, kwok, metrics-server, and Kueue where the topology says so): their state directory
+and state file, their PKI and kubeconfigs, and the waits until everything is healthy — including
+`metrics.k8s.io` being Available, because an unavailable aggregated API stalls namespace deletion
+and garbage collection in the controller-manager. `up` is idempotent: components that are already
+running (same pid, same process start time) are kept; missing ones are started; the topology of a
+running environment cannot change underneath it. `down` stops every process it started, by process group,
 even when the state file was lost (it also finds processes whose command line points into the
 state directory), then removes the state. `status` reports each cluster's components, version,
 nodes and GPUs.
+
+Kueue (clusters whose topology sets `kueue`): its manifests are read from the module it is built from
+(`go list -m` in deploy/local/kueue, next to the build script) while the control planes start; once a
+cluster's apiserver is ready its namespace, CRDs (server-side, waited for until Established) and
+RBAC go in, Kueue starts, and once its `/readyz` answers its webhook configurations are applied. All
+of that runs beside the rest of the cluster's start (controller-manager, nodes, metrics-server,
+gpufed), so its waits overlap theirs; what it still costs is mostly the apiserver's CPU for Kueue's
+large CRDs (docs/local-clusters.md measures it).
 
 With `audit` set (off by default), every kube-apiserver also writes an audit log (level Metadata, JSON
 lines, rotated) into its cluster's state directory, for counting what each client asks of it.
@@ -45,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from gpufed import process
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
@@ -52,8 +61,8 @@ from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client, translating
 from gpufed.kube.times import rfc3339
-from gpufed.localenv import components, install, kubeconfig, kwokcfg, metricsserver, supervise
-from gpufed.localenv.components import CONTROLLER
+from gpufed.localenv import components, install, kubeconfig, kueue, kwokcfg, metricsserver, supervise
+from gpufed.localenv.components import CONTROLLER, KUEUE
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
 from gpufed.localenv.topology import ClusterSpec, Topology
 
@@ -63,6 +72,10 @@ DEFAULT_START_TIMEOUT_S = 240.0
 BUILD_TIMEOUT_S = 3600.0
 #: Seconds between SIGTERM and SIGKILL on `down`.
 STOP_GRACE_S = 10.0
+#: Seconds `go list -m` may take to name Kueue's module directory (the module is in the cache once built).
+KUEUE_SOURCE_TIMEOUT_S = 60.0
+#: The directory of Kueue's Go module, relative to the build script's.
+KUEUE_MODULE_SUBDIR = "kueue"
 
 Progress = Callable[[str], None]
 
@@ -88,6 +101,9 @@ class LocalSettings:
     #: Audit every request each kube-apiserver serves (level Metadata, JSON lines at `audit_log_path`):
     #: what the API-cost benchmark counts. Off by default; takes effect when an apiserver starts.
     audit: bool = False
+    #: Kueue's Go module (deploy/local/kueue), where its manifests are found (None: next to
+    #: `build_script`, else deploy/local/kueue of this checkout).
+    kueue_module: Path | None = None
 
 
 @dataclass
@@ -117,6 +133,7 @@ class LocalEnvironment:
         self.settings = settings
         self.topology = topology
         self.state_dir = settings.state_dir.resolve()
+        self._kueue_sources: asyncio.Task[kueue.Sources] | None = None
 
     # ---- paths
 
@@ -154,6 +171,15 @@ class LocalEnvironment:
 
     def binary(self, name: str) -> Path:
         return self.settings.bin_dir / name
+
+    @property
+    def kueue_module(self) -> Path:
+        """Kueue's Go module directory (deploy/local/kueue)."""
+        if self.settings.kueue_module is not None:
+            return self.settings.kueue_module
+        if self.settings.build_script is not None:
+            return self.settings.build_script.parent / KUEUE_MODULE_SUBDIR
+        return Path(__file__).resolve().parents[2] / "deploy" / "local" / KUEUE_MODULE_SUBDIR
 
     @property
     def _state_file(self) -> Path:
@@ -247,12 +273,20 @@ class LocalEnvironment:
         self._save_state(state)
 
         deadline = time.monotonic() + self.settings.start_timeout_s
+        if any(spec.kueue for spec in self.topology.clusters):
+            # Read while the control planes start: they need Kueue's manifests only once ready.
+            self._kueue_sources = asyncio.create_task(self._read_kueue_sources())
         try:
             await asyncio.gather(
                 *(self._up_cluster(spec, state, deadline, progress) for spec in self.topology.clusters)
             )
         finally:
             self._save_state(state)
+            if self._kueue_sources is not None:
+                # done by now unless a cluster failed first; its own failure was raised in `_up_kueue`
+                self._kueue_sources.cancel()
+                await asyncio.gather(self._kueue_sources, return_exceptions=True)
+                self._kueue_sources = None
         progress(f"all {len(self.topology.clusters)} clusters healthy; kubeconfig: {self.merged_kubeconfig}")
 
     def _prepare_cluster(self, spec: ClusterSpec) -> None:
@@ -286,6 +320,22 @@ class LocalEnvironment:
         (d / "kwok.yaml").write_text(
             kwokcfg.render(self.topology.job_seconds, logs_file, exec_dir, run_as_nobody=os.geteuid() == 0)
         )
+        if spec.kueue:
+            self._prepare_kueue(spec, pki)
+
+    def _prepare_kueue(self, spec: ClusterSpec, pki: ClusterPKI) -> None:
+        """Kueue's configuration file and its certificate directory (copies of its serving certificate)."""
+        d = self.cluster_dir(spec.name)
+        cert_dir = d / components.KUEUE_CERT_DIR
+        cert_dir.mkdir(mode=0o700, exist_ok=True)
+        for name, source in kueue.cert_files(pki.cert(kueue.SERVING_STEM), pki.key(kueue.SERVING_STEM)).items():
+            tmp = cert_dir / f".{name}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(source.read_bytes())
+            tmp.replace(cert_dir / name)
+        config = components.kueue_config(self, spec, self.topology.ports(spec.name))
+        (d / components.KUEUE_CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
 
     @staticmethod
     def _running_components(state: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -302,11 +352,11 @@ class LocalEnvironment:
         busy = []
         for spec in self.topology.clusters:
             ports = self.topology.ports(spec.name)
-            for comp, port in components.ports_of(ports).items():
+            listening = components.ports_of(ports, kueue=spec.kueue)
+            for comp in components.components_of(spec):
                 if (spec.name, comp) in running:
                     continue
-                extra = [ports.etcd_peer] if comp == "etcd" else []
-                for p in [port, *extra]:
+                for p in [listening[comp], *components.other_ports(ports, comp)]:
                     if not supervise.port_free(p):
                         busy.append(f"127.0.0.1:{p} ({spec.name} {comp})")
         if busy:
@@ -402,6 +452,30 @@ class LocalEnvironment:
             lambda: self._http_ok(f"{self.server(name)}/readyz", api_tls),
             alive("kube-apiserver"),
         )
+        # Kueue comes up beside the rest of the cluster; the first failure of either ends both.
+        tasks = [asyncio.create_task(self._up_rest(spec, state, deadline, progress, started))]
+        if spec.kueue:
+            tasks.append(asyncio.create_task(self._up_kueue(spec, state, deadline, progress)))
+        try:
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _up_rest(
+        self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress, started: list[str]
+    ) -> None:
+        """Everything of a cluster after its apiserver is ready, but Kueue: controller-manager,
+        scheduler, nodes, metrics-server and `metrics.k8s.io`, then gpufed."""
+        ports = self.topology.ports(spec.name)
+        name = spec.name
+
+        def alive(component: str) -> Callable[[], None]:
+            return lambda: self._check_alive(spec, component, state)
+
         async with api_client(self.kubeconfig_path(name)) as api:
             # metrics-server reads the authentication ConfigMap as it starts: its RBAC comes first.
             await install.apply(api, [*metricsserver.rbac(), metricsserver.service(ports.metrics_server)])
@@ -438,6 +512,50 @@ class LocalEnvironment:
         )
         if self.settings.manifests_dir is not None:
             await self._install_gpufed(spec, state, deadline, progress)
+
+    async def _read_kueue_sources(self) -> kueue.Sources:
+        """Upstream's manifests from the module Kueue is built from (`go list -m` names its directory)."""
+        module = self.kueue_module
+        try:
+            found = await process.run(
+                kueue.SOURCE_DIR_ARGV,
+                timeout_s=KUEUE_SOURCE_TIMEOUT_S,
+                cwd=module,
+                env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"},
+            )
+            return await asyncio.to_thread(kueue.sources, Path(found.stdout.strip()))
+        except (process.CommandError, OSError, ValueError, KeyError, yaml.YAMLError) as e:
+            raise LocalEnvError(
+                f"cannot read Kueue's manifests from its Go module {module} ({e}); build it with `make binaries`"
+            ) from e
+
+    async def _up_kueue(self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress) -> None:
+        """Kueue's namespace, CRDs and RBAC, then Kueue itself, then (once it serves) its webhooks."""
+        if self._kueue_sources is None:
+            self._kueue_sources = asyncio.create_task(self._read_kueue_sources())
+        src = await asyncio.shield(self._kueue_sources)  # shared by every cluster running Kueue
+        began = time.monotonic()
+        name = spec.name
+        ports = self.topology.ports(name)
+        ca = self.pki(name).ca_cert.read_bytes()
+        async with api_client(self.kubeconfig_path(name)) as api:
+            await install.apply_kueue(
+                api, kueue.namespace(), kueue.crds(src, webhook_port=ports.kueue_webhook, ca_pem=ca), kueue.rbac(src)
+            )
+            crds_s = time.monotonic() - began
+            started = self._start(spec, KUEUE, state)
+            await self._wait(
+                f"Kueue of {name} (readyz on :{ports.kueue_health})",
+                deadline,
+                lambda: self._http_ok(kueue.health_url(ports.kueue_health), None),
+                lambda: self._check_alive(spec, KUEUE, state),
+                interval=0.1,
+            )
+            await install.apply(api, kueue.webhooks(src, port=ports.kueue_webhook, ca_pem=ca))
+        progress(
+            f"{name}: Kueue {'started' if started else 'already running'}, ready, webhooks on :{ports.kueue_webhook} "
+            f"({time.monotonic() - began:.1f} s: CRDs and RBAC {crds_s:.1f} s)"
+        )
 
     async def _load_gpufed(self) -> list[dict[str, Any]]:
         assert self.settings.manifests_dir is not None
@@ -512,7 +630,9 @@ class LocalEnvironment:
             ports = self.topology.ports(spec.name)
             comps = []
             cstate = state.get("clusters", {}).get(spec.name, {}).get("components", {})
-            for comp, port in components.ports_of(ports).items():
+            listening = components.ports_of(ports, kueue=spec.kueue)
+            for comp in components.components_of(spec):
+                port = listening[comp]
                 info = cstate.get(comp, {})
                 running = supervise.alive(info.get("pid"), info.get("start_time"))
                 comps.append(ComponentStatus(comp, info.get("pid"), running, port))
@@ -544,7 +664,7 @@ class LocalEnvironment:
     def down(self, progress: Progress = lambda _m: None) -> int:
         """Stop every process of the environment and remove its state; returns how many were stopped.
 
-        Clients go first (kwok, metrics-server, scheduler, controller-manager, gpufed), then the
+        Clients go first (kwok, metrics-server, Kueue, scheduler, controller-manager, gpufed), then the
         apiservers, then etcd, so nobody spends its shutdown grace waiting on a dependency that is
         already gone. Processes found without a state file are stopped last.
         """
@@ -553,6 +673,7 @@ class LocalEnvironment:
         tier_of = {
             CONTROLLER: 0,
             "metrics-server": 0,
+            KUEUE: 0,
             "kwok": 0,
             "kube-scheduler": 0,
             "kube-controller-manager": 0,

@@ -2,8 +2,9 @@
 
 Owns: the topology model (pydantic, loadable from YAML), the default topology (a CPU-only
 `consumer` and two GPU providers `gpu-a`/`gpu-b` that share the consumer's pod and service CIDRs on
-purpose: overlapping CIDRs are the case the network fabric must solve), validation, and the
-deterministic assignment of loopback ports to each cluster's components.
+purpose: overlapping CIDRs are the case the network fabric must solve; the consumer also runs Kueue,
+the providers do not), validation, and the deterministic assignment of loopback ports to each
+cluster's components.
 
 A topology that cannot be read or is invalid raises `TopologyError` (a GpufedError: the message names
 the file and the offending field). Pure: no I/O except `load_topology` reading the file it is given.
@@ -33,7 +34,7 @@ DEFAULT_SERVICE_CIDR = "10.96.0.0/16"
 #: First loopback port handed out; each cluster gets a block of `PORTS_PER_CLUSTER`.
 DEFAULT_BASE_PORT = defaults.LOCAL_BASE_PORT
 #: Ports reserved per cluster (see `ClusterPorts`).
-PORTS_PER_CLUSTER = 20
+PORTS_PER_CLUSTER = 25
 #: Seconds a Job's pod runs on a kwok node before it completes with exit code 0.
 DEFAULT_JOB_SECONDS = defaults.LOCAL_JOB_SECONDS
 
@@ -106,6 +107,9 @@ class ClusterSpec(BaseModel):
     pod_cidr: str = Field(default=DEFAULT_POD_CIDR, alias="podCIDR")
     service_cidr: str = Field(default=DEFAULT_SERVICE_CIDR, alias="serviceCIDR")
     node_pools: tuple[NodePool, ...] = Field(alias="nodePools", min_length=1)
+    #: Run Kueue (its CRDs, webhooks and manager, `gpufed.localenv.kueue`) in this cluster: a
+    #: consumer's job queueing; off by default (the default topology turns it on for `consumer`).
+    kueue: bool = False
 
     @field_validator("name")
     @classmethod
@@ -202,7 +206,8 @@ class ClusterPorts:
 
     +0 apiserver, +1/+2 etcd client/peer, +3 controller-manager, +4 scheduler, +5 kwok's kubelet
     API (every fake node), +6 gpufed's webhook, +7 metrics-server, +8 gpufed's capacity estimator,
-    +9 free, +10 to +19 the virtual kubelets' kubelet APIs.
+    +9/+10/+11 Kueue's webhook server, metrics and health probes (reserved in every cluster, bound
+    only where Kueue runs), +12 to the block's end (+24) the virtual kubelets' kubelet APIs.
     """
 
     base: int
@@ -247,9 +252,24 @@ class ClusterPorts:
         return self.base + 8
 
     @property
+    def kueue_webhook(self) -> int:
+        """Kueue's webhook server (admission and CRD conversion; HTTPS, the apiserver calls it by URL)."""
+        return self.base + 9
+
+    @property
+    def kueue_metrics(self) -> int:
+        """Kueue's metrics endpoint (HTTPS, authenticated and authorized by the apiserver)."""
+        return self.base + 10
+
+    @property
+    def kueue_health(self) -> int:
+        """Kueue's health probes (`/healthz`, `/readyz`; plain HTTP)."""
+        return self.base + 11
+
+    @property
     def kubelet_ports(self) -> tuple[int, int]:
         """First and last port for virtual kubelets' kubelet APIs (one per virtual node)."""
-        return (self.base + 10, self.base + PORTS_PER_CLUSTER - 1)
+        return (self.base + 12, self.base + PORTS_PER_CLUSTER - 1)
 
     def all(self) -> dict[str, int]:
         return {
@@ -262,6 +282,9 @@ class ClusterPorts:
             "gpufed webhook": self.webhook,
             "metrics-server": self.metrics_server,
             "gpufed estimator": self.estimator,
+            "Kueue webhook": self.kueue_webhook,
+            "Kueue metrics": self.kueue_metrics,
+            "Kueue health": self.kueue_health,
         }
 
 
@@ -270,14 +293,18 @@ class TopologyError(GpufedError):
 
 
 def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float = DEFAULT_JOB_SECONDS) -> Topology:
-    """consumer (2 CPU nodes), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4); TopologyError when
-    `base_port` or `job_seconds` is out of range."""
+    """consumer (2 CPU nodes, Kueue), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4); TopologyError
+    when `base_port` or `job_seconds` is out of range."""
     return _validated(
         {
             "basePort": base_port,
             "jobSeconds": job_seconds,
             "clusters": [
-                {"name": "consumer", "nodePools": [{"name": "cpu", "count": 2, "cpu": "16", "memory": "64Gi"}]},
+                {
+                    "name": "consumer",
+                    "kueue": True,
+                    "nodePools": [{"name": "cpu", "count": 2, "cpu": "16", "memory": "64Gi"}],
+                },
                 {
                     "name": "gpu-a",
                     "nodePools": [

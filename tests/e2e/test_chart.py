@@ -351,16 +351,23 @@ def test_a_virtual_kubelet_deployment_follows_the_peering(
 
 def test_the_chart_confines_the_virtual_kubelet_and_binds_metrics_on_purpose(clusters: Clusters) -> None:
     """The admission policy that confines the virtual kubelet to its own nodes and pods comes with
-    it (and only with it); every component is told to listen for Prometheus on every interface,
-    as the binaries themselves default to loopback."""
+    it (and only with it), the one that confines the controller's pod writes always; every component
+    is told to listen for Prometheus on every interface, as the binaries themselves default to
+    loopback."""
+    controller = {
+        ("ValidatingAdmissionPolicy", "gpufed-controller-pods"),
+        ("ValidatingAdmissionPolicyBinding", "gpufed-controller-pods"),
+    }
     objects = render(clusters, VALUE_SETS[3][1])
     policies = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"].startswith("ValidatingAdmission")}
     assert policies == {
         ("ValidatingAdmissionPolicy", "gpufed-virtual-kubelet"),
         ("ValidatingAdmissionPolicyBinding", "gpufed-virtual-kubelet"),
+        *controller,
     }, policies
     without = render(clusters, VALUE_SETS[2][1])
-    assert not [o for o in without if o["kind"].startswith("ValidatingAdmission")], "policy without virtual kubelet"
+    left = {(o["kind"], o["metadata"]["name"]) for o in without if o["kind"].startswith("ValidatingAdmission")}
+    assert left == controller, f"policies without the virtual kubelet: {left}"
     (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
     pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
     for key in ("virtual-kubelet.yaml", "gateway.yaml"):

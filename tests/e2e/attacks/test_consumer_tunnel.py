@@ -19,42 +19,17 @@ cluster would route them):
 from __future__ import annotations
 
 import secrets
-import socket
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv4Network
-from pathlib import Path
 
 import pytest
-from wireguard_tools.wireguard_uapi import WireguardUAPIDevice
 
-from netfabric.render import FILTER_CHAINS, interface_name, table_name
-from tests.e2e.attacks.test_network_tunnel import Tunnel, _attack, _free_port
+from tests.e2e.attacks.test_network_tunnel import Tunnel, _attack, _free_port, clean_up, take_over
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpufed, peered_session
-from tests.e2e.test_fabric import Fabric, _missing, ns_exec, offload_a_pod, sh
+from tests.e2e.helpers import eventually, peered_session
+from tests.e2e.test_fabric import Fabric, _missing, offload_a_pod, sh
 
 pytestmark = pytest.mark.timeout(900)
-
-
-def _take_over_the_consumer_gateway(t: Tunnel) -> None:
-    """What a consumer that controls its end does: no agent, no filter of its own, every destination
-    sent to the provider peer, the provider's API server address routed into the tunnel."""
-    f = t.fabric
-    f.stop_agent("consumer")
-    provider_id = t.provider_id
-    for name in FILTER_CHAINS:
-        ns_exec(f.ns("cgw"), "nft", "delete", "chain", "ip", table_name(provider_id), name)
-    iface = interface_name(provider_id)
-    device = WireguardUAPIDevice(Path(f"/var/run/wireguard/{iface}.sock"))
-    try:
-        (peer,) = device.get_config().peers.values()
-    finally:
-        device.close()
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(f"/var/run/wireguard/{iface}.sock")
-        s.sendall(f"set=1\npublic_key={peer.public_key.hex}\nallowed_ip=0.0.0.0/0\n\n".encode())
-        assert s.recv(64).startswith(b"errno=0"), "the consumer could not widen its allowed IPs"
-    sh("ip", "-n", f.ns("cgw"), "route", "replace", f"{t.victims['papi']}/32", "dev", iface)
 
 
 def _seen_from_the_consumer(t: Tunnel, real: str) -> str:
@@ -97,19 +72,14 @@ def tunnel(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iter
             _ns, local_ip, _twin = t.pod
             # before the takeover: the twin answers the consumer pod (the legitimate path)
             eventually("the twin answers the consumer pod", lambda: f.curl("cpod", local_ip, 2))  # noqa: B023
-            _take_over_the_consumer_gateway(t)
+            # the API server's address is routed in; the non-twin pod is reached at its remapped address
+            take_over(t, "cgw", t.provider_id, "consumer", routed=[t.victims["papi"]])
             yield t
         except BaseException:
             print(f.diagnostics())
             raise
         finally:
-            ns, _, _ = t.pod
-            if ns:
-                gpufed("unoffload-namespace", ns, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
-                clusters.kubectl("consumer", "delete", "namespace", ns, "--wait=false", check=False)
-            f.destroy()
-            for name in extra:
-                sh("ip", "netns", "del", name, check=False)
+            clean_up(t, extra)
 
 
 def test_consumer_pod_cannot_reach_a_provider_pod_that_is_no_twin(tunnel: Tunnel) -> None:

@@ -126,15 +126,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _take_over_the_provider_gateway(t: Tunnel) -> None:
-    """What a provider that controls its end does: no agent, no filter of its own, every destination
-    allowed to the consumer peer and routed into the tunnel. Its NAT stays (legitimate flows keep working)."""
+def take_over(t: Tunnel, gw: str, peer_id: str, context: str, routed: list[str] | None = None) -> None:
+    """What a peer that controls its end does: its agent stopped (`context`), no filter of its own
+    (the filter chains of its table in gateway namespace `gw` deleted), every destination allowed to
+    its WireGuard peer and the victims' addresses (`routed`; None: every victim's) routed into the
+    tunnel. Its NAT stays (legitimate flows keep working)."""
     f = t.fabric
-    f.stop_agent("gpu-a")
-    consumer_id = str(f.ids["consumer"])
+    f.stop_agent(context)
     for name in FILTER_CHAINS:
-        ns_exec(f.ns("pgw"), "nft", "delete", "chain", "ip", table_name(consumer_id), name)
-    iface = interface_name(consumer_id)
+        ns_exec(f.ns(gw), "nft", "delete", "chain", "ip", table_name(peer_id), name)
+    iface = interface_name(peer_id)
     device = WireguardUAPIDevice(Path(f"/var/run/wireguard/{iface}.sock"))
     try:
         (peer,) = device.get_config().peers.values()
@@ -143,9 +144,21 @@ def _take_over_the_provider_gateway(t: Tunnel) -> None:
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(f"/var/run/wireguard/{iface}.sock")
         s.sendall(f"set=1\npublic_key={peer.public_key.hex}\nallowed_ip=0.0.0.0/0\n\n".encode())
-        assert s.recv(64).startswith(b"errno=0"), "the provider could not widen its allowed IPs"
-    for address in t.victims.values():
-        sh("ip", "-n", f.ns("pgw"), "route", "replace", f"{address}/32", "dev", iface)
+        assert s.recv(64).startswith(b"errno=0"), f"{context} could not widen its allowed IPs"
+    for address in t.victims.values() if routed is None else routed:
+        sh("ip", "-n", f.ns(gw), "route", "replace", f"{address}/32", "dev", iface)
+
+
+def clean_up(t: Tunnel, extra: list[str]) -> None:
+    """The offloaded namespace, the fabric and the victims' namespaces, whatever state they are in."""
+    clusters = t.fabric.clusters
+    ns, _, _ = t.pod
+    if ns:
+        gpufed("unoffload-namespace", ns, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
+        clusters.kubectl("consumer", "delete", "namespace", ns, "--wait=false", check=False)
+    t.fabric.destroy()
+    for name in extra:
+        sh("ip", "netns", "del", name, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -185,19 +198,13 @@ def tunnel(clusters: Clusters, tmp_path_factory: pytest.TempPathFactory) -> Iter
             # before the takeover: the exposed Service answers the provider's pod (the legitimate path)
             there = _exposed_there(t)
             eventually("the exposed Service answers gpu-a's pod", lambda: f.curl("ppod", there, 2))  # noqa: B023
-            _take_over_the_provider_gateway(t)
+            take_over(t, "pgw", str(f.ids["consumer"]), "gpu-a")
             yield t
         except BaseException:
             print(f.diagnostics())
             raise
         finally:
-            ns, _, _ = t.pod
-            if ns:
-                gpufed("unoffload-namespace", ns, "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
-                clusters.kubectl("consumer", "delete", "namespace", ns, "--wait=false", check=False)
-            f.destroy()
-            for name in extra:
-                sh("ip", "netns", "del", name, check=False)
+            clean_up(t, extra)
 
 
 def _exposed_there(t: Tunnel) -> str:

@@ -22,6 +22,10 @@ def test_a_flavor_pins_to_its_pool_node_and_tolerates_virtual_nodes() -> None:
     assert f["spec"]["nodeLabels"] == {"kubernetes.io/hostname": H100.node}
     assert f["spec"]["tolerations"] == [{"key": "gpufed.io/virtual-node", "operator": "Exists", "effect": "NoExecute"}]
     assert f["metadata"]["labels"]["gpufed.io/remote-cluster-id"] == "gpu-a"
+    # Kueue's current API by default; the same object in the version an older Kueue serves
+    assert f["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    old = flavor(H100, "v1beta1")
+    assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1" and old["spec"] == f["spec"]
 
 
 def test_caps_are_the_product_within_the_grant_and_the_grant_per_provider() -> None:

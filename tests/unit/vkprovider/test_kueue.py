@@ -3,13 +3,27 @@ node, ClusterQueue GPU quotas kept within the grant and given back when it grows
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import pytest
+import structlog
+
 from gpufed.apis.wire import POOL_ANNOTATION, TYPE_LABEL, VIRTUAL_NODE_TYPE
+from gpufed.kube import rest as rest_module
+from gpufed.kube.client import KubeError
 from gpupool.flavors import KUEUE_GROUP, KUEUE_VERSION, gpu_quotas
 from tests.unit.fakes import FakeApiServer, serve
-from vkprovider.kueue import APPLIED_ANNOTATION, REQUESTED_ANNOTATION, FlavorKeeper, asked_of, pool_of
+from vkprovider.kueue import (
+    APPLIED_ANNOTATION,
+    REQUESTED_ANNOTATION,
+    FlavorKeeper,
+    KueueSettings,
+    asked_of,
+    pool_of,
+    served_version,
+)
 
 AV = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 POOL = "gpufed-gpu-a"
@@ -110,3 +124,109 @@ async def test_a_queue_within_the_grant_and_other_flavors_are_left_alone() -> No
         await keeper_with(server, api, [node(granted=8)], [queue("team-a", 6), queue("on-prem", 100, flavor="local")])
         writes = [r for r in server.requests if r.method == "PATCH" and "clusterqueues" in r.path]
         assert writes == []
+
+
+def test_the_preferred_served_version_is_used() -> None:
+    def group(*versions: str) -> dict[str, Any]:
+        return {"kind": "APIGroup", "name": KUEUE_GROUP, "versions": [{"version": v} for v in versions]}
+
+    assert served_version(group("v1beta2", "v1beta1")) == "v1beta2"  # Kueue >= 0.15 (v1beta1 deprecated)
+    assert served_version(group("v1beta1")) == "v1beta1"  # older Kueue
+    assert served_version(group("v1alpha1")) is None
+    assert served_version(None) is None and served_version({}) is None
+
+
+async def test_flavors_and_quotas_are_written_in_the_version_kueue_serves() -> None:
+    async with serve() as (server, api):
+        k = FlavorKeeper(api)
+        k.version = "v1beta1"
+        k.on_node("ADDED", node(granted=8))
+        cq = server.create("clusterqueues", queue("team-a", 12), api_version=f"{KUEUE_GROUP}/v1beta1")
+        k.on_queue("ADDED", cq)
+        k._synced.update({"nodes", "queues", "flavors"})
+        await k.reconcile()
+        fl = server.get("resourceflavors", "", POOL)
+        assert fl is not None and fl["apiVersion"] == f"{KUEUE_GROUP}/v1beta1"
+        writes = [r.path for r in server.requests if r.method == "PATCH"]
+        assert f"/apis/{KUEUE_GROUP}/v1beta1/resourceflavors/{POOL}" in writes
+        assert f"/apis/{KUEUE_GROUP}/v1beta1/clusterqueues/team-a" in writes
+        (event,) = [e for e in server.items("events") if e["reason"] == "GPUQuotaClamped"]
+        assert event["involvedObject"]["apiVersion"] == f"{KUEUE_GROUP}/v1beta1"
+
+
+async def test_a_deleted_flavor_waiting_for_kueues_finalizer_is_not_deleted_again() -> None:
+    async with serve() as (server, api):
+        k = await keeper_with(server, api, [], [])
+        gone = {"metadata": {"name": "gpufed-old", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+        k.on_flavor("MODIFIED", gone)
+        await k.reconcile()
+        assert not [r for r in server.requests if r.method == "DELETE"]
+
+
+async def test_without_kueue_the_keeper_looks_again_every_few_seconds_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers: list[str | KubeError | None] = [None, None, None, KubeError("forbidden", status=403)] * 2
+    waits: list[float] = []
+
+    async def served() -> str | None:
+        answer = answers.pop(0)
+        if isinstance(answer, KubeError):
+            raise answer
+        return answer
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if not answers:
+            raise asyncio.CancelledError
+
+    with structlog.testing.capture_logs() as logs:
+        k = FlavorKeeper(object(), KueueSettings(retry_s=5.0, max_backoff_s=60.0))
+        monkeypatch.setattr(k, "_served", served)
+        monkeypatch.setattr(asyncio, "sleep", sleep)
+        with pytest.raises(asyncio.CancelledError):
+            await k.run()
+    # not served: every retry_s; a failure: retry_s, then twice that (not served again resets it)
+    assert waits == [5.0] * 8
+    assert k.version is None
+    assert len([e for e in logs if "not served" in e["event"]]) == 1
+    assert len([e for e in logs if e["log_level"] == "warning"]) == 2, "each failure is a warning"
+
+
+async def test_repeated_failures_back_off_up_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = FlavorKeeper(object(), KueueSettings(retry_s=5.0, max_backoff_s=30.0))
+    waits: list[float] = []
+
+    async def served() -> str | None:
+        raise KubeError("forbidden", status=403)
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 5:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(k, "_served", served)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await k.run()
+    assert waits == [5.0, 10.0, 20.0, 30.0, 30.0]
+
+
+async def test_pools_that_change_while_a_flavor_is_written_are_taken_next_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with serve() as (server, api):
+        k = await keeper_with(server, api, [], [])
+        k.on_node("ADDED", node("gpufed-one"))
+        k.on_node("ADDED", node("gpufed-two"))
+        real_apply = rest_module.apply
+
+        async def apply(api_: Any, path: str, obj: Any, **kw: Any) -> Any:
+            # the node watch delivers while the write awaits: a pool appears, another goes
+            k.on_node("ADDED", node("gpufed-three"))
+            k.on_node("DELETED", node("gpufed-one"))
+            return await real_apply(api_, path, obj, **kw)
+
+        monkeypatch.setattr(rest_module, "apply", apply)
+        await k.reconcile()  # no "dictionary changed size during iteration"
+        monkeypatch.setattr(rest_module, "apply", real_apply)
+        await k.reconcile()
+        assert server.get("resourceflavors", "", "gpufed-three") is not None

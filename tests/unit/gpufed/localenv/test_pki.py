@@ -67,6 +67,8 @@ def test_apiserver_serving_cert_sans(pki_dir: Path) -> None:
         ("kwok-serving", {"localhost"}),
         # metrics-server: dialled at 127.0.0.1 and verified by the aggregator as <service>.<namespace>.svc.
         ("metrics-server-serving", {"localhost", "metrics-server.kube-system.svc"}),
+        # Kueue's webhooks and CRD conversion: the apiserver calls https://127.0.0.1:<port> by URL.
+        ("kueue-serving", {"localhost"}),
     ],
 )
 def test_serving_certs_match_how_they_are_reached(pki_dir: Path, stem: str, dns: set[str]) -> None:
@@ -151,3 +153,11 @@ def test_mismatched_key_is_detected(pki_dir: Path) -> None:
     cert_pub = _cert(p.cert("admin")).public_key()
     key = pkimod._load_key(p.key("admin"))
     assert cert_pub == key.public_key()
+
+
+def test_kueue_is_a_plain_user_bound_only_by_its_roles(pki_dir: Path) -> None:
+    p = ensure_pki(pki_dir, cluster="c1", service_cidr="10.96.0.0/16")
+    cert = _cert(p.cert("kueue"))
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:kueue"
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME) == []
+    assert _signed_by(cert, _cert(p.ca_cert)) and _signed_by(_cert(p.cert("kueue-serving")), _cert(p.ca_cert))

@@ -62,7 +62,7 @@ def test_ports_do_not_collide_across_clusters() -> None:
         assert not seen & set(ports)
         seen |= set(ports)
     assert topo.ports("consumer").apiserver == 20000
-    assert topo.ports("gpu-a").apiserver == 20020
+    assert topo.ports("gpu-a").apiserver == 20025
 
 
 def test_each_cluster_keeps_its_ports_inside_its_block() -> None:
@@ -74,10 +74,31 @@ def test_each_cluster_keeps_its_ports_inside_its_block() -> None:
         assert len(set(fixed)) == len(fixed), "no two components share a port"
         assert all(ports.base <= p < first_kubelet for p in fixed), "below the virtual kubelets' range"
         assert last_kubelet == ports.base + PORTS_PER_CLUSTER - 1
-    assert topo.ports("gpu-a").metrics_server == 20027
-    assert topo.ports("gpu-a").all()["metrics-server"] == 20027
-    assert topo.ports("gpu-a").estimator == 20028
-    assert topo.ports("gpu-a").all()["gpufed estimator"] == 20028
+    assert topo.ports("gpu-a").metrics_server == 20032
+    assert topo.ports("gpu-a").all()["metrics-server"] == 20032
+    assert topo.ports("gpu-a").estimator == 20033
+    assert topo.ports("gpu-a").all()["gpufed estimator"] == 20033
+
+
+def test_kueue_takes_three_ports_after_gpufeds_and_the_virtual_kubelets_keep_the_rest() -> None:
+    ports = default_topology(base_port=20000).ports("consumer")
+    assert (ports.kueue_webhook, ports.kueue_metrics, ports.kueue_health) == (20009, 20010, 20011)
+    assert {"Kueue webhook", "Kueue metrics", "Kueue health"} <= set(ports.all())
+    # 13 kubelet ports: four virtual kubelets (providers) at three each (one per pool node it may serve)
+    assert ports.kubelet_ports == (20012, 20024)
+    assert PORTS_PER_CLUSTER == 25
+
+
+def test_kueue_runs_on_the_consumer_of_the_default_topology_only() -> None:
+    topo = default_topology()
+    assert {c.name: c.kueue for c in topo.clusters} == {"consumer": True, "gpu-a": False, "gpu-b": False}
+    # off unless asked for; a topology file turns it on per cluster
+    solo = Topology.model_validate({"clusters": [{"name": "c", "nodePools": [{"name": "p", "count": 1}]}]})
+    assert solo.cluster("c").kueue is False
+    on = Topology.model_validate({"clusters": [{"name": "c", "kueue": True, "nodePools": [{"name": "p", "count": 1}]}]})
+    assert on.cluster("c").kueue is True
+    # it is part of the recorded topology, so turning it on or off is a topology change
+    assert topo.model_dump(mode="json", by_alias=True)["clusters"][0]["kueue"] is True
 
 
 @pytest.mark.parametrize(
