@@ -108,6 +108,16 @@ def test_a_group_no_pool_holds_waits_with_its_reason_then_starts(
                     },
                 },
             )
+        # the pool's figures follow the provider's load (the estimator, then the virtual kubelet):
+        # the group is created once they show it, so it is judged on what the provider holds now
+        pool_node = f"gpufed-{ids['gpu-a']}"
+
+        def loaded() -> bool:
+            node = clusters.kubectl_json("consumer", "get", "node", pool_node)
+            figures = json.loads(node["metadata"]["annotations"].get("gpufed.io/gpu-pool") or "{}")
+            return bool(figures.get("free_nodes") == [[8, 1]])
+
+        eventually("gpu-a's pool figures showing its load", loaded, timeout=60)
         clusters.create("consumer", group_job("wait", namespace, 2, 8))
 
         def waiting() -> dict[str, Any] | None:
