@@ -456,6 +456,14 @@ def test_network_flood_of_unknown_tokens_makes_a_bounded_number_of_token_reviews
 ) -> None:
     address = next(a["address"] for a in vnode["status"]["addresses"] if a["type"] == "InternalIP")
     port = int(vnode["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"])
+
+    def serving() -> bool:
+        # the node is registered before its kubelet API serves (that waits for its serving certificate)
+        with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=2):
+            return True
+        return False
+
+    eventually("the virtual node's kubelet API serving", serving, timeout=60)
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE  # the attacker does not care who serves
