@@ -55,7 +55,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$(date +%s)
-echo "building Kubernetes $k8s_version components, etcd, kwok, metrics-server, helm and kueue into $out (a cold build takes ~10 min on 2 cores; later builds are cached)" >&2
+echo "building Kubernetes $k8s_version components, etcd, kwok, metrics-server, helm and kueue into $out (a cold build takes ~13 min on 2 cores, Kueue ~6 of them; later builds are cached)" >&2
 (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out/gpufed-k8s.new" ./cmd/gpufed-k8s)
 mv -f "$out/gpufed-k8s.new" "$out/gpufed-k8s"
 echo "building wireguard-go" >&2
