@@ -10,6 +10,8 @@ exist:
 - releasing the group: each pod gets `nodeSelector kubernetes.io/hostname=<pool node>` (a gated pod
   may gain node selection) and loses the gate, in one JSON patch with a `test` of the gate, and is
   annotated with the pool; the ordinary kube-scheduler then binds them there;
+- pods of a group that was released before (a Job's next pods beside those still running, or the
+  rest of a release cut short by an error) join it on its pool node;
 - when no pool holds the group now: the pods stay gated with the condition `gpufed.io/GangPlaced`
   False (reason `Waiting`) and a Warning Event `GangWaiting` on the group's Job (or its first pod) that
   say what the group needs and the largest group each pool takes now; the group is looked at again
@@ -192,6 +194,19 @@ class GangController:
         gated = [p for p in members.values() if _gated(p) and not meta.is_deleting(p)]
         if not gated or key in self.released:
             return None
+        # pods of the group that were released and still run or wait there (the rest of a release
+        # cut short, a Job's next pods beside those still running): the gated ones join them
+        joined = sorted(
+            {
+                meta.annotations(p).get(GANG_NODE_ANNOTATION, "")
+                for p in members.values()
+                if not _gated(p) and not meta.is_deleting(p) and not _finished(p)
+            }
+            - {""}
+        )
+        if joined:
+            gated.sort(key=meta.name)
+            return Decision(joined[0], f"the pods join their group on {joined[0]}"), gated
         sizes = [_size(p) for p in gated]
         size = max(sizes, default=0)
         if len(gated) < size:
@@ -308,6 +323,10 @@ class GangController:
                 await asyncio.sleep(self.settings.debounce_s)
                 self.dirty.clear()
                 await self.reconcile()
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return str((pod.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed")
 
 
 def _size(pod: Mapping[str, Any]) -> int:

@@ -202,3 +202,26 @@ async def test_a_pool_the_pods_own_selection_excludes_is_not_chosen() -> None:
         async with running(GangController(api, FAST)):
             await until(lambda: all(released_to(server, f"train-{i}") for i in range(4)))
         assert {released_to(server, f"train-{i}") for i in range(4)} == {"gpufed-b"}
+
+
+async def test_a_jobs_next_pods_join_their_running_group_and_finished_pods_attract_none() -> None:
+    async with serve() as (server, api):
+        # gpufed-b has room for 2 more GPUs only: too little for the replacement group "old" (2 x 2)
+        nodes = [pool("gpufed-a", "a", H100, [[8, 1]], headroom=8), pool("gpufed-b", "b", A100, [[8, 1]], headroom=2)]
+        running_pod = member(0)
+        running_pod["spec"].pop("schedulingGates")
+        running_pod["spec"]["nodeName"] = "gpufed-b"
+        running_pod["metadata"]["annotations"][GANG_NODE_ANNOTATION] = "gpufed-b"
+        running_pod["status"] = {"phase": "Running"}
+        failed = member(0, group="old")
+        failed["spec"].pop("schedulingGates")
+        failed["metadata"]["annotations"][GANG_NODE_ANNOTATION] = "gpufed-b"
+        failed["status"] = {"phase": "Failed"}
+        # one next pod of "train" (size 4): joins the running one although it is alone
+        seed(server, nodes, [running_pod, member(1), failed, *[member(i, group="old", size=2) for i in (1, 2)]])
+        async with running(GangController(api, FAST)):
+            await until(lambda: released_to(server, "train-1") == "gpufed-b")
+            # the replacement pods of a group failed back whole are placed afresh, not sent after the
+            # failed pod's node
+            await until(lambda: released_to(server, "old-1") is not None and released_to(server, "old-2") is not None)
+        assert released_to(server, "old-1") == released_to(server, "old-2") == "gpufed-a"
