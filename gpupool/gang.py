@@ -141,25 +141,6 @@ class Offer:
     granted: int = 0
 
 
-def offer_from_figures(figures: Mapping[str, Any]) -> Offer | None:
-    """An `Offer` from a pool node's figures annotation (`gpufed.io/gpu-pool`, parsed JSON); None when
-    they do not describe a pool."""
-    try:
-        free = figures.get("free_nodes")
-        buckets = None if free is None else tuple(Bucket(int(f), int(n)) for f, n in free)
-        return Offer(
-            node=str(figures["node"]),
-            provider=str(figures["provider"]),
-            product=str(figures.get("product") or ""),
-            headroom=int(figures.get("headroom") or 0),
-            free_nodes=buckets,
-            total=None if figures.get("total") is None else int(figures["total"]),
-            granted=int(figures.get("granted") or 0),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def largest_group(offer: Offer, gpus: Sequence[int]) -> int:
     """How many of the pods (GPUs each; the largest are placed first) the pool takes now."""
     wanted = sorted(gpus, reverse=True)

@@ -11,7 +11,9 @@ exist:
   may gain node selection) and loses the gate, in one JSON patch with a `test` of the gate, and is
   annotated with the pool; the ordinary kube-scheduler then binds them there;
 - pods of a group that was released before (a Job's next pods beside those still running, or the
-  rest of a release cut short by an error) join it on its pool node;
+  rest of a release cut short by an error) join it on its pool node once that pool holds them, and
+  wait gated until then (a pod released onto a pool that cannot take it would be failed back, and
+  its whole group with it);
 - when no pool holds the group now: the pods stay gated with the condition `gpufed.io/GangPlaced`
   False (reason `Waiting`) and a Warning Event `GangWaiting` on the group's Job (or its first pod) that
   say what the group needs and the largest group each pool takes now; the group is looked at again
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -44,7 +45,6 @@ from gpufed.apis.wire import (
     GANG_LABEL,
     GANG_NODE_ANNOTATION,
     GANG_SIZE_ANNOTATION,
-    POOL_ANNOTATION,
     TYPE_LABEL,
     VIRTUAL_NODE_TYPE,
 )
@@ -53,9 +53,10 @@ from gpufed.kube.client import KubeError
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from gpupool.capacity import best_fit, buckets_of
-from gpupool.gang import Decision, Offer, job_owner, node_allows, offer_from_figures, place
+from gpupool.gang import Decision, Offer, job_owner, node_allows, place
 from vkprovider.forge.offloading import gpus_of
 from vkprovider.forge.pods import HOSTNAME_LABEL
+from vkprovider.forge.pools import figures_of, offer_of
 
 COMPONENT = "gpufed-gang"
 #: Pod condition saying whether the group was placed (and why not).
@@ -79,9 +80,7 @@ class GangSettings:
 @dataclass
 class _Released:
     node: str
-    gpus: list[int]
     at: float
-    pods: set[str]
 
 
 def _gated(pod: Mapping[str, Any]) -> bool:
@@ -171,11 +170,8 @@ class GangController:
             pending.setdefault(r.node, []).extend(gpus_of(p) for p in unbound)
         out: list[Offer] = []
         for name, node in self.nodes.items():
-            try:
-                figures = json.loads(meta.annotations(node).get(POOL_ANNOTATION) or "{}")
-            except ValueError:
-                continue
-            offer = offer_from_figures(figures) if isinstance(figures, dict) else None
+            figures = figures_of(node)
+            offer = offer_of(figures) if figures is not None else None
             if offer is None or offer.node != name:
                 continue
             held = pending.get(name, [])
@@ -206,7 +202,7 @@ class GangController:
         )
         if joined:
             gated.sort(key=meta.name)
-            return Decision(joined[0], f"the pods join their group on {joined[0]}"), gated
+            return self._join(joined[0], gated, now), gated
         sizes = [_size(p) for p in gated]
         size = max(sizes, default=0)
         if len(gated) < size:
@@ -218,10 +214,24 @@ class GangController:
         ]
         return place([gpus_of(p) for p in gated], offers), gated
 
+    def _join(self, node: str, gated: list[dict[str, Any]], now: float) -> Decision:
+        """Pods joining their group on `node`: released when that pool holds them now, else they wait
+        there (never elsewhere: a group runs on one pool)."""
+        gpus = [gpus_of(p) for p in gated]
+        offer = next((o for o in self.offers(now) if o.node == node), None)
+        if offer is None:
+            return Decision(None, f"the group runs on {node}, which offers no GPU pool now")
+        decision = place(gpus, [offer])
+        if decision.node is not None:
+            return Decision(node, f"the pods join their group on {node}")
+        return Decision(
+            None, f"the group runs on {node}; {len(gated)} more of its pods wait for it to hold them: {decision.reason}"
+        )
+
     # ---- actions
 
     async def _release(self, key: Key, node: str, pods: list[dict[str, Any]], now: float) -> None:
-        self.released[key] = _Released(node, [gpus_of(p) for p in pods], now, {meta.name(p) for p in pods})
+        self.released[key] = _Released(node, now)
         for pod in pods:
             path = rest.path("v1", "pods", meta.name(pod), namespace=meta.namespace(pod))
             try:

@@ -30,11 +30,12 @@ from typing import Any
 
 import structlog
 
-from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, POOL_ANNOTATION, TYPE_LABEL, VIRTUAL_NODE_TYPE
+from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
 from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.watch import watch
 from gpupool.flavors import KUEUE_GROUP, KUEUE_VERSIONS, Pool, clamp, flavor, gpu_quotas, with_gpu_quotas
+from vkprovider.forge.pools import figures_of
 
 COMPONENT = "gpufed-kueue"
 REQUESTED_ANNOTATION = "gpufed.io/requested-gpu-quota"
@@ -63,16 +64,15 @@ def served_version(group: Mapping[str, Any] | None) -> str | None:
 
 def pool_of(node: Mapping[str, Any]) -> Pool | None:
     """The pool a virtual node's figures describe (None: none readable)."""
+    figures = figures_of(node)
+    if figures is None:
+        return None
     try:
-        figures = json.loads(meta.annotations(node).get(POOL_ANNOTATION) or "")
-        total = figures.get("total")
+        total = None if figures.total is None else int(figures.total)
         return Pool(
-            node=meta.name(node),
-            provider=str(figures["provider"]),
-            total=None if total is None else int(total),
-            granted=int(figures.get("granted") or 0),
+            node=meta.name(node), provider=str(figures.provider), total=total, granted=int(figures.granted or 0)
         )
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (TypeError, ValueError):
         return None
 
 

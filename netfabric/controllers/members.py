@@ -10,11 +10,13 @@ from anything the peer wrote about itself:
 - on the consumer (the Client end): the pods bound to that provider's virtual nodes (nodes labelled
   `gpufed.io/remote-cluster-id=<peer>`, which this cluster's virtual kubelet registers) — the pods
   it offloaded there, at the addresses the virtual kubelet accepted (inside the provider's remapped
-  pod range; `netfabric.plan` drops any other).
+  pod range; `netfabric.plan` drops any other). Each virtual node gets its own pod watch, selected
+  by `spec.nodeName` on the API server, started when the node appears and stopped when it goes, so
+  the gateway never receives the cluster's other pods.
 
 A pod counts while it has an address, is not host-network and has not finished (Succeeded/Failed).
-`on_change` is called after every change of the set and once when both watches have listed
-(`synced`); the gateway agent debounces it.
+`on_change` is called after every change of the set and once when the watches have listed
+(`synced`: the groups, and the pods of each group known then); the gateway agent debounces it.
 
 Does not: render or apply rules (`netfabric.render`, the gateway agent), map addresses between the
 real and remapped ranges (`netfabric.plan`), or write anything.
@@ -61,6 +63,9 @@ class Members:
         self._groups: set[str] = set()
         self._listed: set[str] = set()
         self._current: frozenset[IPv4Address] = frozenset()
+        #: consumer: the pod watch of each virtual node of the peer, in `_tasks` while `run` runs
+        self._node_watches: dict[str, asyncio.Task[None] | None] = {}
+        self._tasks: asyncio.TaskGroup | None = None
 
     def addresses(self) -> frozenset[IPv4Address]:
         """The members now (empty until `synced`: the filter fails closed)."""
@@ -89,13 +94,45 @@ class Members:
         name = meta.name(obj)
         if event == "DELETED" or meta.labels(obj).get(label) != self.peer:
             self._groups.discard(name)
+            if self.role == "Client":
+                self._stop_node(name)
         else:
             self._groups.add(name)
+            if self.role == "Client":
+                self._start_node(name)
         self._recompute()
+
+    def _start_node(self, node: str) -> None:
+        if node in self._node_watches:
+            return
+        if self._tasks is None:  # not running: the node's pods are awaited all the same
+            self._node_watches[node] = None
+            return
+        self._node_watches[node] = self._tasks.create_task(
+            watch(
+                self.api,
+                "/api/v1/pods",
+                self.on_pod,
+                what=f"member pods of {self.peer} on {node}",
+                params={"fieldSelector": f"spec.nodeName={node}"},
+                on_synced=lambda: self._listed_one(f"pods {node}"),
+            )
+        )
+
+    def _stop_node(self, node: str) -> None:
+        task = self._node_watches.pop(node, None)
+        if task is not None:
+            task.cancel()
+        self._listed.discard(f"pods {node}")
+        for key in [k for k, (group, _) in self._pods.items() if group == node]:
+            del self._pods[key]
 
     def _listed_one(self, what: str) -> None:
         self._listed.add(what)
-        if self._listed >= {"pods", "groups"} and not self.synced.is_set():
+        if self.synced.is_set() or "groups" not in self._listed:
+            return
+        waiting = {"pods"} if self.role == "Server" else {f"pods {n}" for n in self._node_watches}
+        if waiting <= self._listed:
             self.synced.set()
             now = frozenset(ip for group, ip in self._pods.values() if group in self._groups)
             self._current = now
@@ -105,29 +142,32 @@ class Members:
         """Watch forever (raises `KubeError` when a watch cannot go on, e.g. forbidden)."""
         if self.role == "Server":
             groups_path, group_label = "/api/v1/namespaces", CONSUMER_LABEL
-            pod_params = {"labelSelector": f"{ORIGIN_CLUSTER_LABEL}={self.peer}"}
         else:
             groups_path, group_label = "/api/v1/nodes", REMOTE_CLUSTER_LABEL
-            pod_params = {}
-
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(
-                watch(
-                    self.api,
-                    groups_path,
-                    self.on_group,
-                    what=f"member groups of {self.peer}",
-                    params={"labelSelector": f"{group_label}={self.peer}"},
-                    on_synced=lambda: self._listed_one("groups"),
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tasks = tg
+                tg.create_task(
+                    watch(
+                        self.api,
+                        groups_path,
+                        self.on_group,
+                        what=f"member groups of {self.peer}",
+                        params={"labelSelector": f"{group_label}={self.peer}"},
+                        on_synced=lambda: self._listed_one("groups"),
+                    )
                 )
-            )
-            tg.create_task(
-                watch(
-                    self.api,
-                    "/api/v1/pods",
-                    self.on_pod,
-                    what=f"member pods of {self.peer}",
-                    params=pod_params,
-                    on_synced=lambda: self._listed_one("pods"),
-                )
-            )
+                if self.role == "Server":
+                    tg.create_task(
+                        watch(
+                            self.api,
+                            "/api/v1/pods",
+                            self.on_pod,
+                            what=f"member pods of {self.peer}",
+                            params={"labelSelector": f"{ORIGIN_CLUSTER_LABEL}={self.peer}"},
+                            on_synced=lambda: self._listed_one("pods"),
+                        )
+                    )
+        finally:
+            self._tasks = None
+            self._node_watches.clear()

@@ -39,11 +39,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal
+from typing import Any
 
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
 from gpufed.apis.quantity import format_quantity
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, buckets_of
+from gpupool.gang import Offer
 from peering.grants import GPU_LABEL_PREFIXES
 
 Resources = Mapping[str, Decimal]
@@ -187,6 +189,29 @@ def parse_figures(text: str) -> PoolFigures | None:
         raw = json.loads(text)
         return PoolFigures(**raw)
     except (ValueError, TypeError):
+        return None
+
+
+def figures_of(node: Mapping[str, Any]) -> PoolFigures | None:
+    """The figures a pool virtual node carries (None: no pool node, or unreadable)."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return parse_figures(str(annotations.get(POOL_ANNOTATION) or ""))
+
+
+def offer_of(figures: PoolFigures) -> Offer | None:
+    """What the pool offers a group of pods now (None: figures of the wrong shape)."""
+    try:
+        free = None if figures.free_nodes is None else tuple(Bucket(int(f), int(n)) for f, n in figures.free_nodes)
+        return Offer(
+            node=str(figures.node),
+            provider=str(figures.provider),
+            product=str(figures.product or ""),
+            headroom=int(figures.headroom or 0),
+            free_nodes=free,
+            total=None if figures.total is None else int(figures.total),
+            granted=int(figures.granted or 0),
+        )
+    except (TypeError, ValueError):
         return None
 
 

@@ -16,7 +16,7 @@ from gpufed.apis.wire import (
     POD_GROUP_SIZE_ANNOTATION,
 )
 from gpupool.capacity import Bucket, best_fit
-from gpupool.gang import Group, GroupError, Offer, group_of, job_owner, largest_group, offer_from_figures, place
+from gpupool.gang import Group, GroupError, Offer, group_of, job_owner, largest_group, place
 
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
 
@@ -116,14 +116,6 @@ def test_a_group_larger_than_any_grant_is_refused_at_once() -> None:
     d = place([8] * 9, [offer("gpufed-a", [(8, 8)])])  # 72 GPUs > the grant of 64
     assert d.node is None and d.never and "more than any provider grants" in d.reason
     assert place([1, 1], [], product=H100).never
-
-
-def test_offers_are_read_from_the_pool_figures() -> None:
-    figures = {"node": "gpufed-a", "provider": "a", "product": H100, "headroom": 12, "free_nodes": [[8, 1], [4, 2]]}
-    o = offer_from_figures({**figures, "total": 32, "granted": 16})
-    assert o == Offer("gpufed-a", "a", H100, 12, (Bucket(8, 1), Bucket(4, 2)), total=32, granted=16)
-    assert offer_from_figures({"node": "x"}) is None
-    assert offer_from_figures({**figures, "free_nodes": [["x", 1]]}) is None
 
 
 @given(

@@ -225,3 +225,40 @@ async def test_a_jobs_next_pods_join_their_running_group_and_finished_pods_attra
             # failed pod's node
             await until(lambda: released_to(server, "old-1") is not None and released_to(server, "old-2") is not None)
         assert released_to(server, "old-1") == released_to(server, "old-2") == "gpufed-a"
+
+
+async def test_a_next_pod_waits_for_room_on_its_groups_pool_and_never_goes_elsewhere() -> None:
+    async with serve() as (server, api):
+        # the group runs on gpufed-b, which has no GPU left; gpufed-a has plenty
+        nodes = [pool("gpufed-a", "a", H100, [[8, 2]], headroom=16), pool("gpufed-b", "b", A100, [], headroom=0)]
+        running_pod = member(0)
+        running_pod["spec"].pop("schedulingGates")
+        running_pod["spec"]["nodeName"] = "gpufed-b"
+        running_pod["metadata"]["annotations"][GANG_NODE_ANNOTATION] = "gpufed-b"
+        running_pod["status"] = {"phase": "Running"}
+        seed(server, nodes, [running_pod, member(1)])
+        async with running(GangController(api, FAST)):
+
+            def waiting() -> dict[str, Any] | None:
+                pod = server.get("pods", "team", "train-1") or {}
+                return next(
+                    (c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == CONDITION), None
+                )
+
+            await until(lambda: waiting() is not None)
+            cond = waiting()
+            assert cond is not None and cond["reason"] == "Waiting" and "the group runs on gpufed-b" in cond["message"]
+            assert released_to(server, "train-1") is None
+            server.update(
+                "nodes",
+                "",
+                "gpufed-b",
+                lambda n: n["metadata"]["annotations"].update(
+                    {
+                        POOL_ANNOTATION: pool("gpufed-b", "b", A100, [[4, 1]], headroom=4)["metadata"]["annotations"][
+                            POOL_ANNOTATION
+                        ]
+                    }
+                ),
+            )
+            await until(lambda: released_to(server, "train-1") == "gpufed-b")

@@ -15,6 +15,7 @@ from gpufed.kube import rest as rest_module
 from gpufed.kube.client import KubeError
 from gpupool.flavors import KUEUE_GROUP, KUEUE_VERSION, gpu_quotas
 from tests.unit.fakes import FakeApiServer, serve
+from vkprovider.forge.pools import PoolFigures
 from vkprovider.kueue import (
     APPLIED_ANNOTATION,
     REQUESTED_ANNOTATION,
@@ -30,13 +31,23 @@ POOL = "gpufed-gpu-a"
 
 
 def node(name: str = POOL, granted: int = 8, total: int | None = 32) -> dict[str, Any]:
-    figures = {"provider": "gpu-a", "node": name, "product": "H100", "total": total, "granted": granted}
+    figures = PoolFigures(
+        provider="gpu-a",
+        node=name,
+        product="H100",
+        total=total,
+        granted=granted,
+        in_use=0,
+        free=total,
+        largest_placeable=8,
+        capacity_source="Live",
+    )
     return {
         "kind": "Node",
         "metadata": {
             "name": name,
             "labels": {TYPE_LABEL: VIRTUAL_NODE_TYPE},
-            "annotations": {POOL_ANNOTATION: json.dumps(figures)},
+            "annotations": {POOL_ANNOTATION: figures.annotation()},
         },
     }
 

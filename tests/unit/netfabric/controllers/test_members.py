@@ -81,7 +81,7 @@ def test_on_a_consumer_only_pods_on_the_providers_virtual_nodes_are_members() ->
     changes: list[int] = []
     m = Members(None, "gpu-a", "Client", lambda: changes.append(1))
     m.on_group("ADDED", node("gpufed-gpu-a", "gpu-a"))
-    m.on_group("ADDED", node("gpufed-gpu-b", "gpu-b"))
+    m.on_group("ADDED", node("gpufed-gpu-b", "gpu-b"))  # another provider's: not watched here
     m.on_pod("ADDED", pod("team", "offloaded", "10.64.0.7", node="gpufed-gpu-a"))
     m.on_pod("ADDED", pod("team", "elsewhere", "10.65.0.7", node="gpufed-gpu-b"))
     m.on_pod("ADDED", pod("team", "local", "10.244.1.5", node="worker-1"))
@@ -89,7 +89,7 @@ def test_on_a_consumer_only_pods_on_the_providers_virtual_nodes_are_members() ->
     assert m.addresses() == frozenset() and not changes
     m._listed_one("groups")
     assert m.addresses() == frozenset()
-    m._listed_one("pods")
+    m._listed_one("pods gpufed-gpu-a")  # the pods of each virtual node known when the nodes listed
     assert m.addresses() == {A("10.64.0.7")} and changes == [1]
     m.on_group("DELETED", node("gpufed-gpu-a", "gpu-a"))
     assert m.addresses() == frozenset()
@@ -114,6 +114,41 @@ async def test_members_follow_the_api_server() -> None:
             server.create("namespaces", namespace("twin-2", PEER))
             server.create("pods", pod("twin-2", "d", "10.244.1.1"))
             await until(lambda: A("10.244.1.1") in m.addresses())
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_a_consumer_watches_the_pods_of_the_providers_virtual_nodes_only() -> None:
+    async with serve() as (server, api):
+        server.create("nodes", node("gpufed-gpu-a", "gpu-a"))
+        server.create("nodes", node("worker-1", None))
+        server.create("pods", pod("team", "offloaded", "10.64.0.7", node="gpufed-gpu-a"))
+        server.create("pods", pod("team", "local", "10.244.1.5", node="worker-1"))
+        seen: list[str] = []
+        m = Members(api, "gpu-a", "Client", lambda: None)
+        on_pod = m.on_pod
+
+        def spy(event: str, obj: dict[str, Any]) -> None:
+            seen.append(obj["metadata"]["name"])
+            on_pod(event, obj)
+
+        m.on_pod = spy  # type: ignore[method-assign,assignment]
+        task = asyncio.create_task(m.run())
+        try:
+            await until(lambda: m.synced.is_set())
+            assert m.addresses() == {A("10.64.0.7")}
+            # a second virtual node of the provider (a new GPU product): its pods join once it is there
+            server.create("pods", pod("team", "early", "10.64.0.9", node="gpufed-gpu-a-l4"))
+            server.create("nodes", node("gpufed-gpu-a-l4", "gpu-a"))
+            await until(lambda: A("10.64.0.9") in m.addresses())
+            server.create("pods", pod("team", "local-2", "10.244.1.6", node="worker-1"))
+            server.remove("nodes", "", "gpufed-gpu-a-l4")
+            await until(lambda: m.addresses() == {A("10.64.0.7")})
+            # the cluster's other pods never reach the gateway
+            assert "local" not in seen and "local-2" not in seen
+            assert "offloaded" in seen and "early" in seen
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpufed.ops.pool import report
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, largest_after
+from gpupool.gang import Offer
 from vkprovider.forge.pools import (
     Pool,
     advertise,
+    figures_of,
     filter_node_labels,
     label_allowed,
+    offer_of,
     parse_figures,
     plan_pools,
     slug,
@@ -267,3 +270,16 @@ def test_advertise_keeps_only_valid_gpu_labels_of_the_snapshot() -> None:
     assert "topology.kubernetes.io/region" not in ad.labels and ad.labels["nvidia.com/gpu.count"] == "8"
     bad = advertise("gpu-a", Pool("n", "evil product/../x"), None, granted={}, used_all={}, used_here={})
     assert "nvidia.com/gpu.product" not in bad.labels
+
+
+def test_a_pool_node_offers_what_its_figures_say() -> None:
+    ad = advertise("a", Pool("gpufed-a", H100), snap(cap(H100, [8, 4, 4])), granted=GRANT, used_all={}, used_here={})
+    node = {"metadata": {"name": "gpufed-a", "annotations": ad.annotations}}
+    figures = figures_of(node)
+    assert figures == ad.figures
+    offer = offer_of(figures)
+    assert offer == Offer(
+        "gpufed-a", "a", H100, ad.figures.headroom, (Bucket(8, 1), Bucket(4, 2)), total=24, granted=ad.figures.granted
+    )
+    assert figures_of({"metadata": {"name": "cpu-node"}}) is None
+    assert offer_of(dataclasses.replace(figures, free_nodes=[["x", 1]])) is None  # type: ignore[list-item]
