@@ -81,6 +81,8 @@ class GangSettings:
 class _Released:
     node: str
     at: float
+    #: the pods released (a Job's replacements of them are new pods, not these)
+    pods: frozenset[str]
 
 
 def _gated(pod: Mapping[str, Any]) -> bool:
@@ -158,16 +160,30 @@ class GangController:
 
     # ---- decisions
 
+    def _unbound(self, key: Key, r: _Released) -> list[dict[str, Any]]:
+        """The pods of a release that are still to be bound."""
+        members = self.groups.get(key, {})
+        return [
+            p
+            for name in sorted(r.pods)
+            if (p := members.get(name)) is not None
+            and not (p.get("spec") or {}).get("nodeName")
+            and not _finished(p)
+            and not meta.is_deleting(p)
+        ]
+
+    def expire(self, now: float) -> None:
+        """Forget releases whose pods are all bound (or gone), or that are older than `reserve_s`."""
+        for key, r in list(self.released.items()):
+            if not self._unbound(key, r) or now - r.at > self.settings.reserve_s:
+                del self.released[key]
+
     def offers(self, now: float) -> list[Offer]:
         """The pools, with the GPUs of released groups whose pods are not all bound set aside."""
+        self.expire(now)
         pending: dict[str, list[int]] = {}
-        for key, r in list(self.released.items()):
-            members = self.groups.get(key, {})
-            unbound = [p for p in members.values() if not (p.get("spec") or {}).get("nodeName")]
-            if not unbound or now - r.at > self.settings.reserve_s:
-                self.released.pop(key, None)
-                continue
-            pending.setdefault(r.node, []).extend(gpus_of(p) for p in unbound)
+        for key, r in self.released.items():
+            pending.setdefault(r.node, []).extend(gpus_of(p) for p in self._unbound(key, r))
         out: list[Offer] = []
         for name, node in self.nodes.items():
             figures = figures_of(node)
@@ -231,7 +247,7 @@ class GangController:
     # ---- actions
 
     async def _release(self, key: Key, node: str, pods: list[dict[str, Any]], now: float) -> None:
-        self.released[key] = _Released(node, now)
+        self.released[key] = _Released(node, now, frozenset(meta.name(p) for p in pods))
         for pod in pods:
             path = rest.path("v1", "pods", meta.name(pod), namespace=meta.namespace(pod))
             try:
@@ -284,6 +300,7 @@ class GangController:
 
     async def reconcile(self) -> None:
         now = self.clock()
+        self.expire(now)
         for key in sorted(self.groups):
             decided = self.decide(key, now)
             if decided is None:

@@ -262,3 +262,21 @@ async def test_a_next_pod_waits_for_room_on_its_groups_pool_and_never_goes_elsew
                 ),
             )
             await until(lambda: released_to(server, "train-1") == "gpufed-b")
+
+
+async def test_replacements_of_a_group_failed_back_whole_are_placed_again_at_once() -> None:
+    async with serve() as (server, api):
+        seed(server, [pool("gpufed-a", "a", H100, [[8, 2]], headroom=16)], [member(i, size=2) for i in range(2)])
+        async with running(GangController(api, FAST)):
+            await until(lambda: released_to(server, "train-0") == released_to(server, "train-1") == "gpufed-a")
+            for i in range(2):  # bound, then failed back whole by the virtual kubelet
+
+                def failed(p: dict[str, Any]) -> None:
+                    p["spec"]["nodeName"] = "gpufed-a"
+                    p["status"] = {"phase": "Failed", "reason": "GangFailedBack"}
+
+                server.update("pods", "team", f"train-{i}", failed)
+            # the Job's replacements: new pods of the same group, gated by the webhook
+            for i in (2, 3):
+                server.create("pods", member(i, size=2))
+            await until(lambda: released_to(server, "train-2") == released_to(server, "train-3") == "gpufed-a")
