@@ -195,3 +195,21 @@ GANG_NODE_ANNOTATION = "gpufed.io/gang-node"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+
+# ---- the storage fabric: claims of offloaded pods bound on the provider
+
+#: The consumer's virtual StorageClass (WaitForFirstConsumer): a claim of it is bound on the provider
+#: whose virtual node its first pod is scheduled to (the default name; `gpufed controller` takes
+#: another), through the provisioner STORAGE_PROVISIONER that gpufed's virtual kubelets play.
+STORAGE_CLASS = "gpufed"
+STORAGE_PROVISIONER = "storage.gpufed.io"
+#: On a consumer's claim: which of the provider's offered StorageClasses to bind it with (default:
+#: the class the provider marks default in the grant).
+PROVIDER_STORAGE_CLASS_ANNOTATION = "gpufed.io/provider-storage-class"
+#: On a twin namespace (provider side, written by the provider's controller): the comma-separated
+#: StorageClasses the consumer's claims there may use; the claims admission policy reads it.
+OFFERED_STORAGE_CLASSES_ANNOTATION = "gpufed.io/storage-classes"
+#: The grant resource for claim storage (ResourceSlice `resources`/`granted`; the twin namespaces'
+#: quota `requests.storage`), and for the number of claims (quota `persistentvolumeclaims`).
+STORAGE_RESOURCE = "storage"
+CLAIMS_RESOURCE = "persistentvolumeclaims"
