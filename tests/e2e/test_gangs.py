@@ -17,6 +17,7 @@ import pytest
 
 from gpufed.apis.wire import GANG_GATE, GANG_LABEL, ClusterID
 from gpufed.localenv import manifests
+from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, offload, peered_session
 
@@ -175,3 +176,81 @@ def test_a_bad_group_declaration_is_refused_at_creation(
     p = clusters.kubectl("consumer", "create", "-f", "-", input_text=json.dumps(pod), check=False)
     assert p.returncode != 0 and "gpufed.io/pod-group-size" in p.stderr, p.stderr
     assert clusters.kubectl("consumer", "get", "pod", "-n", namespace, "member", check=False).returncode != 0
+
+
+def test_a_group_whose_twin_the_provider_cannot_schedule_is_failed_back_whole(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    """The pool's figures say gpu-a holds the group (its nodes have every GPU free), but the workers
+    keep away from gpu-a's `hog` pods (required anti-affinity, which the provider's kube-scheduler
+    honours and the GPU estimator does not model): one twin binds, the other stays Pending at the
+    provider. After the unplaced timeout the virtual kubelet fails the whole group back, twins
+    deleted, and the Job's replacements run whole, side by side, once a second node is free of hogs."""
+    offload(clusters, namespace)
+    # gpu-a's own pods, no GPUs, on three of its four nodes; the group's namespace exists there too
+    for i in range(3):
+        clusters.create(
+            "gpu-a",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"hog-{i}", "namespace": namespace, "labels": {"app": "hog"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": f"gpu-a-h100-{i}"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "local/load:1"}],
+                },
+            },
+        )
+    job = group_job("apart", namespace, 2, 8)
+    job["spec"]["backoffLimit"] = 4
+    # the workers run until the test ends (kwok's run time), so they must run side by side
+    job["spec"]["template"]["metadata"]["annotations"] = {RUN_DURATION_ANNOTATION: "900s"}
+    job["spec"]["template"]["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "hog"}},
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    clusters.create("consumer", job)
+    placed = eventually("the group released onto gpu-a", lambda: bound(clusters, namespace, "apart", 2), timeout=90)
+    assert set(placed.values()) == {f"gpufed-{ids['gpu-a']}"}, placed
+    first = set(placed)
+
+    def failed_back() -> list[dict[str, Any]] | None:
+        pods = [p for p in job_pods(clusters, namespace, "apart") if p["metadata"]["name"] in first]
+        return pods if all(p["status"].get("phase") == "Failed" for p in pods) else None
+
+    # unplaced timeout (120 s) plus the twin's deletion
+    pods = eventually("both pods of the group failed back", failed_back, timeout=200)
+    reasons = sorted(p["status"].get("reason") for p in pods)
+    assert reasons == ["GangFailedBack", "ProviderPendingTimeout"], [p["status"] for p in pods]
+    gang = next(p for p in pods if p["status"]["reason"] == "GangFailedBack")
+    assert "the group runs whole or not at all" in gang["status"]["message"], gang["status"]
+    assert all(
+        any(c["type"] == "DisruptionTarget" and c["status"] == "True" for c in p["status"]["conditions"]) for p in pods
+    )
+    # nothing of the group is left holding gpu-a's GPUs
+    twin_ns = f"{namespace}-{ids['consumer']}"
+    left = clusters.kubectl_json("gpu-a", "get", "pods", "-n", twin_ns)["items"]
+    assert not [t for t in left if t["metadata"]["name"] in first], left
+    # a hog goes: the replacements (a new group of 2) run whole on gpu-a, side by side
+    clusters.kubectl("gpu-a", "delete", "pod", "-n", namespace, "hog-1", "--wait=false")
+
+    def replacements_running() -> list[dict[str, Any]] | None:
+        pods = [p for p in job_pods(clusters, namespace, "apart") if p["metadata"]["name"] not in first]
+        up = [p for p in pods if p["status"].get("phase") == "Running"]
+        return up if len(up) == 2 else None
+
+    up = eventually("the replacement group running", replacements_running, timeout=120)
+    assert {p["spec"]["nodeName"] for p in up} == {f"gpufed-{ids['gpu-a']}"}, up
+    remote = {
+        t["metadata"]["name"]: t["spec"].get("nodeName")
+        for t in clusters.kubectl_json("gpu-a", "get", "pods", "-n", twin_ns)["items"]
+    }
+    assert {remote.get(p["metadata"]["name"]) for p in up} <= {"gpu-a-h100-1", "gpu-a-h100-3"}, remote
