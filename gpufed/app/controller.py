@@ -31,7 +31,7 @@ import structlog
 
 from gpufed.apis.kinds import KINDS
 from gpufed.apis.meta import GROUP
-from gpufed.apis.wire import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, SYSTEM_NAMESPACE
+from gpufed.apis.wire import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, STORAGE_CLASS, SYSTEM_NAMESPACE
 from gpufed.app.supervisor import Supervisor, SupervisorSettings
 from gpufed.app.workloads import Workloads, WorkloadSettings
 from gpufed.defaults import METRICS_HOST
@@ -49,6 +49,7 @@ from vkprovider import defaults
 from vkprovider.gangs import GangController
 from vkprovider.kubelet.csrapprove import ServingCSRApprover
 from vkprovider.kueue import FlavorKeeper
+from vkprovider.storage import ensure_storage_class
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
 
@@ -141,6 +142,8 @@ class ControllerSettings:
     metrics_port: int | None = None
     #: Address of that server: loopback unless asked (the Helm chart passes 0.0.0.0 for Prometheus).
     metrics_host: str = METRICS_HOST
+    #: Name of the virtual StorageClass whose claims are bound on providers; None: none is made.
+    storage_class: str | None = STORAGE_CLASS
 
 
 async def preflight(api: Any) -> None:
@@ -225,6 +228,8 @@ async def _run(settings: ControllerSettings, ready: asyncio.Event | None) -> Non
                 if webhook is not None:  # the webhook gates the pods of groups; the leader releases them
                     tg.create_task(GangController(api).run())
                 tg.create_task(FlavorKeeper(api).run())  # idle until Kueue's API is served
+                if settings.storage_class:
+                    await ensure_storage_class(api, settings.storage_class)
                 tg.create_task(workloads.run())
                 vks = settings.virtual_kubelets
                 if vks.kubeconfig is not None:

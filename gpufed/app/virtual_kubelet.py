@@ -71,6 +71,7 @@ from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, Reflectio
 from vkprovider.remote.streaming import RemoteStreaming
 from vkprovider.remote.tokens import PodTokens, TokenSettings
 from vkprovider.remote.translate import IPTranslator, PodAddresses
+from vkprovider.remote.volumes import ClaimProvisioner
 
 #: Client budget towards each API server (vkprovider.defaults says why).
 DEFAULT_QPS = defaults.VIRTUAL_KUBELET_QPS
@@ -306,6 +307,17 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                     stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 ),
             )
+            volumes = ClaimProvisioner(
+                api,
+                remote_api,
+                consumer,
+                settings.provider,
+                nodes=lambda: {settings.node_name, *provider.pool_products},
+                twin_namespace=provider.twin_ns.get,
+                offers=lambda: provider.grants.grant().storage,
+                events=events,
+            )
+            provider.slice_listeners.append(volumes.grant_changed)
             unpeered = asyncio.Event()
             changed = asyncio.Event()
             fc_uid = fc["metadata"]["uid"]
@@ -329,6 +341,7 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                     tg.create_task(pools.run()),
                     tg.create_task(reflection.run()),
                     tg.create_task(remapper.run()),
+                    tg.create_task(volumes.run()),
                     tg.create_task(
                         watch(
                             api,

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from gpufed.apis.wire import STORAGE_CLASS
 from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
 from gpufed.defaults import METRICS_HOST
 from vkprovider.defaults import KUBELET_PORTS
@@ -124,6 +125,14 @@ def controller(
             help="host:port consumers reach it on (default: --estimator-host and --estimator-port)",
         ),
     ] = None,
+    storage_class: Annotated[
+        str,
+        typer.Option(
+            "--storage-class",
+            envvar="GPUFED_STORAGE_CLASS",
+            help="the virtual StorageClass whose claims are bound on the provider their first pod goes to ('' : none)",
+        ),
+    ] = STORAGE_CLASS,
 ) -> None:
     """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
     from gpufed.app.controller import (
@@ -170,6 +179,7 @@ def controller(
         ),
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        storage_class=storage_class or None,
     )
 
     serve(lambda: run(settings))

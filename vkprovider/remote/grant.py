@@ -28,6 +28,7 @@ import structlog
 from gpufed.apis.quantity import parse
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from vkprovider.forge.claims import StorageOffer, merge_offers, offers_from
 from vkprovider.forge.pools import filter_node_labels
 
 #: Reason of the Warning Event that reports the provider's node labels the allow-list dropped.
@@ -44,6 +45,8 @@ class Grant:
     #: The labels the provider reported for the grant's nodes that a virtual node may carry.
     labels: Mapping[str, str] = field(default_factory=dict)
     accepted: bool = False
+    #: The StorageClasses the provider offers the consumer's claims (checked: `forge.claims.offers_from`).
+    storage: tuple[StorageOffer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class ProviderGrant:
     def grant(self) -> Grant:
         granted: dict[str, Decimal] = {}
         products: set[str | None] = set()
+        offers: list[tuple[StorageOffer, ...]] = []
         accepted = False
         for sl in self.slices.values():
             st = sl.get("status") or {}
@@ -125,12 +129,13 @@ class ProviderGrant:
                 continue
             accepted = True
             products.add((sl.get("spec") or {}).get("gpuProduct") or None)
+            offers.append(offers_from(st.get("storageClasses")))
             for r, q in (st.get("granted") or {}).items():
                 with contextlib.suppress(ValueError):
                     granted[r] = granted.get(r, Decimal(0)) + parse(q)
         product = next(iter(products)) if len(products) == 1 else None
         labels = filter_node_labels(self._supplied_labels(), self.node_label_allow).kept
-        return Grant(granted, product, labels, accepted)
+        return Grant(granted, product, labels, accepted, merge_offers(offers))
 
     async def health(self) -> Health:
         """Whether the provider's API answers (reused for `health_ttl_s`: every pool node asks)."""

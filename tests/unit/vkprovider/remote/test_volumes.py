@@ -1,0 +1,138 @@
+"""The storage provisioner of one provider (vkprovider.remote.volumes), live against two in-memory API
+servers: claims handed to storage.gpufed.io and scheduled to this provider's virtual nodes are created
+in the twin namespace and get a virtual volume; others are left alone; released volumes take the
+provider's claim with them, and only the consumer's own copy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL, ORIGIN_UID_LABEL, PROVIDER_STORAGE_CLASS_ANNOTATION
+from tests.unit.fakes import FakeApiServer, serve, until
+from vkprovider.forge.claims import StorageOffer
+from vkprovider.remote.volumes import ClaimProvisioner, VolumeSettings
+
+FAST = StorageOffer("fast", True, ("ReadWriteOnce",))
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str]] = []
+
+    def offer(self, obj: Any, *, type_: str, reason: str, message: str) -> bool:
+        self.seen.append((obj["metadata"]["name"], type_, reason, message))
+        return True
+
+    def reasons(self, name: str) -> list[str]:
+        return [r for n, _t, r, _m in self.seen if n == name]
+
+
+def claim(name: str, node: str | None = "gpufed-gpu-a", provisioner: str = "storage.gpufed.io") -> dict[str, Any]:
+    annotations = {"volume.kubernetes.io/storage-provisioner": provisioner}
+    if node:
+        annotations["volume.kubernetes.io/selected-node"] = node
+    return {
+        "metadata": {"name": name, "namespace": "team", "annotations": annotations},
+        "spec": {
+            "storageClassName": "gpufed",
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def provisioner(
+    offers: tuple[StorageOffer, ...] = (FAST,),
+) -> AsyncIterator[tuple[FakeApiServer, FakeApiServer, ClaimProvisioner, Events]]:
+    async with serve() as (local, local_api), serve() as (remote, remote_api):
+        events = Events()
+        current = {"offers": offers}
+        p = ClaimProvisioner(
+            local_api,
+            remote_api,
+            "consumer-1",
+            "gpu-a",
+            nodes=lambda: {"gpufed-gpu-a"},
+            twin_namespace=lambda ns: f"{ns}-consumer-1" if ns == "team" else None,
+            offers=lambda: current["offers"],
+            events=events,
+            settings=VolumeSettings(retry_s=0.1, resync_s=0.2),
+        )
+        p.current = current  # type: ignore[attr-defined]
+        task = asyncio.create_task(p.run())
+        try:
+            yield local, remote, p, events
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_a_claim_scheduled_here_is_bound_on_the_provider_with_a_virtual_volume() -> None:
+    async with provisioner() as (local, remote, _p, events):
+        c = local.create("persistentvolumeclaims", claim("data"))
+        await until(lambda: local.get("persistentvolumes", "", f"gpufed-{c['metadata']['uid']}") is not None)
+        copy = remote.get("persistentvolumeclaims", "team-consumer-1", "data")
+        assert copy is not None and copy["spec"]["storageClassName"] == "fast"
+        assert copy["metadata"]["labels"][ORIGIN_CLUSTER_LABEL] == "consumer-1"
+        assert copy["metadata"]["labels"][ORIGIN_UID_LABEL] == c["metadata"]["uid"]
+        await until(lambda: "Provisioned" in events.reasons("data"))
+        # the volume's claim goes: the provider's copy goes with it, then the volume
+        pv_name = f"gpufed-{c['metadata']['uid']}"
+        local.update("persistentvolumes", "", pv_name, lambda pv: pv.update(status={"phase": "Released"}))
+        await until(lambda: local.get("persistentvolumes", "", pv_name) is None)
+        assert remote.get("persistentvolumeclaims", "team-consumer-1", "data") is None
+
+
+async def test_claims_not_for_this_provider_are_left_alone() -> None:
+    async with provisioner() as (local, remote, _p, _events):
+        local.create("persistentvolumeclaims", claim("elsewhere", node="gpufed-gpu-b"))
+        local.create("persistentvolumeclaims", claim("unscheduled", node=None))
+        local.create("persistentvolumeclaims", claim("other-provisioner", provisioner="ebs.csi.aws.com"))
+        local.create(
+            "persistentvolumeclaims",
+            {
+                **claim("ns-not-offloaded"),
+                "metadata": {**claim("ns-not-offloaded")["metadata"], "namespace": "private"},
+            },
+        )
+        await asyncio.sleep(0.5)
+        assert remote.items("persistentvolumeclaims") == [] and local.items("persistentvolumes") == []
+
+
+async def test_a_class_the_provider_does_not_offer_is_refused_until_the_grant_offers_it() -> None:
+    async with provisioner() as (local, remote, p, events):
+        c = claim("gold")
+        c["metadata"]["annotations"][PROVIDER_STORAGE_CLASS_ANNOTATION] = "gold"
+        local.create("persistentvolumeclaims", c)
+        await until(lambda: "StorageNotOffered" in events.reasons("gold"))
+        assert remote.items("persistentvolumeclaims") == []
+        p.current["offers"] = (FAST, StorageOffer("gold"))  # type: ignore[attr-defined]
+        p.grant_changed()
+        await until(lambda: remote.get("persistentvolumeclaims", "team-consumer-1", "gold") is not None)
+
+
+async def test_a_provider_claim_that_is_not_the_consumers_copy_is_neither_used_nor_deleted() -> None:
+    async with provisioner() as (local, remote, _p, events):
+        theirs = {"metadata": {"name": "data", "namespace": "team-consumer-1", "labels": {"owner": "provider"}}}
+        remote.create("persistentvolumeclaims", theirs)
+        local.create("persistentvolumeclaims", claim("data"))
+        await until(lambda: "ProvisioningFailed" in events.reasons("data"))
+        assert local.items("persistentvolumes") == []
+        # a released virtual volume naming the provider's own claim never deletes it
+        forged = {
+            "metadata": {
+                "name": "gpufed-x",
+                "labels": {"gpufed.io/remote-cluster-id": "gpu-a"},
+                "annotations": {"gpufed.io/remote-claim": "team-consumer-1/data"},
+            },
+            "spec": {"persistentVolumeReclaimPolicy": "Delete", "claimRef": {"uid": "u-9"}},
+            "status": {"phase": "Released"},
+        }
+        local.create("persistentvolumes", forged)
+        await until(lambda: local.get("persistentvolumes", "", "gpufed-x") is None)
+        assert remote.get("persistentvolumeclaims", "team-consumer-1", "data") is not None

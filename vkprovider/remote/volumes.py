@@ -1,0 +1,269 @@
+"""The storage provisioner of one provider: consumer claims of gpufed's virtual StorageClass bound in
+the provider's twin namespace, and the consumer's virtual PersistentVolumes for them.
+
+Owns, for one (consumer, provider):
+- a watch of the consumer's PersistentVolumeClaims (all namespaces; only those the consumer's
+  kube-controller-manager hands to gpufed's provisioner are held: annotation
+  `volume.kubernetes.io/storage-provisioner: storage.gpufed.io`, whatever the class is named) and of
+  the consumer's PersistentVolumes labelled with this provider;
+- provisioning, per claim (a work queue keyed by namespace and name): a claim of the virtual class,
+  not yet bound, whose selected node (the consumer's kube-scheduler writes it for the claim's first
+  pod) is one of this provider's virtual nodes, is created in the twin namespace with the offered
+  class `forge.claims.choose_offer` picks (the provider's API server enforces its quota and claims
+  policy), then the virtual PersistentVolume is created on the consumer, bound to the claim by the
+  consumer's kube-controller-manager. Each outcome is an Event on the claim: Normal `Provisioned`,
+  Warning `ProvisioningFailed` (a refusal by the provider, with its words; tried again with backoff)
+  or Warning `StorageNotOffered`/`AccessModeNotOffered` (tried again when the claim or the grant
+  changes). A claim whose namespace has no twin namespace here yet waits for it;
+- reclaim, per virtual volume: once its claim is gone (the volume Released), the provider's claim is
+  deleted when the policy is Delete (only a claim labelled as this consumer's copy of that very
+  claim: origin UID), then the volume; with Retain both stay for the operator;
+- status: the provider's claim's phase is mirrored onto the virtual volume
+  (annotation `gpufed.io/remote-phase`).
+
+Construction takes the collaborators: both API clients, the identities, this provider's virtual node
+names and twin namespaces (callables: the RemoteProvider knows them), the classes the provider
+offers (from the grant), the bounded EventRelay, and the settings.
+
+Does not: decide the claims policy or quota (the provider's API server does), mount anything (no
+kubelet mounts a virtual volume: pods on virtual nodes only name the claim, which exists in the twin
+namespace under the same name), or choose nodes (the consumer's kube-scheduler does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, STORAGE_PROVISIONER
+from gpufed.kube import meta, rest
+from gpufed.kube.client import KubeError
+from gpufed.kube.queue import WorkQueue
+from gpufed.kube.watch import watch
+from vkprovider.forge.claims import (
+    ClaimRefusedError,
+    StorageOffer,
+    choose_offer,
+    provisioner,
+    remote_claim,
+    remote_claim_ref,
+    selected_node,
+    virtual_volume,
+    volume_name,
+)
+from vkprovider.forge.meta import Target, owned_by
+
+#: On a virtual PersistentVolume: the phase of the provider's claim it stands for.
+REMOTE_PHASE_ANNOTATION = "gpufed.io/remote-phase"
+PROVISIONED = "Provisioned"
+PROVISIONING_FAILED = "ProvisioningFailed"
+
+
+class EventSink(Protocol):
+    """Where Events about consumer objects go (the bounded `EventRelay`)."""
+
+    def offer(self, obj: Mapping[str, Any], *, type_: str, reason: str, message: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class VolumeSettings:
+    #: What happens to the provider's claim when the consumer's claim goes (the class's reclaimPolicy).
+    reclaim_policy: str = "Delete"
+    #: Seconds between looks at a claim that waits (no twin namespace yet, a refusal).
+    retry_s: float = 5.0
+    #: Seconds between mirrors of the provider's claims' phases onto the virtual volumes.
+    resync_s: float = 30.0
+
+
+class ClaimProvisioner:
+    """Binds the virtual class's claims on this provider (see the module docstring)."""
+
+    def __init__(
+        self,
+        local_api: Any,
+        remote_api: Any,
+        consumer: str,
+        provider: str,
+        nodes: Callable[[], set[str]],
+        twin_namespace: Callable[[str], str | None],
+        offers: Callable[[], tuple[StorageOffer, ...]],
+        events: EventSink,
+        settings: VolumeSettings | None = None,
+    ) -> None:
+        self.local = local_api
+        self.remote = remote_api
+        self.consumer = consumer
+        self.provider = provider
+        self.nodes = nodes
+        self.twin_namespace = twin_namespace
+        self.offers = offers
+        self.events = events
+        self.settings = settings or VolumeSettings()
+        #: (namespace, name) -> the consumer's claim of the virtual class
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        #: name -> this provider's virtual volume
+        self.volumes: dict[str, dict[str, Any]] = {}
+        self.queue: WorkQueue[tuple[str, str, str]] = WorkQueue(f"volumes-{provider}", max_delay=60.0)
+        #: claims refused for what the grant offers: tried again when it changes (`grant_changed`)
+        self._refused: set[tuple[str, str]] = set()
+        self._log = structlog.get_logger().bind(remote_cluster=provider, component="volumes")
+
+    # ---- caches
+
+    def on_claim(self, event: str, claim: dict[str, Any]) -> None:
+        key = (meta.namespace(claim), meta.name(claim))
+        if event == "DELETED" or provisioner(claim) != STORAGE_PROVISIONER:
+            self.claims.pop(key, None)
+            self._refused.discard(key)
+            return
+        self.claims[key] = claim
+        self.queue.add(("claim", *key))
+
+    def on_volume(self, event: str, volume: dict[str, Any]) -> None:
+        name = meta.name(volume)
+        if event == "DELETED" or meta.labels(volume).get(REMOTE_CLUSTER_LABEL) != self.provider:
+            self.volumes.pop(name, None)
+            return
+        self.volumes[name] = volume
+        self.queue.add(("volume", "", name))
+
+    def grant_changed(self) -> None:
+        """The offered classes may have changed: claims refused for them are looked at again."""
+        for key in sorted(self._refused):
+            self.queue.add(("claim", *key))
+        self._refused.clear()
+
+    def namespace_ready(self, namespace: str) -> None:
+        """A twin namespace became Ready: its waiting claims go now."""
+        for ns, name in sorted(self.claims):
+            if ns == namespace:
+                self.queue.add(("claim", ns, name))
+
+    # ---- reconcile
+
+    async def handle(self, key: tuple[str, str, str]) -> float | None:
+        kind, namespace, name = key
+        if kind == "claim":
+            return await self._claim(namespace, name)
+        return await self._volume(name)
+
+    async def _claim(self, namespace: str, name: str) -> float | None:
+        claim = self.claims.get((namespace, name))
+        if claim is None or meta.is_deleting(claim) or (claim.get("spec") or {}).get("volumeName"):
+            return None
+        node = selected_node(claim)
+        if not node or node not in self.nodes():
+            return None  # not scheduled yet, or not here
+        twin_ns = self.twin_namespace(namespace)
+        if twin_ns is None:
+            return self.settings.retry_s  # the twin namespace is not Ready yet
+        try:
+            offer = choose_offer(claim, self.offers(), self.provider)
+        except ClaimRefusedError as e:
+            self._refused.add((namespace, name))
+            self._event(claim, "Warning", e.reason, str(e))
+            return None
+        target = Target(self.consumer, node, twin_ns, self.provider)
+        uid = str(claim["metadata"].get("uid", ""))
+        path = rest.path("v1", "persistentvolumeclaims", name, namespace=twin_ns)
+        have = await rest.get(self.remote, path)
+        if have is not None and not owned_by(have, self.consumer, uid):
+            self._event(
+                claim,
+                "Warning",
+                PROVISIONING_FAILED,
+                f"provider {self.provider} already has a claim {twin_ns}/{name} that is not this claim's copy",
+            )
+            return self.settings.retry_s * 6
+        if have is None:
+            try:
+                await rest.create(
+                    self.remote,
+                    rest.path("v1", "persistentvolumeclaims", namespace=twin_ns),
+                    remote_claim(claim, target, offer),
+                )
+            except KubeError as e:
+                if not e.conflict:
+                    self._event(
+                        claim, "Warning", PROVISIONING_FAILED, f"provider {self.provider} refused the claim: {e}"[:1000]
+                    )
+                    raise
+        volume = virtual_volume(claim, self.provider, twin_ns, offer, self.settings.reclaim_policy)
+        try:
+            await rest.create(self.local, rest.path("v1", "persistentvolumes"), volume)
+        except KubeError as e:
+            if not e.conflict:
+                raise
+            return None
+        self._event(
+            claim,
+            "Normal",
+            PROVISIONED,
+            f"bound on provider {self.provider} as {twin_ns}/{name} (StorageClass {offer.name}); "
+            f"volume {volume_name(claim)}",
+        )
+        self._log.info("claim provisioned", namespace=namespace, claim=name, storage_class=offer.name)
+        return None
+
+    async def _volume(self, name: str) -> float | None:
+        volume = self.volumes.get(name)
+        if volume is None:
+            return None
+        ref = remote_claim_ref(volume)
+        if ref is None:
+            return None
+        remote_ns, remote_name = ref
+        spec = volume.get("spec") or {}
+        claim_uid = str((spec.get("claimRef") or {}).get("uid") or "")
+        path = rest.path("v1", "persistentvolumeclaims", remote_name, namespace=remote_ns)
+        phase = str((volume.get("status") or {}).get("phase") or "")
+        if phase == "Released" and spec.get("persistentVolumeReclaimPolicy") == "Delete":
+            have = await rest.get(self.remote, path)
+            if have is not None and owned_by(have, self.consumer, claim_uid):
+                await rest.delete(self.remote, path, uid=meta.uid(have))
+                self._log.info("provider claim deleted", namespace=remote_ns, claim=remote_name)
+            await rest.delete(self.local, rest.path("v1", "persistentvolumes", name), uid=meta.uid(volume))
+            return None
+        if phase != "Bound":
+            return None
+        have = await rest.get(self.remote, path)
+        remote_phase = (
+            str((have.get("status") or {}).get("phase") or "Pending")
+            if have is not None and owned_by(have, self.consumer, claim_uid)
+            else "Missing"
+        )
+        if meta.annotations(volume).get(REMOTE_PHASE_ANNOTATION) != remote_phase:
+            await rest.merge_patch(
+                self.local,
+                rest.path("v1", "persistentvolumes", name),
+                {"metadata": {"annotations": {REMOTE_PHASE_ANNOTATION: remote_phase}}},
+            )
+        return self.settings.resync_s
+
+    def _event(self, claim: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.offer(
+            {**claim, "apiVersion": "v1", "kind": "PersistentVolumeClaim"}, type_=type_, reason=reason, message=message
+        )
+
+    # ---- loop
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled (raises `KubeError` when a watch cannot go on)."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(
+                watch(self.local, "/api/v1/persistentvolumeclaims", self.on_claim, what="claims of the virtual class")
+            )
+            tg.create_task(
+                watch(
+                    self.local,
+                    "/api/v1/persistentvolumes",
+                    self.on_volume,
+                    what=f"virtual volumes of {self.provider}",
+                    params={"labelSelector": f"{REMOTE_CLUSTER_LABEL}={self.provider}"},
+                )
+            )
+            tg.create_task(self.queue.run(self.handle, workers=2))
