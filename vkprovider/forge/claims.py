@@ -22,6 +22,7 @@ Owns:
 - `virtual_volume` and `volume_name`: the consumer's PersistentVolume for a claim bound on a
   provider (capacity and access modes of the claim, its claimRef, the provider's node affinity,
   a CSI source naming the remote claim that no kubelet ever mounts: only virtual nodes can take it);
+- `claim_names` and `data_place`: the claims a pod mounts, and where each keeps the pod;
 - small readers (`provisioner`, `selected_node`, `storage_class`, `requested`, `remote_claim_ref`).
 
 Does not: talk to any API server (`vkprovider.remote.volumes` does), or decide which node a pod
@@ -238,6 +239,41 @@ def virtual_volume(
         },
         "spec": pv_spec,
     }
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The claims `pod` mounts (its `persistentVolumeClaim` volumes), sorted, each once; parts of the
+    wrong type, and names no object can have, are skipped."""
+    spec = pod.get("spec")
+    volumes = spec.get("volumes") if isinstance(spec, Mapping) else None
+    names = set()
+    for volume in volumes if isinstance(volumes, list) else []:
+        ref = volume.get("persistentVolumeClaim") if isinstance(volume, Mapping) else None
+        name = ref.get("claimName") if isinstance(ref, Mapping) else None
+        if isinstance(name, str) and is_dns_subdomain(name):  # the API server refuses any other
+            names.add(name)
+    return sorted(names)
+
+
+def data_place(
+    claim: Mapping[str, Any] | None, volume: Mapping[str, Any] | None, class_provisioner: str
+) -> tuple[bool, str | None]:
+    """Where a pod mounting `claim` must run: (False, None) when the claim does not decide it (absent,
+    or of the virtual class and not bound yet: its first pod decides); (True, provider) when it is
+    bound to a virtual volume of `provider`; (True, None) when its data is this cluster's own (bound
+    to any other volume, or of another class, which only a local node can bind). `volume` is the
+    bound volume, `class_provisioner` the provisioner of the claim's StorageClass ("" : none)."""
+    if claim is None:
+        return False, None
+    if (claim.get("spec") or {}).get("volumeName"):
+        if volume is None:
+            return False, None
+        provider = ((volume.get("metadata") or {}).get("labels") or {}).get(REMOTE_CLUSTER_LABEL)
+        driver = ((volume.get("spec") or {}).get("csi") or {}).get("driver")
+        return True, str(provider) if provider and driver == STORAGE_PROVISIONER else None
+    if class_provisioner == STORAGE_PROVISIONER:
+        return False, None
+    return True, None
 
 
 def remote_claim_ref(volume: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -9,6 +9,9 @@ into RFC 6902 JSON-patch operations for an AdmissionReview response:
   [`gpufed.io/type NotIn [virtual-node]`] OR [`In [virtual-node]` AND selector…], so local nodes
   stay allowed while only the selected virtual nodes qualify;
 - Local: required affinity `gpufed.io/type NotIn [virtual-node]` (no toleration);
+- pinned expressions (where the pod's claims keep their data) are ANDed into every alternative
+  (`pinned_terms`): a claim bound on a provider admits only that provider's virtual nodes, a claim of
+  the consumer's own storage only local nodes;
 - `gate`: the scheduling gate `gpufed.io/gang` on a pod that asks for GPUs and belongs to a group
   (`gpupool.gang.group_of`) in a namespace whose pods may go remote: the gang controller releases
   the group's pods together, pinned to one pool, once one holds them all. Single pods, pods without
@@ -41,6 +44,7 @@ from gpufed.apis.wire import (
     GANG_GROUP_ANNOTATION,
     GANG_LABEL,
     GANG_SIZE_ANNOTATION,
+    REMOTE_CLUSTER_LABEL,
     TYPE_LABEL,
     VIRTUAL_NODE_TAINT,
     VIRTUAL_NODE_TAINT_KEY,
@@ -153,9 +157,51 @@ def _check_shape(pod: Any, cluster_selector: Any) -> None:
     _check_terms(selector.get("nodeSelectorTerms"), "clusterSelector.nodeSelectorTerms")
 
 
-def mutate(pod: Mapping[str, Any], strategy: str, cluster_selector: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """JSON-patch operations that make `pod` follow `strategy` and `cluster_selector` (see module doc);
-    ValueError for a malformed pod or selector."""
+class ClaimConflictError(Exception):
+    """A pod whose claims keep their data in places no one node reaches (message for its owner)."""
+
+
+def claim_pin(places: Mapping[str, str | None]) -> list[Expr]:
+    """What the pod's claims require of its node: `places` maps a claim to the provider it is bound
+    on, or to None when it is the consumer's own storage (claims with no place yet are left out).
+    ClaimConflictError when they are bound in different places."""
+    where = {p for p in places.values()}
+    if not where:
+        return []
+    if len(where) > 1:
+        shown = ", ".join(f"{c} on {p or 'this cluster'}" for c, p in sorted(places.items()))
+        raise ClaimConflictError(
+            f"the pod's claims keep their data in different clusters ({shown}): no node reaches all"
+        )
+    (provider,) = where
+    if provider is None:
+        return [dict(NOT_ON_VIRTUAL)]
+    return [{"key": REMOTE_CLUSTER_LABEL, "operator": "In", "values": [provider]}]
+
+
+def pinned_terms(ours: list[list[Expr]], pinned: Sequence[Expr]) -> list[list[Expr]]:
+    """`ours` with `pinned` ANDed into every alternative; alternatives `pinned` contradicts (local
+    nodes when pinned to a provider's virtual nodes, virtual nodes when pinned to local ones) go,
+    unless none would be left."""
+    if not pinned:
+        return ours
+    if not ours:
+        return [list(pinned)]
+    to_provider = any(e.get("key") != TYPE_LABEL for e in pinned)
+    contradicts = NOT_ON_VIRTUAL if to_provider else ON_VIRTUAL
+    kept = [o for o in ours if contradicts not in o] or ours
+    return [[*o, *(dict(e) for e in pinned if e not in o)] for o in kept]
+
+
+def mutate(
+    pod: Mapping[str, Any],
+    strategy: str,
+    cluster_selector: Mapping[str, Any] | None,
+    pinned: Sequence[Expr] = (),
+) -> list[dict[str, Any]]:
+    """JSON-patch operations that make `pod` follow `strategy` and `cluster_selector` (see module doc),
+    with `pinned` (where the pod's claims hold their data: `forge.claims.claim_pin`) ANDed into what
+    is required; ValueError for a malformed pod or selector."""
     _check_shape(pod, cluster_selector)
     spec: Mapping[str, Any] = pod.get("spec") or {}
     ops: list[dict[str, Any]] = []
@@ -166,7 +212,7 @@ def mutate(pod: Mapping[str, Any], strategy: str, cluster_selector: Mapping[str,
                 ops.append({"op": "add", "path": "/spec/tolerations", "value": [dict(TOLERATION)]})
             else:
                 ops.append({"op": "add", "path": "/spec/tolerations/-", "value": dict(TOLERATION)})
-    ours = required_terms(strategy, cluster_selector)
+    ours = pinned_terms(required_terms(strategy, cluster_selector), pinned)
     if not ours:
         return ops
     affinity: Mapping[str, Any] | None = spec.get("affinity")
@@ -197,7 +243,18 @@ def mutate(pod: Mapping[str, Any], strategy: str, cluster_selector: Mapping[str,
     return ops
 
 
-__all__ = ["NOT_ON_VIRTUAL", "ON_VIRTUAL", "STRATEGIES", "TOLERATION", "mutate", "required_terms", "selector_terms"]
+__all__ = [
+    "NOT_ON_VIRTUAL",
+    "ON_VIRTUAL",
+    "STRATEGIES",
+    "TOLERATION",
+    "ClaimConflictError",
+    "claim_pin",
+    "mutate",
+    "pinned_terms",
+    "required_terms",
+    "selector_terms",
+]
 
 
 def _requesting(container: Mapping[str, Any]) -> dict[str, Any]:

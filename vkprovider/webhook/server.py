@@ -6,7 +6,9 @@ Owns:
   also while running), an aiohttp HTTPS server on `port` answering `POST /mutate-pods` with
   AdmissionReview v1 responses (JSONPatch from `vkprovider.forge.offloading.mutate`, plus its
   `gate` for pods of a group: a pod a Job controls is judged with that Job, read once per Job and
-  kept a minute, `JobCache`) and
+  kept a minute, `JobCache`; where the pod's claims keep their data, read live, `ClaimPlaces`: a pod
+  is pinned to the provider its claims are bound on, or to local nodes for the cluster's own
+  storage) and
   `GET /healthz`, and the MutatingWebhookConfiguration `gpufed-offloading` that points the API
   server at it (server-side applied on start and whenever the certificate changes);
 - a watch cache of NamespaceOffloadings: a namespace whose offloading is being deleted (or that has
@@ -64,7 +66,8 @@ from gpufed.kube.client import KubeError
 from gpufed.kube.servingtls import TLSMaterial
 from gpufed.kube.watch import watch
 from gpupool.gang import GroupError, job_owner
-from vkprovider.forge.offloading import STRATEGIES, gate, mutate
+from vkprovider.forge.claims import claim_names, data_place
+from vkprovider.forge.offloading import NOT_ON_VIRTUAL, STRATEGIES, ClaimConflictError, claim_pin, gate, mutate
 
 WEBHOOK_CONFIGURATION = "gpufed-offloading"
 WEBHOOK_NAME = "pods.offloading.gpufed.io"
@@ -162,11 +165,17 @@ def webhook_configuration(
 
 
 def review_response(
-    review: Any, offloading: Mapping[str, Any] | None, job: Mapping[str, Any] | None = None
+    review: Any,
+    offloading: Mapping[str, Any] | None,
+    job: Mapping[str, Any] | None = None,
+    places: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """The AdmissionReview answer for `review` given the namespace's NamespaceOffloading (or None)
-    and the Job that controls the pod (or None). A group declaration that cannot be honoured (a size
-    that is no whole number of pods) refuses the pod with the reason.
+    """The AdmissionReview answer for `review` given the namespace's NamespaceOffloading (or None),
+    the Job that controls the pod (or None) and where its claims keep their data (`places`: claim ->
+    provider, or None for this cluster's own storage; `forge.offloading.claim_pin`). A group
+    declaration that cannot be honoured (a size that is no whole number of pods), or claims bound in
+    different clusters, refuse the pod with the reason; a pod its claims keep local in a namespace
+    whose pods all go remote is admitted with a warning (it stays Pending).
 
     Raises ValueError for a malformed review (answered 400).
     """
@@ -182,10 +191,16 @@ def review_response(
         spec = offloading.get("spec") or {}
         strategy = str(spec.get("podOffloadingStrategy") or "LocalAndRemote")
         if strategy in STRATEGIES:
-            ops = mutate(obj, strategy, spec.get("clusterSelector"))
             try:
+                pinned = claim_pin(places or {})
+                ops = mutate(obj, strategy, spec.get("clusterSelector"), pinned)
                 ops += gate(obj, strategy, job)
-            except GroupError as e:
+                if strategy == "Remote" and NOT_ON_VIRTUAL in pinned:
+                    response["warnings"] = [
+                        "gpufed: the pod's claims are bound to this cluster's own storage, so it can run on "
+                        "local nodes only, and the namespace's pods run remotely only: it stays Pending"
+                    ]
+            except (GroupError, ClaimConflictError) as e:
                 response.update(allowed=False, status={"code": 422, "reason": "Invalid", "message": f"gpufed: {e}"})
                 ops = []
             if ops:
@@ -247,6 +262,47 @@ class JobCache:
         return job
 
 
+#: At most this many claims of one pod are looked up (a pod names few; Kubernetes allows many volumes).
+MAX_CLAIMS = 16
+
+
+class ClaimPlaces:
+    """Where the claims of a pod being admitted keep their data (`forge.claims.data_place`): each
+    claim and its volume read live (a claim is bound between one pod and the next), StorageClasses'
+    provisioners kept for `ttl_s`."""
+
+    def __init__(self, api: Any, ttl_s: float = 60.0) -> None:
+        self.api = api
+        self.ttl_s = ttl_s
+        self._classes: dict[str, tuple[float, str]] = {}
+
+    async def _provisioner(self, name: str) -> str:
+        now = asyncio.get_running_loop().time()
+        hit = self._classes.get(name)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        sc = await rest.get(self.api, rest.path("storage.k8s.io/v1", "storageclasses", name)) if name else None
+        value = str((sc or {}).get("provisioner") or "")
+        if len(self._classes) >= 256:
+            self._classes.clear()
+        self._classes[name] = (now, value)
+        return value
+
+    async def lookup(self, namespace: str, pod: Mapping[str, Any]) -> dict[str, str | None]:
+        places: dict[str, str | None] = {}
+        for name in claim_names(pod)[:MAX_CLAIMS]:
+            claim = await rest.get(self.api, rest.path("v1", "persistentvolumeclaims", name, namespace=namespace))
+            volume_name = str(((claim or {}).get("spec") or {}).get("volumeName") or "")
+            volume = (
+                await rest.get(self.api, rest.path("v1", "persistentvolumes", volume_name)) if volume_name else None
+            )
+            cls = str(((claim or {}).get("spec") or {}).get("storageClassName") or "")
+            decides, provider = data_place(claim, volume, await self._provisioner(cls) if claim else "")
+            if decides:
+                places[name] = provider
+        return places
+
+
 class Webhook:
     """Serves the offloading webhook until cancelled; `ready` once it answers and is registered."""
 
@@ -255,6 +311,7 @@ class Webhook:
         self.settings = settings
         self.cache = OffloadingCache(api)
         self.jobs = JobCache(api)
+        self.claims = ClaimPlaces(api)
         self.ready = asyncio.Event()
         self.material: TLSMaterial | None = None
         self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -273,7 +330,10 @@ class Webhook:
             owner = job_owner(pod) if offloading is not None and isinstance(pod, dict) else None
             if owner:
                 job = await self.jobs.lookup(namespace, owner)
-            answer = review_response(review, offloading, job)
+            places = (
+                await self.claims.lookup(namespace, pod) if offloading is not None and isinstance(pod, dict) else {}
+            )
+            answer = review_response(review, offloading, job, places)
         except (ValueError, UnicodeDecodeError) as e:
             return web.json_response({"error": f"malformed AdmissionReview: {e}"}, status=400)
         except RecursionError:  # json.loads (or a deep copy) of absurdly nested input

@@ -14,6 +14,7 @@ from cryptography import x509
 from structlog.testing import capture_logs
 
 from gpufed.kube import rest, servingtls
+from tests.unit.fakes import serve
 from vkprovider.forge.offloading import NOT_ON_VIRTUAL, TOLERATION
 from vkprovider.webhook import server
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
@@ -173,3 +174,62 @@ async def test_the_job_of_a_pod_is_read_once() -> None:
                 ops = json.loads(base64.b64decode((await r.json())["response"]["patch"]))
                 assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "gpufed.io/gang"}]} in ops
     assert reads == [("GET", "/apis/batch/v1/namespaces/team/jobs/train")]
+
+
+def _required(out: dict[str, Any]) -> list[dict[str, Any]]:
+    ops = json.loads(base64.b64decode(out["patch"]))
+    affinity = next(o["value"] for o in ops if o["path"] == "/spec/affinity")
+    terms: list[dict[str, Any]] = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+def test_a_pod_goes_where_its_claims_keep_their_data() -> None:
+    both = {"spec": {"podOffloadingStrategy": "LocalAndRemote", "clusterSelector": None}}
+    pin = {"key": "gpufed.io/remote-cluster-id", "operator": "In", "values": ["gpu-a"]}
+    # bound on gpu-a: that provider's virtual nodes only (the local alternative goes)
+    out = server.review_response(review(), both, places={"data": "gpu-a", "ckpt": "gpu-a"})["response"]
+    assert _required(out) == [{"matchExpressions": [pin]}]
+    # the consumer's own storage: local nodes only
+    out = server.review_response(review(), both, places={"home": None})["response"]
+    assert _required(out) == [{"matchExpressions": [NOT_ON_VIRTUAL]}]
+    # a Remote namespace cannot honour a local claim: admitted, said at once
+    out = server.review_response(review(), OFFLOADING, places={"home": None})["response"]
+    assert out["allowed"] and "stays Pending" in out["warnings"][0]
+    # data in two clusters: no node reaches both
+    out = server.review_response(review(), both, places={"data": "gpu-a", "home": None})["response"]
+    assert not out["allowed"] and out["status"]["code"] == 422
+    assert "data on gpu-a, home on this cluster" in out["status"]["message"]
+
+
+async def test_claim_places_are_read_from_the_claims_their_volumes_and_classes() -> None:
+    async with serve() as (fake, api):
+        fake.create("storageclasses", {"metadata": {"name": "gpufed"}, "provisioner": "storage.gpufed.io"})
+        fake.create("storageclasses", {"metadata": {"name": "local-ssd"}, "provisioner": "rancher.io/local-path"})
+
+        def claim(name: str, cls: str, volume: str = "") -> None:
+            spec: dict[str, Any] = {"storageClassName": cls}
+            if volume:
+                spec["volumeName"] = volume
+            fake.create("persistentvolumeclaims", {"metadata": {"name": name, "namespace": "team"}, "spec": spec})
+
+        claim("fresh", "gpufed")
+        claim("bound", "gpufed", "gpufed-u1")
+        claim("home", "local-ssd")
+        claim("home-bound", "local-ssd", "pv-1")
+        fake.create(
+            "persistentvolumes",
+            {
+                "metadata": {"name": "gpufed-u1", "labels": {"gpufed.io/remote-cluster-id": "gpu-a"}},
+                "spec": {"csi": {"driver": "storage.gpufed.io"}},
+            },
+        )
+        fake.create("persistentvolumes", {"metadata": {"name": "pv-1"}, "spec": {"hostPath": {"path": "/x"}}})
+        vols = [
+            {"name": n, "persistentVolumeClaim": {"claimName": n}} for n in ("fresh", "bound", "home", "home-bound")
+        ]
+        vols.append({"name": "gone", "persistentVolumeClaim": {"claimName": "missing"}})
+        vols.append({"name": "odd", "persistentVolumeClaim": {"claimName": "../x"}})
+        places = await server.ClaimPlaces(api).lookup("team", {"spec": {"volumes": vols}})
+        assert places == {"bound": "gpu-a", "home": None, "home-bound": None}
