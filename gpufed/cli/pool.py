@@ -50,3 +50,7 @@ def pool(kubeconfig: Kubeconfig, context: Context = None, output: Output = "tabl
         f"pending GPU demand: {pending['gpus']} GPUs in {pending['pods']} pods"
         + (f" (largest request: {pending['largest']})" if pending["pods"] else "")
     )
+    for provider, row in sorted(data["claims"].items()):
+        shown = ", ".join(f"{c['claim']} {c['size']} ({c['remotePhase'] or c['phase']})" for c in row["items"][:10])
+        more = f", and {row['claims'] - 10} more" if row["claims"] > 10 else ""
+        console.print(f"claims bound on {provider}: {row['claims']} ({row['storage']}): {shown}{more}")

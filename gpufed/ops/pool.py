@@ -1,9 +1,11 @@
 """`gpufed pool`: the consumer's view of the global GPU pool.
 
 Owns: reading the virtual nodes (their `gpufed.io/gpu-pool` figures, written by each pool's
-virtual kubelet from the provider's capacity estimator and the grant; readiness) and the pods
-waiting for GPUs (Pending, not bound to any node) into one report: per provider and product —
-total, granted, in use, free, largest placeable shape — and the pending GPU demand.
+virtual kubelet from the provider's capacity estimator and the grant; readiness), the pods
+waiting for GPUs (Pending, not bound to any node) and the virtual PersistentVolumes (claims bound on
+a provider, `vkprovider.remote.volumes`) into one report: per provider and product — total, granted,
+in use, free, largest placeable shape —, the pending GPU demand, and per provider the claims bound
+there (count, storage, each claim with its size and the provider's claim's phase).
 
 Reads only the consumer's API (the figures come from the virtual kubelets, which hold the
 estimator streams); writes nothing.
@@ -11,15 +13,18 @@ estimator streams); writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufed.apis.quantity import format_quantity, parse
 from gpufed.apis.wire import POOL_ANNOTATION, REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
 from gpufed.kube import rest
 from gpufed.kube.client import api_client
 from peering.grants import pod_requests
+from vkprovider.forge.claims import REMOTE_PHASE_ANNOTATION
 from vkprovider.forge.pools import parse_figures
 
 
@@ -32,8 +37,38 @@ def _ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def report(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report from the virtual nodes and the consumer's pods (pure)."""
+def claims_by_provider(volumes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """provider -> {claims, storage, items}: the claims bound there, from the virtual volumes (pure)."""
+    out: dict[str, dict[str, Any]] = {}
+    for pv in sorted(volumes, key=lambda v: str(v["metadata"]["name"])):
+        meta = pv["metadata"]
+        provider = (meta.get("labels") or {}).get(REMOTE_CLUSTER_LABEL)
+        if not provider:
+            continue
+        spec = pv.get("spec") or {}
+        size = str((spec.get("capacity") or {}).get("storage") or "0")
+        ref = spec.get("claimRef") or {}
+        row = out.setdefault(provider, {"claims": 0, "storage": Decimal(0), "items": []})
+        row["claims"] += 1
+        with contextlib.suppress(ValueError):
+            row["storage"] += parse(size)
+        row["items"].append(
+            {
+                "claim": f"{ref.get('namespace', '')}/{ref.get('name', '')}",
+                "size": size,
+                "phase": (pv.get("status") or {}).get("phase", ""),
+                "remotePhase": (meta.get("annotations") or {}).get(REMOTE_PHASE_ANNOTATION, ""),
+            }
+        )
+    for row in out.values():
+        row["storage"] = format_quantity(row["storage"], binary=True)
+    return out
+
+
+def report(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], volumes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The report from the virtual nodes, the consumer's pods and its virtual volumes (pure)."""
     pools = []
     for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
         meta = node["metadata"]
@@ -78,6 +113,7 @@ def report(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str,
             "largest": max(demand, default=0),
             "podNames": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in waiting)[:50],
         },
+        "claims": claims_by_provider(volumes or []),
     }
 
 
@@ -89,4 +125,7 @@ async def pool(kubeconfig: Path, context: str | None) -> dict[str, Any]:
         pods = await rest.list_items(
             api, "/api/v1/pods", params={"fieldSelector": "spec.nodeName=,status.phase=Pending"}
         )
-    return report(nodes, pods)
+        volumes = await rest.list_items(
+            api, "/api/v1/persistentvolumes", params={"labelSelector": REMOTE_CLUSTER_LABEL}
+        )
+    return report(nodes, pods, volumes)

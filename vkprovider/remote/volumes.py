@@ -45,6 +45,7 @@ from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
 from vkprovider.forge.claims import (
+    REMOTE_PHASE_ANNOTATION,
     ClaimRefusedError,
     StorageOffer,
     choose_offer,
@@ -57,8 +58,6 @@ from vkprovider.forge.claims import (
 )
 from vkprovider.forge.meta import Target, owned_by
 
-#: On a virtual PersistentVolume: the phase of the provider's claim it stands for.
-REMOTE_PHASE_ANNOTATION = "gpufed.io/remote-phase"
 PROVISIONED = "Provisioned"
 PROVISIONING_FAILED = "ProvisioningFailed"
 

@@ -230,6 +230,30 @@ def test_pool_report_rows_and_pending_demand() -> None:
     assert (row["provider"], row["product"], row["ready"]) == ("a", H100, True)
     assert (row["total"], row["free"], row["largestPlaceable"], row["capacity"]) == (24, 12, 8, "Live")
     assert data["pending"] == {"pods": 2, "gpus": 18, "largest": 16, "podNames": ["team/big", "team/small"]}
+    assert data["claims"] == {}
+
+
+def test_pool_report_lists_the_claims_bound_on_each_provider() -> None:
+    def volume(name: str, provider: str, size: str, claim: str, remote: str = "") -> dict[str, object]:
+        annotations = {"gpufed.io/remote-phase": remote} if remote else {}
+        return {
+            "metadata": {"name": name, "labels": {"gpufed.io/remote-cluster-id": provider}, "annotations": annotations},
+            "spec": {"capacity": {"storage": size}, "claimRef": {"namespace": "team", "name": claim}},
+            "status": {"phase": "Bound"},
+        }
+
+    vols = [
+        volume("gpufed-1", "a", "10Gi", "data", "Bound"),
+        volume("gpufed-2", "a", "512Mi", "ckpt"),
+        volume("gpufed-3", "b", "1Ti", "set", "Pending"),
+        {"metadata": {"name": "local-pv"}, "spec": {"capacity": {"storage": "5Gi"}}},
+    ]
+    claims = report([], [], vols)["claims"]
+    assert sorted(claims) == ["a", "b"]
+    assert (claims["a"]["claims"], claims["a"]["storage"]) == (2, "10752Mi")
+    assert claims["a"]["items"][0] == {"claim": "team/data", "size": "10Gi", "phase": "Bound", "remotePhase": "Bound"}
+    assert claims["a"]["items"][1]["remotePhase"] == ""
+    assert (claims["b"]["claims"], claims["b"]["storage"]) == (1, "1Ti")
 
 
 # ---- provider-supplied labels

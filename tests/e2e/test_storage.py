@@ -1,0 +1,198 @@
+"""The storage fabric on the real local clusters: claims of the consumer's virtual StorageClass
+`gpufed` bound on the provider their first pod is offloaded to (the provider's static local volumes
+of class `local-disk`, bound by its own kube-controller-manager when the twin is scheduled), the data
+keeping later pods on that provider, refusals said as Events on the claim, and deletion following
+the reclaim policy.
+
+The module peers the consumer with gpu-a (32 GPUs, 40Gi of storage) and gpu-b (12 GPUs, 40Gi).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpufed.apis.wire import PROVIDER_STORAGE_CLASS_ANNOTATION, REMOTE_CLUSTER_LABEL, ClusterID
+from gpufed.localenv import manifests
+from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
+from tests.e2e.conftest import Clusters
+from tests.e2e.helpers import eventually, offload, peered_session
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def ids(clusters: Clusters) -> Iterator[dict[str, ClusterID]]:
+    yield from peered_session(
+        clusters, {"gpu-a": ("--gpus", "32", "--storage", "40Gi"), "gpu-b": ("--gpus", "12", "--storage", "40Gi")}
+    )
+
+
+def claim(name: str, namespace: str, size: str = "10Gi", **annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "storageClassName": "gpufed",
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": size}},
+        },
+    }
+
+
+def job_with(name: str, namespace: str, claim_name: str, **pod_spec: Any) -> dict[str, Any]:
+    job = manifests.job(name, namespace, gpus=1, pod_labels={"job": name}, pod_annotations={})
+    template = job["spec"]["template"]
+    template["metadata"]["annotations"] = {RUN_DURATION_ANNOTATION: "3s"}
+    template["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}]
+    template["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    template["spec"].update(pod_spec)
+    return job
+
+
+def get(clusters: Clusters, context: str, *args: str) -> dict[str, Any] | None:
+    p = clusters.kubectl(context, "get", *args, "-o", "json", check=False)
+    if p.returncode:
+        return None
+    found: dict[str, Any] = json.loads(p.stdout)
+    return found
+
+
+def pod_of(clusters: Clusters, namespace: str, job: str) -> dict[str, Any] | None:
+    items = clusters.kubectl_json("consumer", "get", "pods", "-n", namespace, "-l", f"job={job}")["items"]
+    return items[0] if items else None
+
+
+def claim_events(clusters: Clusters, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = clusters.kubectl_json(
+        "consumer", "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    )["items"]
+    return items
+
+
+def delete_claims(clusters: Clusters, namespace: str) -> None:
+    """Jobs and claims go; the virtual volumes and the providers' claims with them (reclaim Delete)."""
+    clusters.kubectl(
+        "consumer", "delete", "jobs", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
+    )
+    clusters.kubectl(
+        "consumer", "delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
+    )
+    clusters.kubectl("consumer", "delete", "pvc", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
+
+    def volumes_gone() -> bool:
+        pvs = clusters.kubectl_json("consumer", "get", "pv")["items"]
+        return not [pv for pv in pvs if (pv["spec"].get("claimRef") or {}).get("namespace") == namespace]
+
+    eventually("the namespace's virtual volumes gone", volumes_gone, timeout=60)
+
+
+def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    try:
+        clusters.create("consumer", claim("data", namespace))
+        # the first pod goes to gpu-a (its own choice): the claim is bound there
+        pin_a = {REMOTE_CLUSTER_LABEL: ids["gpu-a"]}
+        clusters.create("consumer", job_with("writer", namespace, "data", nodeSelector=pin_a))
+
+        def bound() -> dict[str, Any] | None:
+            pvc = get(clusters, "consumer", "pvc", "data", "-n", namespace)
+            return pvc if pvc and pvc["status"].get("phase") == "Bound" else None
+
+        pvc = eventually("the consumer's claim Bound", bound, timeout=90)
+        pv = get(clusters, "consumer", "pv", pvc["spec"]["volumeName"])
+        assert pv is not None and pv["status"]["phase"] == "Bound"
+        assert pv["metadata"]["labels"][REMOTE_CLUSTER_LABEL] == ids["gpu-a"]
+        assert pv["spec"]["capacity"]["storage"] == "10Gi" and pv["spec"]["claimRef"]["name"] == "data"
+        twin_ns = f"{namespace}-{ids['consumer']}"
+
+        def remote_bound() -> dict[str, Any] | None:
+            remote = get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns)
+            return remote if remote and remote["status"].get("phase") == "Bound" else None
+
+        remote = eventually("the provider's claim bound to one of its local volumes", remote_bound, timeout=90)
+        assert remote["spec"]["storageClassName"] == "local-disk"
+        events = claim_events(clusters, namespace, "data")
+        assert any(e["reason"] == "Provisioned" and ids["gpu-a"] in e["message"] for e in events), events
+        clusters.kubectl(
+            "consumer", "wait", "-n", namespace, "--for=condition=Complete", "job/writer", "--timeout=120s", timeout=130
+        )
+        # the reader prefers gpu-b (more free GPUs, and its own strong preference), but the data is on gpu-a
+        prefer_b = {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": REMOTE_CLUSTER_LABEL, "operator": "In", "values": [ids["gpu-b"]]}
+                            ]
+                        },
+                    }
+                ]
+            }
+        }
+        clusters.create("consumer", job_with("reader", namespace, "data", affinity=prefer_b))
+
+        def placed() -> str | None:
+            pod = pod_of(clusters, namespace, "reader")
+            return (pod["spec"].get("nodeName") or None) if pod else None
+
+        node = eventually("the reader bound", placed, timeout=90)
+        assert node.startswith(f"gpufed-{ids['gpu-a']}"), node
+        clusters.kubectl(
+            "consumer", "wait", "-n", namespace, "--for=condition=Complete", "job/reader", "--timeout=120s", timeout=130
+        )
+        # a pod that must run on gpu-b never mounts the claim bound on gpu-a: it stays Pending
+        pin_b = {REMOTE_CLUSTER_LABEL: ids["gpu-b"]}
+        clusters.create("consumer", job_with("elsewhere", namespace, "data", nodeSelector=pin_b))
+        time.sleep(10)
+        pod = eventually("the pinned pod", lambda: pod_of(clusters, namespace, "elsewhere"))
+        assert not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending", pod["status"]
+        unschedulable = [c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"]
+        assert unschedulable and unschedulable[0]["reason"] == "Unschedulable", pod["status"]
+    finally:
+        delete_claims(clusters, namespace)
+    # deleting the claim deleted the provider's copy (reclaim policy Delete)
+    assert get(clusters, "gpu-a", "pvc", "data", "-n", f"{namespace}-{ids['consumer']}") is None
+
+
+def test_claims_the_provider_cannot_take_are_refused_on_the_claim(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    pin_a = {REMOTE_CLUSTER_LABEL: ids["gpu-a"]}
+    try:
+        # a class gpu-a does not offer
+        clusters.create("consumer", claim("gold", namespace, **{PROVIDER_STORAGE_CLASS_ANNOTATION: "gold"}))
+        clusters.create("consumer", job_with("gold", namespace, "gold", nodeSelector=pin_a))
+        # more than the 40Gi gpu-a granted: its quota refuses the claim
+        clusters.create("consumer", claim("huge", namespace, size="100Gi"))
+        clusters.create("consumer", job_with("huge", namespace, "huge", nodeSelector=pin_a))
+
+        def reasons(name: str) -> set[str]:
+            return {e["reason"] for e in claim_events(clusters, namespace, name)}
+
+        eventually("the class refusal", lambda: "StorageNotOffered" in reasons("gold"), timeout=90)
+        gold = next(e for e in claim_events(clusters, namespace, "gold") if e["reason"] == "StorageNotOffered")
+        assert "does not offer StorageClass 'gold'" in gold["message"] and "local-disk" in gold["message"], gold
+        eventually("the quota refusal", lambda: "ProvisioningFailed" in reasons("huge"), timeout=90)
+        huge = next(e for e in claim_events(clusters, namespace, "huge") if e["reason"] == "ProvisioningFailed")
+        assert "exceeded quota" in huge["message"], huge
+        for name in ("gold", "huge"):
+            pvc = get(clusters, "consumer", "pvc", name, "-n", namespace)
+            assert pvc is not None and pvc["status"]["phase"] == "Pending"
+            pod = pod_of(clusters, namespace, name)
+            assert pod is not None and not pod["spec"].get("nodeName")
+        twin_ns = f"{namespace}-{ids['consumer']}"
+        assert get(clusters, "gpu-a", "pvc", "gold", "-n", twin_ns) is None
+        assert get(clusters, "gpu-a", "pvc", "huge", "-n", twin_ns) is None
+    finally:
+        delete_claims(clusters, namespace)
