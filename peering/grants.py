@@ -1,9 +1,13 @@
 """ResourceSlice negotiation on the provider: what to grant a consumer, and why.
 
 Owns: the grant decision — LIVE free capacity (allocatable of schedulable nodes, minus what
-non-terminal pods request on them, minus the still-unused part of other consumers' grants), clamped
-by the tenant's policy (per-resource maxima, allowed GPU products, whether partial grants are
-acceptable) — and the human-readable reason for it.
+non-terminal pods request on them, minus the still-unused part of other consumers' grants; for claim
+storage, what the StorageClasses offered to the consumer can hold, `StorageSupply`), clamped by the
+tenant's policy (per-resource maxima, allowed GPU products, whether partial grants are acceptable) —
+and the human-readable reason for it; splitting a grant over the consumer's namespaces and the
+ResourceQuota that enforces each share (`partition`, `quota_hard`: claim storage as
+`requests.storage`, and one claim per granted pod slot as `persistentvolumeclaims`, both zero
+without a storage grant).
 
 Invariants: a grant never exceeds the request, the policy, or what is free; a consumer's own
 running pods count as capacity it keeps (re-evaluating a grant never takes away what already runs
@@ -22,8 +26,17 @@ from enum import StrEnum
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, SLICE_RESOURCES
 from gpufed.apis.pool import GPU_RESOURCE as GPU
 from gpufed.apis.quantity import format_quantity, parse
+from gpufed.apis.wire import CLAIMS_RESOURCE, STORAGE_RESOURCE
 
+#: Claim storage (bytes), and the number of claims (a quota resource only: one per granted pod slot).
+STORAGE = STORAGE_RESOURCE
+CLAIMS = CLAIMS_RESOURCE
+#: Node resources: what nodes offer and pods request.
 RESOURCES = SLICE_RESOURCES
+#: What a slice may ask for: the node resources and claim storage.
+GRANT_RESOURCES = (*RESOURCES, STORAGE)
+#: What a namespace's quota shares out: the grant, and the number of claims it allows.
+QUOTA_RESOURCES = (*GRANT_RESOURCES, CLAIMS)
 
 Resources = Mapping[str, Decimal]
 
@@ -40,6 +53,7 @@ class Reason(StrEnum):
     PRODUCT_NOT_ALLOWED = "GPUProductNotAllowed"
     NO_SUCH_PRODUCT = "GPUProductNotFound"
     PARTIAL_NOT_ALLOWED = "PartialGrantRefused"
+    NO_STORAGE_CLASS = "NoStorageClass"
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,17 @@ class TenantPolicy:
 
 
 @dataclass(frozen=True)
+class StorageSupply:
+    """What the provider's storage holds for one consumer's claims."""
+
+    #: The StorageClasses offered to the consumer (none: no storage can be granted).
+    classes: tuple[str, ...] = ()
+    #: Bytes the unbound static volumes of those classes hold; None when a class provisions volumes on
+    #: demand (the provider's storage then limits claims itself, at provisioning).
+    free: Decimal | None = None
+
+
+@dataclass(frozen=True)
 class SliceRequest:
     resources: Resources
     gpu_product: str | None = None
@@ -97,14 +122,14 @@ class Decision:
 
 
 def _fmt(resource: str, v: Decimal) -> str:
-    return format_quantity(v, binary=resource == "memory")
+    return format_quantity(v, binary=resource in ("memory", STORAGE))
 
 
 def validate(request: SliceRequest) -> None:
     """Raise GrantError for unknown resources or negative amounts."""
     for r, v in request.resources.items():
-        if r not in RESOURCES:
-            raise GrantError(f"unknown resource {r!r}: a slice may ask for {', '.join(RESOURCES)}")
+        if r not in GRANT_RESOURCES:
+            raise GrantError(f"unknown resource {r!r}: a slice may ask for {', '.join(GRANT_RESOURCES)}")
         if v < 0:
             raise GrantError(f"{r} must not be negative (got {_fmt(r, v)})")
     if not any(v > 0 for v in request.resources.values()):
@@ -143,8 +168,13 @@ def decide(
     own_usage: Resources,
     others: Iterable[OtherGrant],
     policy: TenantPolicy,
+    storage: StorageSupply = StorageSupply(),
 ) -> Decision:
-    """Grant what the request, the policy and the live capacity allow; explain the outcome."""
+    """Grant what the request, the policy and the live capacity allow; explain the outcome.
+
+    Claim storage is limited by `storage` (no class offered: none; unbound static volumes: what they
+    hold, less the unused part of other consumers' storage grants; classes that provision on demand:
+    the policy alone) instead of by nodes."""
     validate(request)
     nodes = list(nodes)
     wanted = {r: v for r, v in request.resources.items() if v > 0}
@@ -186,27 +216,37 @@ def decide(
             )
 
     free = free_capacity(nodes, pods, product)
-    reserved: dict[str, Decimal] = {r: Decimal(0) for r in RESOURCES}
+    reserved: dict[str, Decimal] = {r: Decimal(0) for r in GRANT_RESOURCES}
     for o in others:
-        if product is not None and o.gpu_product not in (None, product):
-            continue
-        for r in RESOURCES:
+        for r in GRANT_RESOURCES:
+            # Storage is not a node's: every other storage grant holds on to it, whatever its product.
+            if r != STORAGE and product is not None and o.gpu_product not in (None, product):
+                continue
             reserved[r] += max(Decimal(0), o.granted.get(r, Decimal(0)) - o.used.get(r, Decimal(0)))
     available = {r: max(Decimal(0), free[r] - reserved[r]) + own_usage.get(r, Decimal(0)) for r in RESOURCES}
+    if not storage.classes:
+        available[STORAGE] = Decimal(0)
+    elif storage.free is not None:
+        available[STORAGE] = max(Decimal(0), storage.free - reserved[STORAGE]) + own_usage.get(STORAGE, Decimal(0))
 
     granted: dict[str, Decimal] = {}
     shortfalls: list[str] = []
     limited_by_policy = False
     for r, want in wanted.items():
         cap = policy.maximum.get(r)
-        g = min(want, available[r], cap if cap is not None else want)
+        room = available.get(r, want)  # storage provisioned on demand: the policy alone limits it
+        g = min(want, room, cap if cap is not None else want)
         granted[r] = g
         if g < want:
-            if cap is not None and cap <= available[r] and cap < want:
+            if cap is not None and cap <= room and cap < want:
                 limited_by_policy = True
                 why = f"the policy allows at most {_fmt(r, cap)}"
+            elif r == STORAGE and not storage.classes:
+                why = "no StorageClass of the provider is offered to this consumer"
+            elif r == STORAGE:
+                why = f"only {_fmt(r, room)} free in the offered classes' volumes after other consumers' grants"
             else:
-                why = f"only {_fmt(r, available[r])} free after running pods and other consumers' grants"
+                why = f"only {_fmt(r, room)} free after running pods and other consumers' grants"
             shortfalls.append(f"{r}: {_fmt(r, g)} of {_fmt(r, want)} ({why})")
 
     where = f" of GPU product {product}" if product else ""
@@ -214,7 +254,12 @@ def decide(
         return Decision(True, Reason.GRANTED, "granted everything requested" + where, granted, available)
     detail = "; ".join(shortfalls)
     if any(granted[r] == 0 for r in wanted):
-        reason = Reason.POLICY if limited_by_policy else Reason.NO_CAPACITY
+        if limited_by_policy:
+            reason = Reason.POLICY
+        elif STORAGE in wanted and granted[STORAGE] == 0 and not storage.classes:
+            reason = Reason.NO_STORAGE_CLASS
+        else:
+            reason = Reason.NO_CAPACITY
         return Decision(False, reason, f"denied{where}: {detail}", empty, available)
     if not policy.allow_partial:
         return Decision(
@@ -289,8 +334,35 @@ def add(a: Resources, b: Resources) -> dict[str, Decimal]:
     return {r: a.get(r, Decimal(0)) + b.get(r, Decimal(0)) for r in set(a) | set(b)}
 
 
-#: Integer units the quota is split in: millicores, bytes, whole GPUs, whole pods.
-_UNIT = {"cpu": Decimal("0.001"), "memory": Decimal(1), GPU: Decimal(1), "pods": Decimal(1)}
+#: Integer units the quota is split in: millicores, bytes, whole GPUs, whole pods, bytes, whole claims.
+_UNIT = {
+    "cpu": Decimal("0.001"),
+    "memory": Decimal(1),
+    GPU: Decimal(1),
+    "pods": Decimal(1),
+    STORAGE: Decimal(1),
+    CLAIMS: Decimal(1),
+}
+
+
+def enforced(grant: Resources) -> dict[str, Decimal]:
+    """What the quotas of a consumer's twin namespaces enforce together for `grant`: the grant, and
+    with a storage grant one claim per granted pod slot (none without)."""
+    claims = grant.get("pods", Decimal(0)) if grant.get(STORAGE, Decimal(0)) > 0 else Decimal(0)
+    return {**{r: grant.get(r, Decimal(0)) for r in GRANT_RESOURCES}, CLAIMS: claims}
+
+
+def claim_requests(claim: Mapping[str, object]) -> dict[str, Decimal]:
+    """What a PersistentVolumeClaim counts against its namespace's quota, as the quota controller
+    counts it: its requested storage and one claim (a request that cannot be read counts as none)."""
+    spec = claim.get("spec") or {}
+    assert isinstance(spec, dict)
+    requested = ((spec.get("resources") or {}).get("requests") or {}).get(STORAGE)
+    try:
+        size = parse(str(requested)) if requested is not None else Decimal(0)
+    except ValueError:
+        size = Decimal(0)
+    return {STORAGE: size, CLAIMS: Decimal(1)}
 
 
 def partition(grant: Resources, used: Mapping[str, Resources]) -> dict[str, dict[str, Decimal]]:
@@ -300,13 +372,14 @@ def partition(grant: Resources, used: Mapping[str, Resources]) -> dict[str, dict
     grant once per namespace. Each namespace keeps what it uses, and the headroom (grant minus all
     usage) is split evenly in integer units, the remainder going to the namespaces in name order.
     When usage already exceeds the grant (the grant shrank), every namespace is held at its usage:
-    running pods keep running, new ones are refused by the quota.
+    running pods keep running and bound claims stay, new ones are refused by the quota. Every
+    resource of `QUOTA_RESOURCES` gets a limit (zero where the grant has none).
     """
     names = sorted(used)
     out: dict[str, dict[str, Decimal]] = {n: {} for n in names}
     if not names:
         return out
-    for r in RESOURCES:
+    for r in QUOTA_RESOURCES:
         unit = _UNIT[r]
         total_used = sum((used[n].get(r, Decimal(0)) for n in names), Decimal(0))
         headroom_units = int(max(Decimal(0), grant.get(r, Decimal(0)) - total_used) / unit)
@@ -321,14 +394,13 @@ def partition(grant: Resources, used: Mapping[str, Resources]) -> dict[str, dict
 #: Ephemeral storage (requests and limits) that each granted pod slot brings to a namespace's quota.
 EPHEMERAL_STORAGE_PER_POD = parse("20Gi")
 #: Object counts of every consumer namespace (twins: what reflection and offloaded pods need, with room;
-#: the consumer cannot create PersistentVolumeClaims, node ports or load balancers at all).
+#: the consumer cannot create node ports or load balancers at all; its claims are limited by the grant).
 TWIN_OBJECT_COUNTS = {
     "count/configmaps": 1000,
     "count/secrets": 1000,
     "count/services": 200,
     "count/endpointslices.discovery.k8s.io": 1000,
     "count/ingresses.networking.k8s.io": 100,
-    "count/persistentvolumeclaims": 0,
     "services.nodeports": 0,
     "services.loadbalancers": 0,
 }
@@ -339,15 +411,26 @@ TENANT_OBJECT_COUNTS = {
     "count/resourceslices.gpufed.io": 50,
 }
 #: How a granted resource is named in a ResourceQuota.
-QUOTA_NAMES = {"cpu": "requests.cpu", "memory": "requests.memory", GPU: f"requests.{GPU}", "pods": "pods"}
+QUOTA_NAMES = {
+    "cpu": "requests.cpu",
+    "memory": "requests.memory",
+    GPU: f"requests.{GPU}",
+    "pods": "pods",
+    STORAGE: "requests.storage",
+    CLAIMS: "persistentvolumeclaims",
+}
 
 
 def quota_hard(limits: Resources, extended: Iterable[str], *, tenant: bool) -> dict[str, str]:
     """`spec.hard` of a consumer namespace's ResourceQuota: the namespace's share of the grant
-    (`limits`, from `partition`), ephemeral storage in proportion to its pods, zero of every other
-    resource the provider's nodes offer (`extended`: MIG slices, other devices, huge pages), and
-    object counts (no node ports, no load balancers, no volume claims)."""
-    hard = {QUOTA_NAMES[r]: _fmt(r, v) for r, v in sorted(limits.items())}
+    (`limits`, from `partition`; claim storage and the number of claims zero where it has none, and
+    always in the tenant namespace, which holds control objects only), ephemeral storage in proportion
+    to its pods, zero of every other resource the provider's nodes offer (`extended`: MIG slices,
+    other devices, huge pages), and object counts (no node ports, no load balancers)."""
+    shares = {r: limits.get(r, Decimal(0)) for r in QUOTA_RESOURCES if r in limits or r in (STORAGE, CLAIMS)}
+    if tenant:
+        shares.update({STORAGE: Decimal(0), CLAIMS: Decimal(0)})
+    hard = {QUOTA_NAMES[r]: _fmt(r, v) for r, v in sorted(shares.items())}
     storage = format_quantity(limits.get("pods", Decimal(0)) * EPHEMERAL_STORAGE_PER_POD, binary=True)
     hard["requests.ephemeral-storage"] = storage
     hard["limits.ephemeral-storage"] = storage

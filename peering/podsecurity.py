@@ -11,12 +11,15 @@ Owns:
   types, resources). The provider's pod admission policy (`peering.admission.pods`) is rendered from
   them, and the consumer's early check (`vkprovider.forge.podpolicy`) implements the same rules in
   Python with the same words;
-- the names of the two ValidatingAdmissionPolicies (`POLICY_NAME`, `OBJECTS_POLICY_NAME`), which the
-  consumer recognizes in refusals, and the Ingress annotation every consumer may set;
+- the names of the ValidatingAdmissionPolicies (`POLICY_NAME`, `OBJECTS_POLICY_NAME`,
+  `CLAIMS_POLICY_NAME`), which the consumer recognizes in refusals, and the Ingress annotation every
+  consumer may set;
 - `Projection` and `namespace_metadata`: the projection of a tenant's policy onto each of its
   namespaces on the provider (tenant and twins) as labels and annotations the policies read from
   `namespaceObject` (booleans as `gpufed.io/allow-*` labels, lists as comma-separated
-  `gpufed.io/*` annotations), plus the Pod Security Admission labels (`pod-security.kubernetes.io/*`)
+  `gpufed.io/*` annotations; the StorageClasses offered with a storage grant and their access modes
+  as OFFERED_STORAGE_CLASSES_ANNOTATION and OFFERED_STORAGE_ACCESS_MODES_ANNOTATION), plus the Pod
+  Security Admission labels (`pod-security.kubernetes.io/*`)
   as a second layer where they do not contradict an allowed exception (`psa_level`);
 - `describe`: the pod policy in one line, for the Tenant's `PodSecurity` condition.
 
@@ -45,13 +48,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpufed.apis.offloading import ALL_CAPABILITIES, OffloadPodSecurity
+from gpufed.apis.peering import StorageClassOffer
 from gpufed.apis.pool import GPU_RESOURCE
+from gpufed.apis.wire import OFFERED_STORAGE_ACCESS_MODES_ANNOTATION, OFFERED_STORAGE_CLASSES_ANNOTATION
 
 #: Name of the pod ValidatingAdmissionPolicy and of its binding.
 POLICY_NAME = "gpufed-offload-policy"
 #: Name of the ValidatingAdmissionPolicy (and binding) for the Services, EndpointSlices and Ingresses
 #: a consumer writes.
 OBJECTS_POLICY_NAME = "gpufed-consumer-objects"
+#: Name of the ValidatingAdmissionPolicy (and binding) for the PersistentVolumeClaims a consumer writes.
+CLAIMS_POLICY_NAME = "gpufed-consumer-claims"
 
 ALLOW_PRIVILEGED_LABEL = "gpufed.io/allow-privileged"
 ALLOW_HOST_NAMESPACES_LABEL = "gpufed.io/allow-host-namespaces"
@@ -270,6 +277,8 @@ class Projection:
     endpoint_cidrs: Sequence[str] = PRIVATE_CIDRS
     ingress_hosts: Sequence[str] = ()
     ingress_annotations: Sequence[str] = ()
+    #: The StorageClasses the consumer's claims may use here (none: every claim is refused).
+    storage_classes: Sequence[StorageClassOffer] = ()
 
 
 def _flag(value: bool) -> str:
@@ -321,6 +330,11 @@ def namespace_metadata(projection: Projection | OffloadPodSecurity) -> tuple[dic
         ENDPOINT_CIDRS_ANNOTATION: ",".join(p.endpoint_cidrs),
         INGRESS_HOSTS_ANNOTATION: ",".join(p.ingress_hosts),
         INGRESS_ANNOTATIONS_ANNOTATION: ",".join(p.ingress_annotations),
+        OFFERED_STORAGE_CLASSES_ANNOTATION: ",".join(o.name for o in p.storage_classes),
+        # `<class>:<mode>` pairs: the policy checks a claim's modes against its own class's.
+        OFFERED_STORAGE_ACCESS_MODES_ANNOTATION: ",".join(
+            f"{o.name}:{m}" for o in p.storage_classes for m in o.access_modes
+        ),
     }
     return labels, annotations
 

@@ -1,10 +1,12 @@
 """The peering kinds: ForeignCluster, ResourceSlice and Tenant, and the handshake messages they carry.
 
 Owns: the spec/status shapes of ForeignCluster (both sides: one per peer), ResourceSlice (consumer
-side; mirrored into the tenant namespace on the provider) and Tenant (provider side: one per
+side; mirrored into the tenant namespace on the provider; its status carries the StorageClasses the
+provider offers with a storage grant, `StorageClassOffer`) and Tenant (provider side: one per
 consumer, with its policy), the challenge and answer of the handshake as these objects carry them
-(the CLI is the courier between the clusters), and the validation of their resource maps (known
-resource names, non-negative quantities).
+(the CLI is the courier between the clusters), the resource names a slice or a policy may hold
+(`GRANT_RESOURCES`: the node resources of `SLICE_RESOURCES` plus claim storage), and the validation
+of their resource maps (known resource names, non-negative quantities).
 
 Does not: judge a handshake (`peering.handshake`), decide a grant (`peering.grants`), or reconcile
 these objects (`peering.controllers`).
@@ -22,18 +24,26 @@ from gpufed.apis.meta import CLUSTER_ID_PATTERN, Condition, Model
 from gpufed.apis.offloading import OffloadPodSecurity
 from gpufed.apis.pool import SLICE_RESOURCES
 from gpufed.apis.quantity import QuantityError, parse
-from gpufed.apis.wire import MAX_CLUSTER_ID
+from gpufed.apis.wire import MAX_CLUSTER_ID, STORAGE_RESOURCE
 
 #: An Ingress host a tenant may claim: a DNS name, or `*.` and a domain.
 INGRESS_HOST_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: An annotation key, or a key prefix ending in `*`.
 ANNOTATION_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9/])?\*?$"
+#: A StorageClass name (a DNS subdomain).
+STORAGE_CLASS_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: Resource names a ResourceSlice may request and a Tenant's policy may cap: the node resources,
+#: and the storage of PersistentVolumeClaims in the twin namespaces.
+GRANT_RESOURCES = (*SLICE_RESOURCES, STORAGE_RESOURCE)
+#: The access modes of the PersistentVolume API.
+AccessMode = Literal["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"]
+ACCESS_MODES: tuple[AccessMode, ...] = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
 
 
 def _check_quantities(v: dict[str, str]) -> dict[str, str]:
     for name, q in v.items():
-        if name not in SLICE_RESOURCES:
-            raise ValueError(f"unknown resource {name!r}: use one of {', '.join(SLICE_RESOURCES)}")
+        if name not in GRANT_RESOURCES:
+            raise ValueError(f"unknown resource {name!r}: use one of {', '.join(GRANT_RESOURCES)}")
         try:
             if parse(q) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -108,10 +118,23 @@ class ForeignCluster(Model):
 
 class ResourceSliceSpec(Model):
     provider_cluster_id: str = Field(max_length=MAX_CLUSTER_ID, pattern=CLUSTER_ID_PATTERN)
-    resources: dict[str, str] = Field(description="Requested quantities: cpu, memory, pods, nvidia.com/gpu.")
+    resources: dict[str, str] = Field(
+        description="Requested quantities: cpu, memory, pods, nvidia.com/gpu, and storage (the total size of "
+        "the PersistentVolumeClaims the consumer may create in its twin namespaces)."
+    )
     gpu_product: str | None = Field(default=None, description="Only GPUs of this nvidia.com/gpu.product.")
 
     _resources = field_validator("resources")(_check_quantities)
+
+
+class StorageClassOffer(Model):
+    """A StorageClass of the provider that the consumer's claims may use."""
+
+    name: str = Field(max_length=253, pattern=STORAGE_CLASS_PATTERN, description="The provider's StorageClass.")
+    default: bool = Field(default=False, description="The class to use when a claim names none.")
+    access_modes: list[AccessMode] = Field(
+        min_length=1, max_length=4, description="Access modes a claim of this class may ask for."
+    )
 
 
 class ResourceSliceStatus(Model):
@@ -123,6 +146,12 @@ class ResourceSliceStatus(Model):
     node_labels: dict[str, str] = Field(
         default_factory=dict,
         description="nvidia.com/* labels every GPU node behind the grant shares (copied onto the virtual node).",
+    )
+    storage_classes: list[StorageClassOffer] = Field(
+        default_factory=list,
+        max_length=64,
+        description="With a storage grant: the provider's StorageClasses the consumer's claims may use (exactly "
+        "one marked default); empty without one.",
     )
 
 
@@ -169,6 +198,14 @@ class TenantPolicy(Model):
         description="Annotations the consumer's Ingresses may carry beside `kubernetes.io/ingress.class`: exact "
         "keys, or a prefix ending in `*`. Any other annotation (an ingress controller's configuration snippet, "
         "say) refuses the Ingress.",
+    )
+
+    storage_classes: list[Annotated[str, Field(pattern=STORAGE_CLASS_PATTERN, max_length=253)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="StorageClasses of this cluster the consumer's claims may use, offered with a storage grant. "
+        "Unset (default): the cluster's default class only (annotated "
+        "storageclass.kubernetes.io/is-default-class=true); empty: none (storage is not granted).",
     )
 
     _max = field_validator("max_resources")(_check_quantities)

@@ -213,3 +213,10 @@ OFFERED_STORAGE_CLASSES_ANNOTATION = "gpufed.io/storage-classes"
 #: quota `requests.storage`), and for the number of claims (quota `persistentvolumeclaims`).
 STORAGE_RESOURCE = "storage"
 CLAIMS_RESOURCE = "persistentvolumeclaims"
+#: On a twin namespace (provider side, written by the provider's controller beside
+#: OFFERED_STORAGE_CLASSES_ANNOTATION): the access modes each offered class allows, comma-separated
+#: `<class>:<mode>` pairs (e.g. `local-disk:ReadWriteOnce`); the claims admission policy reads it.
+OFFERED_STORAGE_ACCESS_MODES_ANNOTATION = "gpufed.io/storage-access-modes"
+#: On a provider's StorageClass (set by its operator): the comma-separated access modes the class's
+#: volumes support, as offered to consumers (default: ReadWriteOnce).
+STORAGE_CLASS_ACCESS_MODES_ANNOTATION = "gpufed.io/access-modes"

@@ -33,6 +33,13 @@ def peer(
     cpu: Annotated[str, typer.Option("--cpu", help="CPU to ask for (quantity)")] = "16",
     memory: Annotated[str, typer.Option("--memory", help="memory to ask for (quantity)")] = "64Gi",
     pods: Annotated[int, typer.Option("--pods", help="pods to ask for")] = 110,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage",
+            help="total size of the PersistentVolumeClaims to ask for (quantity, e.g. 100Gi) [default: none]",
+        ),
+    ] = None,
     remote_api_server: Annotated[
         str | None,
         typer.Option(
@@ -53,6 +60,7 @@ def peer(
     """Peer the consumer (--kubeconfig) with the provider (--remote-kubeconfig), negotiate a slice and
     configure the network fabric."""
     from gpufed.apis.pool import GPU_RESOURCE
+    from gpufed.apis.wire import STORAGE_RESOURCE
     from gpufed.ops import peer as ops
     from peering.ops.peer import ClusterRef, PeerRequest
 
@@ -64,6 +72,8 @@ def peer(
     resources = {"cpu": cpu, "memory": memory, "pods": str(pods)}
     if gpus != 0:  # negative values reach validation and get its error
         resources[GPU_RESOURCE] = str(gpus)
+    if storage is not None:
+        resources[STORAGE_RESOURCE] = storage
     req = PeerRequest(
         consumer=ClusterRef(kubeconfig, context, "consumer"),
         provider=ClusterRef(remote_kubeconfig, remote_context, "provider"),

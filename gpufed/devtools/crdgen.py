@@ -20,7 +20,7 @@ import yaml
 
 from gpufed.apis.kinds import KINDS, CRDKind
 from gpufed.apis.meta import GROUP, QUANTITY_PATTERN, VERSION
-from gpufed.apis.pool import SLICE_RESOURCES
+from gpufed.apis.peering import GRANT_RESOURCES
 
 DEFAULT_DIR = Path("deploy/crds")
 COMMAND = "python -m gpufed.devtools.crdgen deploy/crds"
@@ -69,8 +69,8 @@ def _quantity_maps(schema: dict[str, Any]) -> None:
             if name in ("resources", "maxResources"):
                 prop["x-kubernetes-validations"] = [
                     {
-                        "rule": "self.all(k, k in " + str(list(SLICE_RESOURCES)).replace("'", '"') + ")",
-                        "message": "resources may only be " + ", ".join(SLICE_RESOURCES),
+                        "rule": "self.all(k, k in " + str(list(GRANT_RESOURCES)).replace("'", '"') + ")",
+                        "message": "resources may only be " + ", ".join(GRANT_RESOURCES),
                     }
                 ]
         elif prop.get("type") == "object":

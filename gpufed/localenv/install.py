@@ -3,7 +3,8 @@
 Owns: the fake kwok nodes of a cluster (labels, the annotations that hand them to kwok and point
 metrics-server at their resource-metrics path, pod CIDR, GPU capacity), whether they are Ready,
 server-side apply of the launcher's own objects (metrics-server's RBAC, Service and APIService;
-Kueue's namespace, CRDs, RBAC and webhook configurations), gpufed's CRDs and RBAC from deploy/
+Kueue's namespace, CRDs, RBAC and webhook configurations; the providers' StorageClass and static
+volumes), gpufed's CRDs and RBAC from deploy/
 (applied, then waited for until Established) and the cluster's NetworkConfig.
 
 Every call takes an API client for one cluster, as its admin. Does not: start or wait for processes
@@ -35,6 +36,8 @@ _EXTRA_KINDS = {
     "APIService": ("apiservices", False),
     "MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", False),
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
+    "StorageClass": ("storageclasses", False),
+    "PersistentVolume": ("persistentvolumes", False),
 }
 
 
@@ -47,7 +50,7 @@ async def _apply_one(api: Any, obj: dict[str, Any]) -> None:
 
 async def apply(api: Any, docs: list[dict[str, Any]]) -> None:
     """Server-side apply, in order, of the objects the launcher itself installs (RBAC, Service,
-    APIService, webhook configurations)."""
+    APIService, webhook configurations, StorageClass, PersistentVolumes)."""
     for obj in docs:
         await _apply_one(api, obj)
 

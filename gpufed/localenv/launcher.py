@@ -61,7 +61,7 @@ from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client, translating
 from gpufed.kube.times import rfc3339
-from gpufed.localenv import components, install, kubeconfig, kueue, kwokcfg, metricsserver, supervise
+from gpufed.localenv import components, install, kubeconfig, kueue, kwokcfg, metricsserver, storage, supervise
 from gpufed.localenv.components import CONTROLLER, KUEUE
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
 from gpufed.localenv.topology import ClusterSpec, Topology
@@ -502,6 +502,7 @@ class LocalEnvironment:
                     alive(comp),
                 )
             await install.ensure_nodes(spec, api)
+            await install.apply(api, storage.manifests(spec))  # GPU clusters: static volumes for claims
             await self._wait(
                 f"nodes of {name} to be Ready", deadline, lambda: install.nodes_ready(spec, api), alive("kwok")
             )

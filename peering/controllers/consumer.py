@@ -13,7 +13,8 @@ Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), le
   Peered (which starts its virtual kubelet) and revoked when the ForeignCluster goes;
 - mirroring the consumer's ResourceSlices for that provider (namespace `gpufed`) into its tenant
   namespace on the provider with those credentials, copying the provider's decision back into the
-  local status, and deleting mirrors whose local slice is gone.
+  local status (its offered StorageClasses only as far as they validate, `storage_offers`), and
+  deleting mirrors whose local slice is gone.
 
 The identity key never leaves this process; the CSR key never leaves this cluster.
 
@@ -45,7 +46,7 @@ from prometheus_client import Gauge
 from pydantic import ValidationError
 
 from gpufed.apis.meta import API_VERSION
-from gpufed.apis.peering import ForeignClusterSpec, ResourceSliceSpec
+from gpufed.apis.peering import ForeignClusterSpec, ResourceSliceSpec, StorageClassOffer
 from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import (
     MANAGED_BY,
@@ -111,6 +112,24 @@ def quantities(resources: Mapping[str, Any]) -> dict[str, float]:
             out[r] = float(parse(q))
         except (QuantityError, TypeError):
             continue
+    return out
+
+
+def storage_offers(value: Any) -> list[dict[str, Any]]:
+    """The StorageClasses a provider's slice status offers, each validated (the provider is not
+    trusted: an entry that does not validate is left out, and so is every entry but the first
+    marked default)."""
+    out: list[dict[str, Any]] = []
+    seen_default = False
+    for item in value if isinstance(value, list) else []:
+        try:
+            offer = StorageClassOffer.model_validate(item)
+        except ValidationError:
+            continue
+        if offer.default and seen_default:
+            offer = offer.model_copy(update={"default": False})
+        seen_default = seen_default or offer.default
+        out.append(offer.model_dump(by_alias=True, mode="json"))
     return out
 
 
@@ -504,6 +523,7 @@ class ConsumerRole:
                 "granted": rst.get("granted") or {},
                 "used": rst.get("used") or {},
                 "nodeLabels": rst.get("nodeLabels") or {},
+                "storageClasses": storage_offers(rst.get("storageClasses")),
             }
             st = {k: v for k, v in st.items() if v not in ({}, [])}  # the API server stores no empty maps
             if st != (s.get("status") or {}):

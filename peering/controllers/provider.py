@@ -1,13 +1,15 @@
 """The provider role: one reconciler per Tenant (one per consumer), fed by the watches that matter.
 
-Owns: the role's watches (nodes, running pods, ResourceSlices, Tenants, consumer namespaces,
-TwinNamespaces, and gpufed's CSRs and quotas) and the caches they keep (`CapacityCache`); which
-tenants an event re-queues (capacity churn re-decides every tenant, debounced; heartbeats and
-status-only pod updates re-decide none); readiness once the caches have synced; and `reconcile`,
+Owns: the role's watches (nodes, running pods, PersistentVolumeClaims, PersistentVolumes,
+StorageClasses, ResourceSlices, Tenants, consumer namespaces, TwinNamespaces, and gpufed's CSRs and
+quotas) and the caches they keep (`CapacityCache`); which tenants an event re-queues (capacity
+churn re-decides every tenant, debounced; heartbeats and status-only pod updates re-decide none; a
+claim re-decides its consumer); readiness once the caches have synced; and `reconcile`,
 level-triggered and idempotent, which for one Tenant validates its spec (phase Refused with an
 `InvalidTenant` condition otherwise), applies the admission policies before any namespace of the
 consumer exists, advances the handshake (`tenant_handshake`), and once the consumer is
-Authenticated ensures its tenant and twin namespaces (`tenant_namespaces`), decides its slices and
+Authenticated ensures its tenant and twin namespaces (`tenant_namespaces`; the twins offer its claims
+the StorageClasses of its storage grant as last decided), decides its slices and
 quotas (`tenant_grants`), only then opens the namespaces to the consumer (role bindings once each
 quota is in force, TwinNamespaces Ready), and sets the `PodSecurity` condition saying what its pods
 may not do. The role also watches PriorityClasses: the global default one is allowed in every
@@ -41,7 +43,7 @@ from gpufed.kube import meta, rest
 from gpufed.kube.metrics import StateGauge
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
-from peering import grants, handshake, podsecurity
+from peering import grants, handshake, podsecurity, storage
 from peering.controllers import status as st_
 from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
 from peering.controllers.identity import Identity
@@ -58,6 +60,8 @@ CAPACITY_DEBOUNCE_S = 1.0
 PHASES = ("Pending", "Challenged", "Authenticated", "Refused")
 ROLE = "provider"
 _PHASE = StateGauge(PEERING_PHASE, PHASES)
+#: The caches a decision depends on: the role is ready once every one has synced.
+_GATES = frozenset({"nodes", "pods", "claims", "volumes", "storageclasses", "slices", "tenants", "namespaces"})
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ class ProviderRole:
     def _synced_cb(self, what: str) -> Any:
         def done() -> None:
             self._synced.add(what)
-            if self._synced >= {"nodes", "pods", "slices", "tenants", "namespaces"} and not self.ready.is_set():
+            if self._synced >= _GATES and not self.ready.is_set():
                 self.ready.set()
                 self._log.info("provider caches synced", tenants=len(self.tenants), nodes=len(self.cache.nodes))
             for t in self.tenants:
@@ -143,6 +147,40 @@ class ProviderRole:
             except ValueError:
                 return  # a request the apiserver accepted but we cannot parse is ignored, not fatal
         if pods.get(key) != before:  # status updates of a bound pod change nothing a grant depends on
+            self._all_tenants()
+
+    def _on_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        claims = self.cache.claims
+        key = (meta.namespace(obj), meta.name(obj))
+        before = claims.get(key)
+        if kind == "DELETED":
+            claims.pop(key, None)
+        else:
+            claims[key] = grants.claim_requests(obj)
+        consumer = self.cache.ns_owner.get(key[0])
+        if claims.get(key) != before and consumer in self.tenants:  # only a consumer's claims count in a grant
+            self.queue.add(consumer, CAPACITY_DEBOUNCE_S)
+
+    def _on_volume(self, kind: str, obj: dict[str, Any]) -> None:
+        volumes = self.cache.volumes
+        name = meta.name(obj)
+        before = volumes.get(name)
+        if kind == "DELETED":
+            volumes.pop(name, None)
+        else:
+            volumes[name] = storage.volume_info(obj)
+        if volumes.get(name) != before:  # static volumes bound or released change what storage is free
+            self._all_tenants()
+
+    def _on_storage_class(self, kind: str, obj: dict[str, Any]) -> None:
+        classes = self.cache.storage_classes
+        name = meta.name(obj)
+        before = classes.get(name)
+        if kind == "DELETED":
+            classes.pop(name, None)
+        else:
+            classes[name] = storage.storage_class_info(obj)
+        if classes.get(name) != before:
             self._all_tenants()
 
     def _on_slice(self, kind: str, obj: dict[str, Any]) -> None:
@@ -206,6 +244,9 @@ class ProviderRole:
         informers: list[tuple[str, Any, str, dict[str, str] | None, bool]] = [
             ("/api/v1/nodes", self._on_node, "nodes", None, True),
             ("/api/v1/pods", self._on_pod, "pods", running, True),
+            ("/api/v1/persistentvolumeclaims", self._on_claim, "claims", None, True),
+            ("/api/v1/persistentvolumes", self._on_volume, "volumes", None, True),
+            ("/apis/storage.k8s.io/v1/storageclasses", self._on_storage_class, "storageclasses", None, True),
             (rest.path(API_VERSION, "resourceslices"), self._on_slice, "slices", None, True),
             (rest.path(API_VERSION, "tenants"), self._on_tenant, "tenants", None, True),
             ("/api/v1/namespaces", self._on_namespace, "namespaces", {"labelSelector": CONSUMER_LABEL}, True),
@@ -256,7 +297,8 @@ class ProviderRole:
         if wait is not None:
             requeue = min(requeue, wait)
         if status.get("phase") == "Authenticated":
-            projection = await self.namespaces.projection(tenant, consumer)
+            offered = self.grants.storage_offer(spec, consumer)
+            projection = await self.namespaces.projection(tenant, consumer, offered)
             if not await self.namespaces.ensure_tenant_namespace(tenant, consumer, projection):
                 status["conditions"] = cond.mark(
                     status["conditions"],

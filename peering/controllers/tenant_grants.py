@@ -2,17 +2,22 @@
 quotas that enforce the total.
 
 Owns:
-- `CapacityCache`: what the provider role's watches keep (nodes, running pods, every tenant's
-  slices, which consumer owns which namespace), and what the consumers use and hold of it (usage
-  per namespace, every slice's grant with its share of its tenant's usage);
+- `CapacityCache`: what the provider role's watches keep (nodes, running pods, claims, StorageClasses,
+  PersistentVolumes, every tenant's slices, which consumer owns which namespace), and what the
+  consumers use and hold of it (usage per namespace — pods' requests, claims' storage and count —
+  every slice's grant with its share of its tenant's usage);
 - `TenantGrants.decide`: every ResourceSlice in the tenant namespace decided against that LIVE
-  capacity (`peering.grants.decide`) and the Tenant's policy, its status written (Authentication
-  and Resources conditions, granted, used, the GPU labels the grant's nodes share) with a Warning
-  Event for a new refusal; then enforcement: a ResourceQuota in each of the consumer's namespaces
-  whose limits sum to the grant (`peering.grants.partition`; the tenant namespace holds control
-  objects only, its quota is `tenant_namespaces`'), with ephemeral storage in proportion to the pods, zero of
-  every other resource the nodes offer (MIG slices, other devices) and object counts
-  (`peering.grants.quota_hard`).
+  capacity (`peering.grants.decide`; claim storage against what the StorageClasses offered to the
+  consumer can hold, `peering.storage`) and the Tenant's policy, its status written (Authentication
+  and Resources conditions, granted, used, the GPU labels the grant's nodes share, and with a storage
+  grant the offered StorageClasses) with a Warning Event for a new refusal; then enforcement: a
+  ResourceQuota in each of the consumer's namespaces whose limits sum to the grant
+  (`peering.grants.partition`; the tenant namespace holds control objects only, its quota is
+  `tenant_namespaces`'), with ephemeral storage in proportion to the pods, claim storage and one
+  claim per granted pod slot, zero of every other resource the nodes offer (MIG slices, other
+  devices) and object counts (`peering.grants.quota_hard`);
+- `TenantGrants.storage_offer`: the StorageClasses the consumer's twin namespaces offer its claims
+  (the offer while its grant holds storage), which the admission policy reads there.
 
 Does not: authenticate the consumer (`peering.controllers.tenant_handshake`), create namespaces or
 bind the consumer's roles there once the quotas hold (`peering.controllers.tenant_namespaces`), or
@@ -28,22 +33,24 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpufed.apis.peering import ResourceSliceSpec, TenantSpec
+from gpufed.apis.peering import ResourceSliceSpec, StorageClassOffer, TenantSpec
 from gpufed.apis.quantity import format_quantity, parse
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
     GRANT_QUOTA,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    STORAGE_RESOURCE,
     TENANT_PREFIX,
     ClusterID,
     tenant_namespace,
 )
 from gpufed.kube import conditions as cond
 from gpufed.kube import events, meta, rest
-from peering import grants
+from peering import grants, storage
 from peering.controllers import status as st_
 from peering.grants import NodeInfo, PodLoad
+from peering.storage import StorageClassInfo, VolumeInfo
 
 QUOTA_NAMES = grants.QUOTA_NAMES
 
@@ -62,7 +69,7 @@ def total(items: Iterable[Mapping[str, Decimal]]) -> dict[str, Decimal]:
 
 
 def _fmt(resources: Mapping[str, Decimal]) -> dict[str, str]:
-    return {r: format_quantity(v, binary=r == "memory") for r, v in sorted(resources.items())}
+    return {r: format_quantity(v, binary=r in ("memory", STORAGE_RESOURCE)) for r, v in sorted(resources.items())}
 
 
 def policy_of(spec: TenantSpec) -> grants.TenantPolicy:
@@ -87,13 +94,22 @@ class CapacityCache:
     slices: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     #: namespace -> consumer, for the tenant and twin namespaces (from their labels).
     ns_owner: dict[str, str] = field(default_factory=dict)
+    #: (namespace, name) -> what each PersistentVolumeClaim counts (`peering.grants.claim_requests`).
+    claims: dict[tuple[str, str], dict[str, Decimal]] = field(default_factory=dict)
+    #: name -> every StorageClass.
+    storage_classes: dict[str, StorageClassInfo] = field(default_factory=dict)
+    #: name -> every PersistentVolume.
+    volumes: dict[str, VolumeInfo] = field(default_factory=dict)
 
     def usage(self, consumer: str) -> dict[str, dict[str, Decimal]]:
-        """What the consumer's pods request now, per namespace it owns (tenant and twins)."""
+        """What the consumer's pods request and its claims hold now, per namespace it owns (tenant and twins)."""
         out: dict[str, dict[str, Decimal]] = {}
         for ns, load in self.pods.values():
             if self.ns_owner.get(ns) == consumer:
                 out[ns] = grants.add(out.get(ns, {}), load.requests)
+        for (ns, _name), held in self.claims.items():
+            if self.ns_owner.get(ns) == consumer:
+                out[ns] = grants.add(out.get(ns, {}), held)
         return out
 
     def grant_shares(self) -> dict[tuple[str, str], grants.OtherGrant]:
@@ -128,12 +144,31 @@ class TenantGrants:
         self.api = api
         self.cache = cache
 
+    def offers(self, spec: TenantSpec) -> list[StorageClassOffer]:
+        """The StorageClasses the Tenant's policy offers its consumer, as the cache knows them."""
+        return storage.offers(self.cache.storage_classes.values(), spec.policy.storage_classes)
+
+    def storage_offer(self, spec: TenantSpec, consumer: ClusterID) -> tuple[StorageClassOffer, ...]:
+        """What the consumer's twin namespaces offer its claims: the offer while its slices (as last
+        decided) grant storage, nothing otherwise."""
+        tns = tenant_namespace(consumer)
+        granted = Decimal(0)
+        for (ns, _name), obj in self.cache.slices.items():
+            if ns == tns:
+                try:
+                    granted += parse(str(grant_of(obj).get(STORAGE_RESOURCE, "0")))
+                except ValueError:
+                    continue
+        return storage.projected(self.offers(spec), granted)
+
     async def decide(
         self, spec: TenantSpec, consumer: ClusterID, twins: list[str], status: dict[str, Any]
     ) -> TenantTotals:
         """Decide every slice of the tenant, apply its quotas, and fill the grant into `status`."""
         tns = tenant_namespace(consumer)
         policy = policy_of(spec)
+        offered = self.offers(spec)
+        supply = storage.supply(offered, self.cache.storage_classes, self.cache.volumes.values())
         # The watch cache is at least as fresh as the event that queued this reconcile.
         slices = [obj for (ns, _name), obj in sorted(self.cache.slices.items()) if ns == tns]
         usage = self.cache.usage(consumer)
@@ -160,6 +195,7 @@ class TenantGrants:
                     own_usage=own,
                     others=[g for key, g in shares.items() if key != (tns, meta.name(s))],
                     policy=policy,
+                    storage=supply,
                 )
                 res = cond.condition("Resources", decision.accepted, decision.reason, decision.message, conds)
                 granted = dict(decision.granted)
@@ -172,6 +208,8 @@ class TenantGrants:
             st["conditions"] = cond.set_condition(cond.set_condition(conds, auth), res)
             st["granted"] = _fmt(granted)
             st["used"] = _fmt({r: v for r, v in used.items() if r in granted})
+            if granted.get(STORAGE_RESOURCE, Decimal(0)) > 0:  # an empty list is not written (`rest.apply`)
+                st["storageClasses"] = [o.model_dump(by_alias=True, mode="json") for o in offered]
             total_granted = grants.add(total_granted, granted)
             if cond.without_times(old) != cond.without_times(st):
                 await st_.write(self.api, "ResourceSlice", "resourceslices", meta.name(s), st, tns)
@@ -179,7 +217,7 @@ class TenantGrants:
                     await events.emit(self.api, s, type_="Warning", reason=res["reason"], message=res["message"])
         # Enforcement: the twins share the grant (the tenant namespace's quota, control objects only,
         # is tenant_namespaces').
-        limits = grants.partition(total_granted, {t: usage.get(t, {}) for t in twins})
+        limits = grants.partition(grants.enforced(total_granted), {t: usage.get(t, {}) for t in twins})
         extended = {r for n in self.cache.nodes.values() for r in n.extended}
         for ns, hard in limits.items():
             await apply_quota(self.api, ns, consumer, grants.quota_hard(hard, extended, tenant=False))

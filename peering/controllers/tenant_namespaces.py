@@ -2,8 +2,9 @@
 
 Owns, for one Tenant (one consumer), level-triggered and idempotent:
 - the cluster's admission policies and their bindings (`gpufed-offload-policy` for pods,
-  `gpufed-consumer-objects` for the Services, EndpointSlices and Ingresses a consumer writes),
-  applied once per process before any consumer namespace is touched;
+  `gpufed-consumer-objects` for the Services, EndpointSlices and Ingresses a consumer writes,
+  `gpufed-consumer-claims` for its PersistentVolumeClaims), applied once per process before any
+  consumer namespace is touched;
 - the tenant namespace (`gpufed-tenant-<consumer-id>`) with its quota (control objects only) and the
   consumer's control and workload role bindings;
 - twin namespaces the consumer asks for with TwinNamespace objects in its tenant namespace: created
@@ -19,8 +20,9 @@ Owns, for one Tenant (one consumer), level-triggered and idempotent:
 - the tenant's policy (`peering.podsecurity.Projection`: the pod policy, the GPU products it may pin,
   the provider's default priority class, the address ranges its EndpointSlices may name — the
   provider's pod range and the consumer's ranges as this provider reaches them, from the fabric's
-  NetworkConfig and RemoteNetwork — and its Ingress hosts and annotations) projected onto the labels
-  and annotations of each of its namespaces, where the admission policies read it, and the pod policy
+  NetworkConfig and RemoteNetwork — its Ingress hosts and annotations, and in twin namespaces the
+  StorageClasses offered with its storage grant) projected onto the labels and annotations of each
+  of its namespaces, where the admission policies read it, and the pod policy
   published in each Ready TwinNamespace's `status.podSecurity` (the consumer's early check).
 
 Never touches namespaces it does not own: one it adopts must carry this consumer's label.
@@ -32,8 +34,8 @@ Does not: decide the handshake (`peering.controllers.tenant_handshake`) or the g
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -43,7 +45,7 @@ from pydantic import ValidationError
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.network import NETWORK_CONFIG
 from gpufed.apis.offloading import OffloadPodSecurity, TwinNamespaceSpec, reserved_namespace
-from gpufed.apis.peering import TenantSpec
+from gpufed.apis.peering import StorageClassOffer, TenantSpec
 from gpufed.apis.wire import (
     CONSUMER_CONTROL_ROLE,
     CONSUMER_LABEL,
@@ -63,6 +65,7 @@ from gpufed.kube import conditions as cond
 from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from peering import grants, handshake, podsecurity
+from peering.admission.claims import claims_binding, claims_policy
 from peering.admission.objects import objects_binding, objects_policy
 from peering.admission.pods import admission_binding, admission_policy
 from peering.controllers import status as st_
@@ -136,15 +139,18 @@ class TenantNamespaces:
         for name, policy, binding in (
             (podsecurity.POLICY_NAME, admission_policy(), admission_binding()),
             (podsecurity.OBJECTS_POLICY_NAME, objects_policy(handshake.CONSUMER_GROUP), objects_binding()),
+            (podsecurity.CLAIMS_POLICY_NAME, claims_policy(handshake.CONSUMER_GROUP), claims_binding()),
         ):
             await rest.apply(self.api, rest.path(_ADMISSION_GROUP, "validatingadmissionpolicies", name), policy)
             await rest.apply(self.api, rest.path(_ADMISSION_GROUP, "validatingadmissionpolicybindings", name), binding)
             self._log.info("admission policy applied", policy=name)
         self._admission_applied = True
 
-    async def projection(self, tenant: Mapping[str, Any], consumer: ClusterID) -> podsecurity.Projection:
-        """What the admission policies read from the consumer's namespaces (the strictest policy when
-        the tenant's spec cannot be read)."""
+    async def projection(
+        self, tenant: Mapping[str, Any], consumer: ClusterID, storage_classes: Sequence[StorageClassOffer] = ()
+    ) -> podsecurity.Projection:
+        """What the admission policies read from the consumer's twin namespaces, `storage_classes` the
+        classes offered to its claims (the strictest policy when the tenant's spec cannot be read)."""
         spec = tenant_spec(tenant)
         policy = spec.policy if spec is not None else None
         return podsecurity.Projection(
@@ -154,6 +160,7 @@ class TenantNamespaces:
             endpoint_cidrs=await self._endpoint_cidrs(consumer),
             ingress_hosts=policy.ingress_hosts if policy is not None else (),
             ingress_annotations=policy.ingress_annotations if policy is not None else (),
+            storage_classes=tuple(storage_classes) if policy is not None else (),
         )
 
     async def _endpoint_cidrs(self, consumer: ClusterID) -> tuple[str, ...]:
@@ -192,9 +199,11 @@ class TenantNamespaces:
             self._log.error("tenant namespace exists and is not this consumer's; left alone", namespace=ns)
             return False
         labels = {CONSUMER_LABEL: consumer, TENANT_LABEL: "true"}
+        # Control objects only: no claims either, whatever the twins are offered.
+        projection = replace(projection, storage_classes=()) if projection is not None else None
         if not await self._apply_namespace(tenant, ns, labels, projection, create=existing is None):
             return False
-        zero = {r: Decimal(0) for r in grants.RESOURCES}
+        zero = {r: Decimal(0) for r in grants.QUOTA_RESOURCES}
         await apply_quota(self.api, ns, consumer, grants.quota_hard(zero, (), tenant=True))
         if await self._quota_in_force(ns, consumer):
             await self._bind(ns, CONSUMER_CONTROL_ROLE, consumer)

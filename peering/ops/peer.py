@@ -70,7 +70,7 @@ class ClusterRef:
 class PeerRequest:
     consumer: ClusterRef
     provider: ClusterRef
-    #: Requested quantities by resource name (cpu, memory, pods, nvidia.com/gpu).
+    #: Requested quantities by resource name (cpu, memory, pods, nvidia.com/gpu, storage).
     resources: dict[str, str]
     gpu_product: str | None = None
     #: Seconds the whole operation may take.

@@ -14,7 +14,9 @@ Owns, for one (consumer, provider):
   consumer's kube-controller-manager. Each outcome is an Event on the claim: Normal `Provisioned`,
   Warning `ProvisioningFailed` (a refusal by the provider, with its words; tried again with backoff)
   or Warning `StorageNotOffered`/`AccessModeNotOffered` (tried again when the claim or the grant
-  changes). A claim whose namespace has no twin namespace here yet waits for it;
+  changes). A claim whose namespace has no twin namespace here yet waits for it. A bound claim being
+  deleted while pods still use it (Kubernetes' `kubernetes.io/pvc-protection` keeps it) gets one
+  Warning `ClaimInUse` saying what happens to its data on the provider;
 - reclaim, per virtual volume: once its claim is gone (the volume Released), the provider's claim is
   deleted when the policy is Delete (only a claim labelled as this consumer's copy of that very
   claim: origin UID), then the volume; with Retain both stay for the operator;
@@ -59,6 +61,9 @@ from vkprovider.forge.claims import (
 from vkprovider.forge.meta import Target, owned_by
 
 PROVISIONED = "Provisioned"
+#: Kubernetes' finalizer that keeps a claim while a pod uses it.
+PVC_PROTECTION = "kubernetes.io/pvc-protection"
+DELETION_HELD = "ClaimInUse"
 PROVISIONING_FAILED = "ProvisioningFailed"
 
 
@@ -109,6 +114,8 @@ class ClaimProvisioner:
         self.queue: WorkQueue[tuple[str, str, str]] = WorkQueue(f"volumes-{provider}", max_delay=60.0)
         #: claims refused for what the grant offers: tried again when it changes (`grant_changed`)
         self._refused: set[tuple[str, str]] = set()
+        #: UIDs of claims whose held deletion was reported
+        self._held: set[str] = set()
         self._log = structlog.get_logger().bind(remote_cluster=provider, component="volumes")
 
     # ---- caches
@@ -118,6 +125,7 @@ class ClaimProvisioner:
         if event == "DELETED" or provisioner(claim) != STORAGE_PROVISIONER:
             self.claims.pop(key, None)
             self._refused.discard(key)
+            self._held.discard(meta.uid(claim))
             return
         self.claims[key] = claim
         self.queue.add(("claim", *key))
@@ -152,7 +160,14 @@ class ClaimProvisioner:
 
     async def _claim(self, namespace: str, name: str) -> float | None:
         claim = self.claims.get((namespace, name))
-        if claim is None or meta.is_deleting(claim) or (claim.get("spec") or {}).get("volumeName"):
+        if claim is None:
+            return None
+        bound_to = str((claim.get("spec") or {}).get("volumeName") or "")
+        if meta.is_deleting(claim):
+            if bound_to in self.volumes and PVC_PROTECTION in (claim["metadata"].get("finalizers") or []):
+                self._held_once(claim, bound_to)
+            return None
+        if bound_to:
             return None
         node = selected_node(claim)
         if not node or node not in self.nodes():
@@ -242,6 +257,21 @@ class ClaimProvisioner:
                 {"metadata": {"annotations": {REMOTE_PHASE_ANNOTATION: remote_phase}}},
             )
         return self.settings.resync_s
+
+    def _held_once(self, claim: dict[str, Any], volume: str) -> None:
+        """Say once that a claim being deleted waits for the pods that use it (Kubernetes' protection)."""
+        uid = meta.uid(claim)
+        if uid in self._held:
+            return
+        self._held.add(uid)
+        what = "deleted then" if self.settings.reclaim_policy == "Delete" else "kept (reclaim policy Retain)"
+        self._event(
+            claim,
+            "Warning",
+            DELETION_HELD,
+            f"the claim is deleted once no pod uses it; its data on provider {self.provider} "
+            f"(volume {volume}) is {what}",
+        )
 
     def _event(self, claim: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.offer(

@@ -270,7 +270,8 @@ def test_the_quota_holds_the_grant_storage_zero_of_the_rest_and_object_counts() 
     assert hard["requests.cpu"] == "2" and hard["requests.memory"] == "1Gi" and hard["pods"] == "3"
     assert hard["requests.nvidia.com/gpu"] == "1" and hard["requests.nvidia.com/mig-1g.10gb"] == "0"
     assert hard["requests.ephemeral-storage"] == hard["limits.ephemeral-storage"] == "60Gi"
-    assert hard["services.nodeports"] == hard["services.loadbalancers"] == hard["count/persistentvolumeclaims"] == "0"
+    assert hard["services.nodeports"] == hard["services.loadbalancers"] == "0"
+    assert hard["requests.storage"] == hard["persistentvolumeclaims"] == "0", "no storage grant: no claims"
     assert hard["count/secrets"] == "1000" and "count/twinnamespaces.gpufed.io" not in hard
     tenant = grants.quota_hard({r: Decimal(0) for r in grants.RESOURCES}, (), tenant=True)
     assert tenant["pods"] == "0" and tenant["limits.ephemeral-storage"] == "0"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from gpufed.apis.offloading import OffloadPodSecurity
+from gpufed.apis.peering import StorageClassOffer
+from gpufed.apis.wire import OFFERED_STORAGE_ACCESS_MODES_ANNOTATION, OFFERED_STORAGE_CLASSES_ANNOTATION
 from peering import podsecurity as ps
 
 DEFAULT = OffloadPodSecurity()
@@ -40,7 +42,21 @@ def test_the_default_policy_is_projected_fail_closed_with_pod_security_admission
         ps.ENDPOINT_CIDRS_ANNOTATION: ",".join(ps.PRIVATE_CIDRS),
         ps.INGRESS_HOSTS_ANNOTATION: "",
         ps.INGRESS_ANNOTATIONS_ANNOTATION: "",
+        OFFERED_STORAGE_CLASSES_ANNOTATION: "",
+        OFFERED_STORAGE_ACCESS_MODES_ANNOTATION: "",
     }
+
+
+def test_offered_storage_classes_are_projected_with_their_access_modes_per_class() -> None:
+    offers = (
+        StorageClassOffer(name="local-disk", default=True, access_modes=["ReadWriteOnce"]),
+        StorageClassOffer(name="shared", access_modes=["ReadWriteOnce", "ReadWriteMany"]),
+    )
+    _labels, annotations = ps.namespace_metadata(ps.Projection(storage_classes=offers))
+    assert annotations[OFFERED_STORAGE_CLASSES_ANNOTATION] == "local-disk,shared"
+    assert annotations[OFFERED_STORAGE_ACCESS_MODES_ANNOTATION] == (
+        "local-disk:ReadWriteOnce,shared:ReadWriteOnce,shared:ReadWriteMany"
+    )
 
 
 def test_a_projection_carries_the_tenant_the_grant_and_the_network() -> None:

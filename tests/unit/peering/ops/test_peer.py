@@ -17,6 +17,8 @@ P = ClusterID("gpu-a-12345678")
         ({"example.com/fpga": "1"}, "unknown resource"),
         ({"cpu": "lots"}, "cpu"),
         ({"cpu": "0"}, "asks for nothing"),
+        ({"storage": "-10Gi"}, "must not be negative"),
+        ({"storage": "a lot"}, "storage"),
     ],
 )
 def test_invalid_slices_are_refused(resources: dict[str, str], message: str) -> None:
@@ -27,3 +29,8 @@ def test_invalid_slices_are_refused(resources: dict[str, str], message: str) -> 
 def test_valid_slice() -> None:
     spec = validate_request({"nvidia.com/gpu": "8", "memory": "64Gi"}, "NVIDIA-H100-80GB-HBM3", P)
     assert spec.provider_cluster_id == P and spec.gpu_product == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_a_slice_may_ask_for_claim_storage() -> None:
+    spec = validate_request({"nvidia.com/gpu": "8", "storage": "100Gi"}, None, P)
+    assert spec.resources["storage"] == "100Gi"

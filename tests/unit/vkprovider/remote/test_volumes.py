@@ -136,3 +136,22 @@ async def test_a_provider_claim_that_is_not_the_consumers_copy_is_neither_used_n
         local.create("persistentvolumes", forged)
         await until(lambda: local.get("persistentvolumes", "", "gpufed-x") is None)
         assert remote.get("persistentvolumeclaims", "team-consumer-1", "data") is not None
+
+
+async def test_deleting_a_claim_in_use_is_said_once() -> None:
+    async with provisioner() as (local, _remote, _p, events):
+        c = local.create("persistentvolumeclaims", claim("data"))
+        pv_name = f"gpufed-{c['metadata']['uid']}"
+        await until(lambda: local.get("persistentvolumes", "", pv_name) is not None)
+
+        def deleting(obj: dict[str, Any]) -> None:
+            obj["spec"]["volumeName"] = pv_name
+            obj["metadata"]["finalizers"] = ["kubernetes.io/pvc-protection"]
+            obj["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+
+        local.update("persistentvolumeclaims", "team", "data", deleting)
+        await until(lambda: "ClaimInUse" in events.reasons("data"))
+        local.update("persistentvolumeclaims", "team", "data", lambda obj: obj["metadata"].update(labels={"x": "y"}))
+        await asyncio.sleep(0.3)
+        held = [m for n, _t, r, m in events.seen if n == "data" and r == "ClaimInUse"]
+        assert len(held) == 1 and "its data on provider gpu-a" in held[0] and "deleted then" in held[0]
