@@ -1,8 +1,9 @@
 """Storage drill on the real local clusters: gpu-a's virtual kubelet (the provisioner of the claims
-scheduled to its node) is killed with SIGKILL while claims bind; the controller's supervisor restarts
-it, and afterwards every claim is bound exactly once: one virtual volume per claim on the consumer,
-one claim of the consumer's per claim in the twin namespace on the provider, no volume or provider
-claim without its consumer claim, every pod of the burst run.
+scheduled to its node) is killed with SIGKILL while the first half of the claims bind, and the
+second half is created while it is gone; the controller's supervisor restarts it, and afterwards
+every claim is bound exactly once: one virtual volume per claim on the consumer, one claim of the
+consumer's per claim in the twin namespace on the provider, no volume or provider claim without its
+consumer claim, every pod of the burst run.
 
 The module peers the consumer with gpu-a only (8 GPUs, 40Gi of storage) and offloads one namespace
 (`--pod-strategy Remote`). The recovery time is printed as `DRILL storage-vk-kill-9 recovery_s=<x>`.
@@ -96,15 +97,19 @@ def test_kill_virtual_kubelet_while_claims_bind(clusters: Clusters, ids: dict[st
         return pids[0] if len(pids) == 1 else None
 
     old: int = eventually("gpu-a's virtual kubelet", vk, timeout=90)
-    for i in range(CLAIMS):
+    first, second = range(CLAIMS // 2), range(CLAIMS // 2, CLAIMS)
+    for i in first:
         for obj in claim_and_pod(i):
             clusters.create("consumer", obj)
-    # mid-way: some claims are bound, the rest are still to come
-    eventually("the first virtual volumes", lambda: len(volumes(clusters)) >= 2, timeout=120)
+    # the first claims are being bound: the provisioner dies; the second half arrives while it is gone
+    eventually("the first virtual volume", lambda: len(volumes(clusters)) >= 1, timeout=120)
     t0 = time.monotonic()
     os.kill(old, signal.SIGKILL)
     eventually("the killed virtual kubelet gone", lambda: gone(old), timeout=30)
     at_kill = len(volumes(clusters))
+    for i in second:
+        for obj in claim_and_pod(i):
+            clusters.create("consumer", obj)
     new: int = eventually("the restarted virtual kubelet", vk, timeout=120)
     assert new != old
 
