@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import apicost, fabric, gpupool, offload, reflection, report
+from bench import apicost, fabric, gpupool, gpupool_trace, offload, reflection, report
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -43,6 +43,16 @@ def _durations(text: str) -> tuple[float, float]:
     if not 0 < lo <= hi:
         raise argparse.ArgumentTypeError(f"--gpu-durations wants 0 < MIN <= MAX, got {text!r}")
     return lo, hi
+
+
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpu-group-share wants a number in [0, 1], got {text!r}") from None
+    if not 0 <= share <= 1:
+        raise argparse.ArgumentTypeError(f"--gpu-group-share wants a number in [0, 1], got {text!r}")
+    return share
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -88,6 +98,7 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
                 jobs=args.gpu_jobs,
                 seed=args.gpu_seed,
                 durations_s=args.gpu_durations,
+                group_share=args.gpu_group_share,
                 limit_factor=args.gpu_limit_factor,
                 stall_s=args.gpu_stall,
                 modes=args.gpu_modes,
@@ -161,29 +172,41 @@ def main(argv: list[str] | None = None) -> int:
         default=fabric.DEFAULT_ROUND_TRIPS,
         help="fabric: request/response round trips per run (2000)",
     )
-    p.add_argument("--gpu-jobs", type=int, default=gpupool.DEFAULT_JOBS, help="gpu-pool: Jobs in the trace (200)")
-    p.add_argument("--gpu-seed", type=int, default=gpupool.DEFAULT_SEED, help="gpu-pool: seed of the trace (8)")
+    trace = gpupool_trace
+    p.add_argument(
+        "--gpu-jobs", type=int, default=trace.DEFAULT_JOBS, help=f"gpu-pool: Jobs in the trace ({trace.DEFAULT_JOBS})"
+    )
+    p.add_argument("--gpu-seed", type=int, default=trace.DEFAULT_SEED, help="gpu-pool: seed of the trace (8)")
     p.add_argument(
         "--gpu-durations",
         type=_durations,
-        default=gpupool.DEFAULT_DURATIONS_S,
+        default=trace.DEFAULT_DURATIONS_S,
         help="gpu-pool: MIN,MAX seconds a Job runs, uniform (4,16)",
+    )
+    p.add_argument(
+        "--gpu-group-share",
+        type=_share,
+        default=trace.DEFAULT_GROUP_SHARE,
+        help=f"gpu-pool: share of the Jobs that are groups of 2-4 pods ({trace.DEFAULT_GROUP_SHARE})",
     )
     p.add_argument(
         "--gpu-limit-factor",
         type=float,
-        default=gpupool.DEFAULT_LIMIT_FACTOR,
-        help=f"gpu-pool: a mode's time limit is this x the ideal makespan + {gpupool.LIMIT_EXTRA_S:.0f} s (3)",
+        default=trace.DEFAULT_LIMIT_FACTOR,
+        help=f"gpu-pool: a mode's time limit is this x the ideal makespan + {trace.LIMIT_EXTRA_S:.0f} s (3)",
     )
     p.add_argument(
         "--gpu-stall",
         type=float,
         default=gpupool.DEFAULT_STALL_S,
-        help=f"gpu-pool: end a run after this many seconds with no pod Running and no change (60; live at least "
-        f"{gpupool.LIVE_STALL_S:.0f})",
+        help=f"gpu-pool: end a run after this many seconds with no pod Running and no change (60; live and kueue "
+        f"at least {gpupool.LIVE_STALL_S:.0f})",
     )
     p.add_argument(
-        "--gpu-modes", type=_modes, default=gpupool.MODES, help="gpu-pool: capacity modes, in order (live,static)"
+        "--gpu-modes",
+        type=_modes,
+        default=gpupool.MODES,
+        help=f"gpu-pool: modes, in order ({','.join(gpupool.MODES)})",
     )
     p.add_argument("--gpu-state-dir", type=Path, default=gpupool.DEFAULT_STATE_DIR, help="gpu-pool environment state")
     p.add_argument(

@@ -107,21 +107,31 @@ def reflection_latency(data: dict[str, Any], out_dir: Path = IMG_DIR) -> str | N
 
 
 def gpupool_modes(data: dict[str, Any], out_dir: Path = IMG_DIR) -> str | None:
-    """GPU utilisation and makespan / ideal per capacity mode."""
-    modes = [(m, r) for m, r in (data.get("modes") or {}).items() if isinstance(r, dict)]
+    """Per mode (live, kueue, static): GPU utilisation (hatched: over the span to the last completion of
+    a run that did not finish), makespan / ideal, and groups split across providers or products."""
+    order = {m: i for i, m in enumerate(("live", "kueue", "static"))}
+    ran = [(m, r) for m, r in (data.get("modes") or {}).items() if isinstance(r, dict) and "error" not in r]
+    modes = sorted(ran, key=lambda x: order.get(x[0], len(order)))
     if not modes:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 3.6))
     names = [m for m, _ in modes]
-    left.bar(names, [r.get("utilisation") or 0 for _, r in modes], color=["C0", "C1", "C2"][: len(modes)])
+    colors = [f"C{i}" for i in range(len(modes))]
+    bars = left.bar(names, [r.get("utilisation") or 0 for _, r in modes], color=colors)
+    for bar, (_, r) in zip(bars, modes, strict=True):
+        if not r.get("complete"):
+            bar.set_hatch("//")
     left.axhline(0.9, color="red", linestyle=":", label="target 0.9")
     left.set_ylim(0, 1)
-    left.set_title("GPU utilisation")
+    left.set_title("GPU utilisation (hatched: run unfinished)", fontsize=9)
     left.legend(fontsize=8)
-    right.bar(names, [r.get("makespan_over_ideal") or 0 for _, r in modes], color=["C0", "C1", "C2"][: len(modes)])
-    right.axhline(1.0, color="grey", linestyle=":", label="ideal")
-    right.set_title("makespan / ideal (0: never finished)")
-    right.legend(fontsize=8)
+    middle.bar(names, [r.get("makespan_over_ideal") or 0 for _, r in modes], color=colors)
+    middle.axhline(1.0, color="grey", linestyle=":", label="ideal")
+    middle.set_title("makespan / ideal (0: never finished)", fontsize=9)
+    middle.legend(fontsize=8)
+    right.bar(names, [r.get("groups_split") or 0 for _, r in modes], color=colors)
+    right.set_title("groups split across providers or products (target 0)", fontsize=9)
+    right.yaxis.get_major_locator().set_params(integer=True)
     return _save(fig, out_dir, "bench-gpupool.png")
 
 

@@ -4,8 +4,9 @@ Owns: `machine_info` (cores, memory, CPU model, Python, kernel, Kubernetes versi
 binaries, load and other local clusters running at the start), `write_result` / `load_results`
 (one small JSON file per part), `render` (the whole of docs/benchmarks.md, regenerated from every
 results file present, so a run of one part keeps the others' sections; one section per part:
-offload, reflection, fabric, gpu-pool) and `TABLES` (the summary printed after a run of each part). Every
-number in the document comes from a results file; nothing here is hand-edited.
+offload, reflection, fabric, gpu-pool — the last written by bench.gpupool_report) and `TABLES` (the
+summary printed after a run of each part). Every number in the document comes from a results file;
+nothing here is hand-edited.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import apicost
+from bench import apicost, gpupool_report
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -544,245 +545,6 @@ def fabric_table(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-# ------------------------------------------------------------------------------------ gpu-pool
-
-
-def _sec(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f} s"
-
-
-def _jobs(n: int) -> str:
-    return f"{n} Job" if n == 1 else f"{n} Jobs"
-
-
-def _gpu_makespan(r: dict[str, Any]) -> str:
-    if r.get("makespan_s") is not None:
-        return _sec(r["makespan_s"])
-    never = r.get("jobs_unfinished", 0) + r.get("jobs_failed", 0)
-    return f"> {_sec(r.get('elapsed_s'))} ({_jobs(never)} never finished)"
-
-
-def _gpu_ended(r: dict[str, Any]) -> str:
-    ended = r.get("ended", "?")
-    return f"{ended} after {_sec(r.get('elapsed_s'))} (limit {_sec(r.get('limit_s'))})"
-
-
-def _gpu_util(r: dict[str, Any]) -> str:
-    u = r.get("utilisation")
-    if u is None:
-        return "—"
-    return f"{u:g}" if r.get("complete") else f"{u:g} (over {_sec(r.get('span_s'))}, to its last completion)"
-
-
-def _gpu_nodes(r: dict[str, Any]) -> str:
-    nodes = r.get("virtual_nodes") or {}
-    return ", ".join(f"`{n}` {v.get('gpus')}" for n, v in sorted(nodes.items())) or "—"
-
-
-def _gpu_by_node(r: dict[str, Any]) -> str:
-    rows = r.get("by_node") or {}
-    return ", ".join(f"`{n}` {v['jobs']:g} Jobs / {v['gpu_seconds']:g} GPU-s" for n, v in sorted(rows.items())) or "—"
-
-
-def _where(env: dict[str, Any]) -> str:
-    if env.get("state_dir") and env.get("base_port"):
-        return f", state in `{env['state_dir']}`, ports from {env['base_port']}"
-    return ", its own state directory and ports"
-
-
-def _gpu_reference(tr: dict[str, Any]) -> list[str]:
-    ref = tr.get("reference")
-    if not ref:
-        return []
-    return [
-        "- for reading the figures (computed, not measured): a greedy placer with no overhead at all on the "
-        f"providers' real node shapes finishes this trace in {_s(ref.get('fifo_makespan_s'))} (utilisation "
-        f"{ref.get('fifo_utilisation')}) taking Jobs in submission order — roughly the kube-scheduler's queue order — "
-        f"and in {_s(ref.get('largest_first_makespan_s'))} ({ref.get('largest_first_utilisation')}) taking them "
-        "largest first: the part of the gap to the ideal that queue order and node shapes explain"
-    ]
-
-
-def _gpu_advertised(r: dict[str, Any]) -> str:
-    nodes = r.get("node_updates") or {}
-    parts = []
-    for name, n in sorted(nodes.items()):
-        updates = f"{n.get('updates')} update{'' if n.get('updates') == 1 else 's'}"
-        total = "" if n.get("total") is None else f"of {n['total']}; "
-        above = f", **{n['above_total']} above the total**" if n.get("above_total") else ""
-        parts.append(f"`{name}` {n.get('max_allocatable')} ({total}{updates}{above})")
-    return ", ".join(parts) or "—"
-
-
-def _gpu_stuck(r: dict[str, Any]) -> str:
-    if not r.get("stuck_remote"):
-        return str(r.get("stuck_remote"))
-    return (
-        f"{r['stuck_remote']} ({_counts(r.get('stuck_remote_by_provider'))}; by GPUs per pod "
-        f"{_counts(r.get('stuck_remote_by_gpus'))}; {r.get('stuck_remote_unresolved', 0)} never placed)"
-    )
-
-
-def _counts(d: dict[str, Any] | None, unit: str = "") -> str:
-    return ", ".join(f"{k}{unit}: {v}" for k, v in (d or {}).items()) or "none"
-
-
-def _gpupool_section(data: dict[str, Any]) -> list[str]:
-    env, tr, m = data.get("environment") or {}, data.get("trace") or {}, data.get("machine") or {}
-    modes: dict[str, dict[str, Any]] = data.get("modes") or {}
-    vd = data.get("verdicts") or {}
-    by_gpus = ", ".join(f"{n} × {g} GPU" for g, n in (tr.get("by_gpus") or {}).items())
-    lines = [
-        "## gpu-pool: a GPU Job trace through the global pool, live capacity vs. static slices",
-        "",
-        f"Run {m.get('date', '?')}: {m.get('cores', '?')} cores ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB "
-        f"memory, {m.get('kubernetes', '?')}; load average at start {m.get('loadavg_at_start', '?')}, "
-        f"{m.get('other_kube_apiservers_at_start', '?')} kube-apiservers of other local environments running.",
-        "",
-        f"- clusters (default topology{_where(env)}): {env.get('consumer', '?')}; "
-        + "; ".join((env.get("providers") or {}).values())
-        + f" — {env.get('total_gpus', '?')} GPUs in all",
-        f"- trace: {tr.get('jobs', '?')} Jobs, seed {tr.get('seed', '?')}: {by_gpus}; run time uniform in "
-        f"{tr.get('durations_s', '?')} s (mean {(tr.get('duration_s') or {}).get('mean', '?')} s); "
-        f"{tr.get('gpu_seconds', '?')} GPU-seconds, so the **ideal makespan** (every GPU busy all the time) is "
-        f"{tr.get('gpu_seconds', '?')} / {tr.get('total_gpus', '?')} = **{_s(tr.get('ideal_makespan_s'))}**",
-        *_gpu_reference(tr),
-        f"- all Jobs POSTed to the consumer at t = 0 (batch/v1, {env.get('concurrency', '?')} concurrent requests, "
-        f"backoffLimit {env.get('backoff_limit', '?')}) into `{env.get('namespace', '?')}`, offloaded to both "
-        "providers; no node, no toleration: the consumer's kube-scheduler and gpufed's webhook place them",
-        "- **live**: gpufed's default — one virtual node per provider GPU product, allocatable capped at the largest "
-        "shape one provider node can still take, fit check and fail-back. **static**: the baseline other federations "
-        "use (`gpufed.io/capacity=static` on the consumer's ForeignClusters) — one virtual node per provider, "
-        "allocatable = grant, no fit check. Same clusters, same trace, live first; every Job deleted in between",
-        "- measured with watches (client clock): a Job runs from its pod being seen Running to Succeeded on the "
-        "consumer; utilisation = Σ GPUs × run seconds / (GPUs × makespan); a pod *sat Pending remotely* when its twin "
-        "on a provider ever had PodScheduled=False/Unschedulable (wait: from the twin's appearance to its binding, "
-        "or to the end of the run). A run ends when all Jobs are done, at its time limit "
-        f"({env.get('limit_factor', '?')} × ideal + 60 s) or when it stalls (no pod Running, nothing changing "
-        f"for {_s(env.get('stall_s'))} static, {_s(env.get('live_stall_s'))} live)",
-        "",
-        f"Targets: live utilisation ≥ {(data.get('targets') or {}).get('utilisation_ratio_min', 0.9)} of "
-        f"the ideal; {(data.get('targets') or {}).get('stuck_max', 0)} pods stuck Pending remotely.",
-        "",
-        "| | live (gpufed) | static slices (baseline) | target | verdict |",
-        "|---|---|---|---|---|",
-    ]
-    live, static = modes.get("live") or {}, modes.get("static") or {}
-
-    def row(label: str, fn: Callable[[dict[str, Any]], str], target: str = "", verdict: str = "") -> str:
-        cells = [("error: see below" if "error" in r else fn(r)) if r else "not run" for r in (live, static)]
-        return f"| {label} | {cells[0]} | {cells[1]} | {target} | {verdict} |"
-
-    u, st = vd.get("utilisation") or {}, vd.get("stuck") or {}
-    lines += [
-        row("virtual nodes (allocatable GPUs, idle)", _gpu_nodes),
-        row("run", _gpu_ended),
-        row("makespan", _gpu_makespan),
-        row("makespan / ideal", lambda r: _s(r.get("makespan_over_ideal"), "")),
-        row(
-            "GPU utilisation (= ratio to the ideal's 1.0)",
-            _gpu_util,
-            str(u.get("target", "")).replace(">=", "≥"),
-            _verdict(u) if u else "",
-        ),
-        row(
-            "Jobs finished / failed / unfinished",
-            lambda r: (
-                f"{r.get('jobs_finished')} / {r.get('jobs_failed')} / {r.get('jobs_unfinished')} of {r.get('jobs')}"
-            ),
-        ),
-        row(
-            "pods failed back",
-            lambda r: (
-                f"{r.get('pods_failed_back', 0)}"
-                + (f" ({_counts(r.get('failed_pods_by_reason'))})" if r.get("pods_failed_back") else "")
-            ),
-        ),
-        row(
-            "pods that sat Pending remotely",
-            _gpu_stuck,
-            str(st.get("target", "")),
-            _verdict(st) if st else "",
-        ),
-        row("longest remote Pending wait", lambda r: _sec(r.get("max_remote_wait_s"))),
-        row(
-            "time from submit to Running p50 / p90 / max",
-            lambda r: " / ".join(_sec((r.get("queue_wait_s") or {}).get(k)) for k in ("p50", "p90", "max")),
-        ),
-        row("work done per virtual node", _gpu_by_node),
-        row("most GPUs each virtual node advertised during the run (of its pool's total)", _gpu_advertised),
-        row("all Jobs created after", lambda r: _sec(r.get("submit_s"))),
-        row("mode switch (virtual nodes as the mode implies) took", lambda r: _sec(r.get("mode_switch_s"))),
-        row("deleting the Jobs, pods and twins took", lambda r: _sec(r.get("cleanup_s"))),
-        "",
-    ]
-    notes = _gpupool_observations(modes)
-    if notes:
-        lines += ["Seen during the runs:", "", *[f"- {n}" for n in notes], ""]
-    met = [f"{k} ({v.get('value')}; target {v.get('target')})" for k, v in vd.items() if v.get("met")]
-    missed = [f"{k} ({v.get('value')}; target {v.get('target')})" for k, v in vd.items() if not v.get("met")]
-    lines += [
-        f"Verdict (live run): met {'; '.join(met) or 'none'}. Missed: {'; '.join(missed) or 'none'}.",
-        "",
-    ]
-    return lines
-
-
-def _gpupool_observations(modes: dict[str, dict[str, Any]]) -> list[str]:
-    out: list[str] = []
-    for mode, r in modes.items():
-        if "error" in r:
-            out.append(f"{mode}: could not run: `{r['error'][:400]}`")
-            continue
-        if r.get("jobs_unfinished") or r.get("jobs_failed"):
-            out.append(
-                f"{mode}: {_jobs(r.get('jobs_unfinished', 0))} unfinished "
-                f"({_counts(r.get('unfinished_by_state'))}) and "
-                f"{r.get('jobs_failed')} failed when the run ended ({r.get('ended')}); by GPUs per pod: "
-                f"{_counts(r.get('unfinished_by_gpus'), ' GPU')}"
-            )
-        for e in r.get("first_create_errors") or []:
-            out.append(f"{mode}: create error: `{e}`")
-        if r.get("running_unseen"):
-            out.append(
-                f"{mode}: {r['running_unseen']} pods were seen Succeeded but never Running (their planned run time "
-                "counts)"
-            )
-        for log in r.get("logs") or []:
-            levels = log.get("levels") or {}
-            bad = {k: n for k, n in levels.items() if k not in ("info", "debug")}
-            if bad:
-                top = "; ".join(f"{x['count']}× `{x['event']}`" for x in log.get("top") or [])
-                out.append(f"{mode}: `{log['log']}`: {log['lines']} lines, {bad}" + (f" — {top}" if top else ""))
-            elif "error" in log:
-                out.append(f"{mode}: `{log['log']}` unreadable: {log['error']}")
-    return out
-
-
-def gpupool_table(data: dict[str, Any]) -> str:
-    """A plain summary of one gpu-pool run for the terminal."""
-    tr = data.get("trace") or {}
-    rows = [
-        f"trace: {tr.get('jobs')} Jobs (seed {tr.get('seed')}), {tr.get('gpu_seconds')} GPU-s, "
-        f"ideal makespan {tr.get('ideal_makespan_s')} s on {tr.get('total_gpus')} GPUs",
-        f"{'mode':<7} {'ended':<11} {'elapsed':>8} {'makespan':>9} {'/ideal':>7} {'util':>6} {'done':>5} "
-        f"{'failed':>6} {'failback':>8} {'stuck':>5} {'max wait':>9}",
-    ]
-    for mode, r in (data.get("modes") or {}).items():
-        if "error" in r:
-            rows.append(f"{mode:<7} error: {r['error'][:200]}")
-            continue
-        rows.append(
-            f"{mode:<7} {r.get('ended', '?'):<11} {_s(r.get('elapsed_s')):>8} {_s(r.get('makespan_s')):>9} "
-            f"{_s(r.get('makespan_over_ideal'), ''):>7} {_s(r.get('utilisation'), ''):>6} "
-            f"{r.get('jobs_finished', 0):>5} {r.get('jobs_failed', 0):>6} {r.get('pods_failed_back', 0):>8} "
-            f"{r.get('stuck_remote', 0):>5} {_s(r.get('max_remote_wait_s')):>9}"
-        )
-    for k, v in (data.get("verdicts") or {}).items():
-        rows.append(f"live {k}: {v.get('value')} ({v.get('target')}) {'met' if v.get('met') else 'MISSED'}")
-    return "\n".join(rows)
-
-
 def missed_targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(target id, where, figure vs target) for every target a result file says was missed."""
     out: list[tuple[str, str, str]] = []
@@ -964,17 +726,6 @@ def _why_reflection(results: dict[str, dict[str, Any]]) -> str:
     )
 
 
-def _why_gpupool(results: dict[str, dict[str, Any]]) -> str:
-    return (
-        "Part of the gap is the trace itself and the scheduler's order: a greedy placer with no overhead on "
-        "these node shapes, taking Jobs in submission order as the kube-scheduler's queue roughly does, "
-        "reaches only about 0.83 of the ideal (the gpu-pool section computes it). The rest is pod start and "
-        "completion latency across two clusters on a loaded 2-core machine (a Job's GPUs are idle from its "
-        "completion to the next pod's start on them). The targets that are gpufed's own are met: live capacity "
-        "beats the static-slice baseline, and no pod ever sat Pending remotely."
-    )
-
-
 #: Why a target is missed, from the profiles and measurements behind this page (bench.report keeps
 #: the words; the figures come from the results). A missed target without an entry says so.
 EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
@@ -984,7 +735,7 @@ EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "offload.footprint_rss": _why_footprint,
     "api-cost.pollers": _why_pollers,
     "reflection.p99": _why_reflection,
-    "gpu-pool.utilisation": _why_gpupool,
+    **gpupool_report.EXPLANATIONS,
     "fabric.filter_throughput": lambda r: _why_filter(r),
 }
 
@@ -1029,7 +780,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "offload": _offload_section,
     "reflection": _reflection_section,
     "fabric": _fabric_section,
-    "gpu-pool": _gpupool_section,
+    "gpu-pool": gpupool_report.section,
     "api-cost": lambda data: [apicost.table(data), ""],
 }
 
@@ -1053,13 +804,15 @@ def render(results: dict[str, dict[str, Any]], figures: dict[str, list[str]] | N
         "make bench BENCH_ARGS='--parts offload'         # one part (offload, reflection, fabric, gpu-pool, api-cost)",
         "make bench BENCH_ARGS='--pods 100,500,1000,2000 --scheduled-pods 500,2000'  # other burst sizes",
         "make bench BENCH_ARGS='--pods 500 --keep'       # leave the bench clusters running afterwards",
-        "make bench BENCH_ARGS='--parts gpu-pool --gpu-jobs 100 --gpu-modes live'  # smaller, live only",
+        "make bench BENCH_ARGS='--parts gpu-pool --gpu-jobs 80 --gpu-modes live,kueue'  # smaller, two modes",
         "make bench BENCH_ARGS='--report-only'           # regenerate this file and the plots from bench/results",
         "```",
         "",
         "How long it takes: `make bench` at the default sizes (offload 100 and 1000 pre-bound, 500 scheduled; "
         "all five parts) took 18 min 4 s on a fresh clone of 2026-11-22 on the 2-core development machine, "
-        "venv created, Kubernetes binaries already built (a cold build adds about 10 min). Each section "
+        "venv created, Kubernetes binaries already built (a cold build adds about 10 min); that was before the "
+        "gpu-pool part gained its groups and its Kueue mode: the gpu-pool part alone now takes about 14 min "
+        "(2026-11-27, same machine). Each section "
         "below gives the date of the run it shows; the `offload` tables (to 2000 pods) and the profile are "
         "from the run that found the fixes, the offload run after them is in its before/after table.",
         "",
@@ -1126,6 +879,6 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "offload": text_table,
     "reflection": reflection_table,
     "fabric": fabric_table,
-    "gpu-pool": gpupool_table,
+    "gpu-pool": gpupool_report.table,
     "api-cost": apicost.table,
 }
