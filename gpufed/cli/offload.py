@@ -89,13 +89,23 @@ def unoffload_namespace(
             "bare pods are not recreated",
         ),
     ] = False,
+    delete_volumes: Annotated[
+        bool,
+        typer.Option(
+            "--delete-volumes",
+            help="also when claims of the namespace keep their data on providers: delete those claims, and so "
+            "their data on the providers, which is lost (without it, unoffloading is refused while such claims exist)",
+        ),
+    ] = False,
     timeout: Timeout = OPERATION_TIMEOUT_S,
 ) -> None:
     """Make NAMESPACE local again: remove its twin namespaces on every provider and its offloading."""
     from peering.ops import offload as ops
 
     result: UnoffloadResult = run_op(
-        ops.unoffload(kubeconfig, context, namespace, Report(), force=force, timeout_s=timeout)
+        ops.unoffload(
+            kubeconfig, context, namespace, Report(), force=force, delete_volumes=delete_volumes, timeout_s=timeout
+        )
     )
     if result.removed:
         console.print(f"[bold green]unoffloaded[/] {result.namespace}")

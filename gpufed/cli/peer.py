@@ -103,6 +103,14 @@ def unpeer(
     context: Context = None,
     remote_context: RemoteContext = None,
     timeout: Timeout = OPERATION_TIMEOUT_S,
+    delete_volumes: Annotated[
+        bool,
+        typer.Option(
+            "--delete-volumes",
+            help="also when claims keep their data on the provider: delete those claims, and so their data "
+            "on the provider, which is lost (without it, unpeering is refused while such claims exist)",
+        ),
+    ] = False,
 ) -> None:
     """Remove everything a peering created on both clusters, the network fabric included."""
     from gpufed.ops import peer as ops
@@ -110,7 +118,7 @@ def unpeer(
 
     consumer = ClusterRef(kubeconfig, context, "consumer")
     provider = ClusterRef(remote_kubeconfig, remote_context, "provider")
-    run_op(ops.unpeer(consumer, provider, Report(), timeout))
+    run_op(ops.unpeer(consumer, provider, Report(), timeout, delete_volumes=delete_volumes))
 
 
 def info(

@@ -83,8 +83,12 @@ async def peer(settings: PeerSettings, report: Reporter) -> PeerResult:
     return await peering_ops.peer(settings.request, report, after_auth=after_auth, after_grant=after_grant)
 
 
-async def unpeer(consumer: ClusterRef, provider: ClusterRef, report: Reporter, timeout_s: float) -> int:
+async def unpeer(
+    consumer: ClusterRef, provider: ClusterRef, report: Reporter, timeout_s: float, *, delete_volumes: bool = False
+) -> int:
     """Remove the network fabric of the peering, then everything else it created on both clusters;
-    the number of peering objects deleted (0: nothing was peered)."""
+    the number of peering objects deleted (0: nothing was peered). Refused, before anything is
+    removed, while claims are bound on the provider, unless `delete_volumes`."""
+    await peering_ops.check_claims(consumer, provider, report, delete_volumes=delete_volumes)
     await network_ops.disconnect(consumer, provider, report)
-    return await peering_ops.unpeer(consumer, provider, report, timeout_s)
+    return await peering_ops.unpeer(consumer, provider, report, timeout_s, delete_volumes=delete_volumes)

@@ -43,6 +43,7 @@ from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, require_kubeconfig
 from peering import defaults
+from peering.ops import volumes
 
 DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25
@@ -312,6 +313,7 @@ async def unoffload(
     report: Reporter,
     *,
     force: bool = False,
+    delete_volumes: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> UnoffloadResult:
     deadline = time.monotonic() + timeout_s
@@ -329,7 +331,17 @@ async def unoffload(
                 + "; delete them first, or use --force to delete them after the twins are removed "
                 "(their controllers recreate them locally)"
             )
+        claims = await volumes.bound_claims(api, namespace=namespace)
+        if claims and not delete_volumes:
+            raise OffloadError(
+                f"{len(claims)} claim(s) of {namespace} keep their data on providers: {volumes.describe(claims)}; "
+                "unoffloading deletes the twin namespaces and the data in them. Copy the data out first, or "
+                "pass --delete-volumes to delete these claims and their data on the providers"
+            )
         report.done(f"namespace {namespace} is offloaded; {len(remote_pods)} pod(s) on virtual nodes")
+        if claims:
+            for name in await volumes.delete_claims(api, claims):
+                report.done(f"deleted claim {name} (--delete-volumes: its data on the provider goes with it)")
         report.step(f"removing the offloading of {namespace} and its twin namespaces")
         if not obj["metadata"].get("deletionTimestamp"):
             await rest.delete(api, _path(namespace), uid=obj["metadata"]["uid"])

@@ -49,6 +49,7 @@ from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, require_kubeconfig
 from peering import defaults, grants
 from peering.handshake import fingerprint
+from peering.ops import volumes
 
 DEFAULT_TIMEOUT_S = defaults.OPERATION_TIMEOUT_S
 POLL_S = 0.25
@@ -460,12 +461,38 @@ async def _leftovers(p: Peers) -> list[tuple[Any, str, str]]:
     return out
 
 
+async def check_claims(
+    consumer: ClusterRef, provider: ClusterRef, report: Reporter, *, delete_volumes: bool = False
+) -> None:
+    """Before unpeering: refuse while the consumer has claims bound on the provider (their data is in
+    the twin namespaces unpeering deletes), unless `delete_volumes`, which deletes those claims."""
+    async with connect(consumer, provider) as p:
+        claims = await volumes.bound_claims(p.consumer_api, provider=p.provider_id)
+        if not claims:
+            return
+        if not delete_volumes:
+            raise PeerError(
+                f"{len(claims)} claim(s) keep their data on provider {p.provider_id}: {volumes.describe(claims)}; "
+                "unpeering deletes the twin namespaces and the data in them. Copy the data out first, or pass "
+                "--delete-volumes to delete these claims and their data on the provider"
+            )
+        for name in await volumes.delete_claims(p.consumer_api, claims):
+            report.done(f"deleted claim {name} (--delete-volumes: its data on {p.provider_id} goes with it)")
+
+
 async def unpeer(
-    consumer: ClusterRef, provider: ClusterRef, report: Reporter, timeout_s: float = DEFAULT_TIMEOUT_S
+    consumer: ClusterRef,
+    provider: ClusterRef,
+    report: Reporter,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    delete_volumes: bool = False,
 ) -> int:
-    """Remove the peering from both sides; the number of objects deleted (0: nothing was peered)."""
+    """Remove the peering from both sides; the number of objects deleted (0: nothing was peered).
+    Refused while claims are bound on the provider, unless `delete_volumes` (`check_claims`)."""
     deadline = time.monotonic() + timeout_s
     report.step("checking both clusters")
+    await check_claims(consumer, provider, report, delete_volumes=delete_volumes)
     async with connect(consumer, provider) as p:
         report.done(f"consumer {p.consumer_id}, provider {p.provider_id}")
         found = await _leftovers(p)

@@ -20,7 +20,7 @@ from gpufed.apis.wire import PROVIDER_STORAGE_CLASS_ANNOTATION, REMOTE_CLUSTER_L
 from gpufed.localenv import manifests
 from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, offload, peered_session
+from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session, unpeer_args
 
 pytestmark = pytest.mark.e2e
 
@@ -194,5 +194,39 @@ def test_claims_the_provider_cannot_take_are_refused_on_the_claim(
         twin_ns = f"{namespace}-{ids['consumer']}"
         assert get(clusters, "gpu-a", "pvc", "gold", "-n", twin_ns) is None
         assert get(clusters, "gpu-a", "pvc", "huge", "-n", twin_ns) is None
+    finally:
+        delete_claims(clusters, namespace)
+
+
+def test_unoffloading_and_unpeering_refuse_while_claims_keep_data_on_a_provider(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    offload(clusters, namespace)
+    twin_ns = f"{namespace}-{ids['consumer']}"
+    try:
+        clusters.create("consumer", claim("data", namespace))
+        clusters.create(
+            "consumer", job_with("writer", namespace, "data", nodeSelector={REMOTE_CLUSTER_LABEL: ids["gpu-a"]})
+        )
+        clusters.kubectl(
+            "consumer", "wait", "-n", namespace, "--for=condition=Complete", "job/writer", "--timeout=120s", timeout=130
+        )
+        kc = ("--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
+        p = gpufed("unoffload-namespace", namespace, *kc)
+        assert p.returncode != 0 and "keep their data on providers" in out(p) and f"{namespace}/data" in out(p), out(p)
+        assert "--delete-volumes" in out(p)
+        p = gpufed("unpeer", *unpeer_args(clusters, "gpu-a"))
+        assert p.returncode != 0 and f"keep their data on provider {ids['gpu-a']}" in out(p), out(p)
+        # nothing was removed: the peering, the twin namespace and both claims are all there
+        assert get(clusters, "consumer", "pvc", "data", "-n", namespace) is not None
+        assert get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is not None
+        assert get(clusters, "consumer", "foreigncluster", ids["gpu-a"]) is not None
+        # the operator names the data loss: the claims go, and their copies on the provider
+        p = gpufed("unoffload-namespace", namespace, *kc, "--delete-volumes", "--force")
+        assert p.returncode == 0 and f"deleted claim {namespace}/data" in out(p), out(p)
+        eventually(
+            "the consumer's claim gone", lambda: get(clusters, "consumer", "pvc", "data", "-n", namespace) is None
+        )
+        eventually("the provider's claim gone", lambda: get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is None)
     finally:
         delete_claims(clusters, namespace)

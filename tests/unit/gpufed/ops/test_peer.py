@@ -106,12 +106,19 @@ async def test_unpeer_removes_the_network_first_then_the_peering(monkeypatch: py
         calls.append(f"disconnect {consumer.role} {provider.role}")
         return []
 
-    async def fake_unpeer(consumer: ClusterRef, provider: ClusterRef, report: Any, timeout_s: float) -> int:
-        calls.append(f"unpeer {consumer.role} {provider.role} {timeout_s:g}")
+    async def fake_unpeer(
+        consumer: ClusterRef, provider: ClusterRef, report: Any, timeout_s: float, *, delete_volumes: bool
+    ) -> int:
+        calls.append(f"unpeer {consumer.role} {provider.role} {timeout_s:g} {delete_volumes}")
         return 3
+
+    async def fake_check(consumer: ClusterRef, provider: ClusterRef, report: Any, *, delete_volumes: bool) -> None:
+        calls.append(f"check claims {delete_volumes}")
 
     monkeypatch.setattr(network_ops, "disconnect", fake_disconnect)
     monkeypatch.setattr(peering_ops, "unpeer", fake_unpeer)
+    monkeypatch.setattr(peering_ops, "check_claims", fake_check)
     req = _request()
     assert await ops.unpeer(req.consumer, req.provider, Recorder(), 9) == 3
-    assert calls == ["disconnect consumer provider", "unpeer consumer provider 9"]
+    # the claims are checked before anything is removed
+    assert calls == ["check claims False", "disconnect consumer provider", "unpeer consumer provider 9 False"]
