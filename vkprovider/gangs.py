@@ -9,7 +9,9 @@ exist:
   but not yet bound kept aside so that two groups are never promised the same GPUs);
 - releasing the group: each pod gets `nodeSelector kubernetes.io/hostname=<pool node>` (a gated pod
   may gain node selection) and loses the gate, in one JSON patch with a `test` of the gate, and is
-  annotated with the pool; the ordinary kube-scheduler then binds them there;
+  annotated with the pool; then every pod is bound to the pool node at once (pods/binding), so the
+  group is not bound one pod at a time between other pods (the ordinary kube-scheduler binds any pod
+  a binding missed, to the same node: its node selection says so);
 - pods of a group that was released before (a Job's next pods beside those still running, or the
   rest of a release cut short by an error) join it on its pool node once that pool holds them, and
   wait gated until then (a pod released onto a pool that cannot take it would be failed back, and
@@ -260,8 +262,29 @@ class GangController:
                     self.released.pop(key, None)
                     self.dirty.set()
                     return
+        # Bound together, at once: left to the scheduler, the pods would be bound one by one as the
+        # pool node's allocatable allows (one largest shape beyond what it holds), with other pods
+        # taking the node in between. The scheduler binds whatever is not bound here (same node).
+        for pod in pods:
+            await self._bind(pod, node)
         self.reported.pop(key, None)
         self._log.info("gang released", namespace=key[0], group=_group_name(pods), node=node, pods=len(pods))
+
+    async def _bind(self, pod: Mapping[str, Any], node: str) -> None:
+        """Bind a released pod to its pool node (pods/binding); a pod the scheduler bound first, or that
+        is gone, is fine, and any other refusal leaves the pod to the scheduler."""
+        name, namespace = meta.name(pod), meta.namespace(pod)
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": meta.uid(pod)},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            await rest.create(self.api, rest.path("v1", "pods", name, namespace=namespace, sub="binding"), binding)
+        except KubeError as e:
+            if e.status not in (404, 409):
+                self._log.warning("gang pod left to the scheduler", pod=name, error=str(e)[:200])
 
     async def _report(self, key: Key, decision: Decision, pods: list[dict[str, Any]]) -> None:
         reason = "NeverFits" if decision.never else "Waiting"

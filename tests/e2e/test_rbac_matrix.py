@@ -234,6 +234,7 @@ MATRIX: list[Row] = [
     ("controller", C, "get", "configmaps", "kube-system", "kube-proxy", DENY, "kube-system config"),
     ("controller", C, "patch", "pods", "{ns}", "x", ALLOW, "vkprovider/gangs.py: releases a gated group"),
     ("controller", C, "patch", "pods/status", "{ns}", "x", ALLOW, "vkprovider/gangs.py: GangPlaced condition"),
+    ("controller", C, "create", "pods/binding", "{ns}", "x", ALLOW, "vkprovider/gangs.py: binds a released group"),
     ("controller", C, "get", "jobs.batch", "{ns}", "x", ALLOW, "vkprovider/webhook/server.py: a pod's Job"),
     ("controller", C, "list", "jobs.batch", "", "", DENY, "listing Jobs (one Job is read by name)"),
     ("controller", C, "patch", "resourceflavors.kueue.x-k8s.io", "", "x", ALLOW, "vkprovider/kueue.py: flavors"),
@@ -241,6 +242,7 @@ MATRIX: list[Row] = [
     ("controller", C, "delete", "clusterqueues.kueue.x-k8s.io", "", "x", DENY, "the admins' ClusterQueues"),
     ("controller", C, "create", "workloads.kueue.x-k8s.io", "default", "", DENY, "Kueue's workloads"),
     ("controller", C, "patch", "pods", "kube-system", BYSTANDER_POD, ADMISSION, "pods that are no gated group"),
+    ("controller", C, "create", "pods/binding", "kube-system", BYSTANDER_POD, ADMISSION, "binding to a real node"),
     ("controller", C, "create", "pods", "{ns}", "", DENY, "it runs no workload"),
     ("controller", C, "delete", "pods", "kube-system", "", DENY, "pod deletion"),
     ("controller", C, "patch", "nodes", "", "{node}", DENY, "node writes"),
@@ -615,6 +617,15 @@ def _real_request(verb: str, resource: str, namespace: str, name: str) -> tuple[
             "spec": {"holderIdentity": name, "leaseDurationSeconds": 40},
         }
         return ["create", "-f", "-", dry], json.dumps(lease)
+    if verb == "create" and resource == "pods/binding":
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "consumer-control-plane"},
+        }
+        url = f"/api/v1/namespaces/{namespace}/pods/{name}/binding?dryRun=All"
+        return ["create", "--raw", url, "-f", "-"], json.dumps(binding)
     raise AssertionError(f"no real request for an ADMISSION row {verb} {resource}: add one here")
 
 

@@ -215,7 +215,7 @@ def test_unoffloading_and_unpeering_refuse_while_claims_keep_data_on_a_provider(
         p = gpufed("unoffload-namespace", namespace, *kc)
         assert p.returncode != 0 and "keep their data on providers" in out(p) and f"{namespace}/data" in out(p), out(p)
         assert "--delete-volumes" in out(p)
-        p = gpufed("unpeer", *unpeer_args(clusters, "gpu-a"))
+        p = gpufed(*unpeer_args(clusters, "gpu-a"))
         assert p.returncode != 0 and f"keep their data on provider {ids['gpu-a']}" in out(p), out(p)
         # nothing was removed: the peering, the twin namespace and both claims are all there
         assert get(clusters, "consumer", "pvc", "data", "-n", namespace) is not None

@@ -367,6 +367,8 @@ class FakeApiServer:
         #: Virtual resources answered by a function instead of stored (e.g. "tokenreviews":
         #: request body -> the review with its status).
         self.reviewers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        #: Whether pods/binding is served (binds the pod) or refused (403).
+        self.bindings = True
 
     # ---- state (tests use these directly; they emit watch events like the HTTP verbs)
 
@@ -479,6 +481,14 @@ class FakeApiServer:
             return web.json_response(obj)
         if request.method == "DELETE":
             return self._delete(key, obj, body)
+        if request.method == "POST" and resource == "pods" and sub == "binding":
+            if not self.bindings:
+                return _status(403, "Forbidden", "bindings are refused here")
+            if (obj.get("spec") or {}).get("nodeName"):
+                return _status(409, "Conflict", f'pod {name} is already assigned to node "{obj["spec"]["nodeName"]}"')
+            obj.setdefault("spec", {})["nodeName"] = (body.get("target") or {}).get("name", "")
+            self._emit(resource, "MODIFIED", obj)
+            return web.json_response({"kind": "Status", "status": "Success"}, status=201)
         if request.method == "PATCH" and request.content_type == "application/json-patch+json":
             try:
                 json_patch(obj, body)

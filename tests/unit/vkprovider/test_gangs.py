@@ -94,6 +94,11 @@ def released_to(server: FakeApiServer, name: str) -> str | None:
     return str(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"])
 
 
+def bound_to(server: FakeApiServer, name: str) -> str:
+    pod = server.get("pods", "team", name) or {}
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
 def test_release_patch_keeps_other_gates_and_selectors() -> None:
     pod = member(0, nodeSelector={"zone": "a"})
     pod["spec"]["schedulingGates"].append({"name": "example.com/wait"})
@@ -108,10 +113,17 @@ async def test_a_whole_group_is_released_onto_one_pool() -> None:
         nodes = [pool("gpufed-a", "a", H100, [[8, 1]], headroom=8), pool("gpufed-b", "b", A100, [[2, 2]], headroom=4)]
         seed(server, nodes, [member(i) for i in range(4)])
         async with running(GangController(api, FAST)):
-            await until(lambda: all(released_to(server, f"train-{i}") for i in range(4)))
+            # released, and bound together to the pool node, not left to be bound one by one
+            await until(
+                lambda: all((server.get("pods", "team", f"train-{i}") or {})["spec"].get("nodeName") for i in range(4))
+            )
         assert {released_to(server, f"train-{i}") for i in range(4)} == {"gpufed-a"}
         pod = server.get("pods", "team", "train-0")
         assert pod is not None and pod["metadata"]["annotations"][GANG_NODE_ANNOTATION] == "gpufed-a"
+        for i in range(4):
+            (binding,) = [r.body for r in server.calls("POST", f"/api/v1/namespaces/team/pods/train-{i}/binding")]
+            assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpufed-a"}
+            assert server.get("pods", "team", f"train-{i}")["spec"]["nodeName"] == "gpufed-a"  # type: ignore[index]
 
 
 async def test_an_incomplete_group_waits_for_its_last_pod() -> None:
@@ -186,6 +198,7 @@ async def test_two_groups_are_never_promised_the_same_gpus() -> None:
             member(i, "two", size=2, gpus=4) for i in range(2)
         ]
         seed(server, [pool("gpufed-a", "a", H100, [[8, 1]], headroom=16)], pods)
+        server.bindings = False  # left to a scheduler (none here): the first group stays unbound
         async with running(GangController(api, FAST)):
             await until(lambda: released_to(server, "one-0") is not None or released_to(server, "two-0") is not None)
             await asyncio.sleep(0.5)
