@@ -85,11 +85,12 @@ def delete_claims(clusters: Clusters, namespace: str) -> None:
     )
     clusters.kubectl("consumer", "delete", "pvc", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
 
-    def volumes_gone() -> bool:
-        pvs = clusters.kubectl_json("consumer", "get", "pv")["items"]
-        return not [pv for pv in pvs if (pv["spec"].get("claimRef") or {}).get("namespace") == namespace]
+    eventually("the namespace's virtual volumes gone", lambda: not volumes_of(clusters, namespace), timeout=60)
 
-    eventually("the namespace's virtual volumes gone", volumes_gone, timeout=60)
+
+def volumes_of(clusters: Clusters, namespace: str) -> list[dict[str, Any]]:
+    pvs: list[dict[str, Any]] = clusters.kubectl_json("consumer", "get", "pv")["items"]
+    return [pv for pv in pvs if (pv["spec"].get("claimRef") or {}).get("namespace") == namespace]
 
 
 def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
@@ -221,12 +222,15 @@ def test_unoffloading_and_unpeering_refuse_while_claims_keep_data_on_a_provider(
         assert get(clusters, "consumer", "pvc", "data", "-n", namespace) is not None
         assert get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is not None
         assert get(clusters, "consumer", "foreigncluster", ids["gpu-a"]) is not None
-        # the operator names the data loss: the claims go, and their copies on the provider
+        # the operator names the data loss: the claims go, and their copies on the provider; the
+        # finished writer's pod still names the claim, so Kubernetes keeps it until the pod goes
         p = gpufed("unoffload-namespace", namespace, *kc, "--delete-volumes", "--force")
         assert p.returncode == 0 and f"deleted claim {namespace}/data" in out(p), out(p)
+        eventually("the provider's claim gone", lambda: get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is None)
+        clusters.kubectl("consumer", "delete", "job", "writer", "-n", namespace, "--cascade=foreground")
         eventually(
             "the consumer's claim gone", lambda: get(clusters, "consumer", "pvc", "data", "-n", namespace) is None
         )
-        eventually("the provider's claim gone", lambda: get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is None)
+        eventually("its virtual volume gone", lambda: not volumes_of(clusters, namespace))
     finally:
         delete_claims(clusters, namespace)

@@ -235,14 +235,17 @@ class ClaimProvisioner:
         claim_uid = str((spec.get("claimRef") or {}).get("uid") or "")
         path = rest.path("v1", "persistentvolumeclaims", remote_name, namespace=remote_ns)
         phase = str((volume.get("status") or {}).get("phase") or "")
+        # The twin namespace is still followed: else it is gone (unoffloaded, unpeered), and the
+        # provider's claim with it, or it is no longer this consumer's to touch.
+        followed = self.twin_namespace(str((spec.get("claimRef") or {}).get("namespace") or "")) == remote_ns
         if phase == "Released" and spec.get("persistentVolumeReclaimPolicy") == "Delete":
-            have = await rest.get(self.remote, path)
+            have = await rest.get(self.remote, path) if followed else None
             if have is not None and owned_by(have, self.consumer, claim_uid):
                 await rest.delete(self.remote, path, uid=meta.uid(have))
                 self._log.info("provider claim deleted", namespace=remote_ns, claim=remote_name)
             await rest.delete(self.local, rest.path("v1", "persistentvolumes", name), uid=meta.uid(volume))
             return None
-        if phase != "Bound":
+        if phase != "Bound" or not followed:
             return None
         have = await rest.get(self.remote, path)
         remote_phase = (

@@ -155,3 +155,23 @@ async def test_deleting_a_claim_in_use_is_said_once() -> None:
         await asyncio.sleep(0.3)
         held = [m for n, _t, r, m in events.seen if n == "data" and r == "ClaimInUse"]
         assert len(held) == 1 and "its data on provider gpu-a" in held[0] and "deleted then" in held[0]
+
+
+async def test_a_volume_released_after_its_namespace_was_unoffloaded_goes_without_asking_the_provider() -> None:
+    async with provisioner() as (local, remote, _p, _events):
+        gone = {
+            "metadata": {
+                "name": "gpufed-u-7",
+                "labels": {"gpufed.io/remote-cluster-id": "gpu-a"},
+                "annotations": {"gpufed.io/remote-claim": "private-consumer-1/data"},
+            },
+            "spec": {
+                "persistentVolumeReclaimPolicy": "Delete",
+                "claimRef": {"namespace": "private", "name": "data", "uid": "u-7"},
+            },
+            "status": {"phase": "Released"},
+        }
+        local.create("persistentvolumes", gone)
+        await until(lambda: local.get("persistentvolumes", "", "gpufed-u-7") is None)
+        # its twin namespace is gone, and the provider's claim with it: nothing is read or deleted there
+        assert not [r for r in remote.requests if "private-consumer-1" in r.path]
