@@ -156,6 +156,11 @@ def info(
                     s["reason"] if i == 0 else "",
                 )
     console.print(t)
+    for p in data["providers"]:
+        if p.get("claims"):
+            shown = ", ".join(f"{c['claim']} ({c['size']})" for c in p["claims"][:10])
+            more = f", and {len(p['claims']) - 10} more" if len(p["claims"]) > 10 else ""
+            console.print(f"claims bound on {p['clusterId']}: {len(p['claims'])}: {shown}{more}")
     if data["consumers"]:
         c = Table(title="consumers (this cluster provides)")
         for col in ("consumer", "phase", "granted", "used", "twin namespaces"):

@@ -521,12 +521,14 @@ async def unpeer(
 
 
 async def info(ref: ClusterRef) -> dict[str, Any]:
-    """This cluster's peerings in both roles, with requested, granted and used resources."""
+    """This cluster's peerings in both roles, with requested, granted and used resources, and the
+    claims bound on each provider."""
     async with _connect(ref) as (api, server):
         cid, key = await _identity(api, ref)
         fcs = await rest.list_items(api, rest.path(API_VERSION, "foreignclusters"))
         slices = await rest.list_items(api, rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE))
         tenants = await rest.list_items(api, rest.path(API_VERSION, "tenants"))
+        claims = await volumes.bound_claims(api)
     providers = []
     for fc in fcs:
         spec = fc.get("spec") or {}
@@ -539,6 +541,11 @@ async def info(ref: ClusterRef) -> dict[str, Any]:
                 "apiServer": spec.get("apiServerUrl"),
                 "phase": (fc.get("status") or {}).get("phase", "Pending"),
                 "authentication": _cond(fc, "Authentication").get("reason", ""),
+                "claims": [
+                    {"claim": f"{c.namespace}/{c.name}", "size": c.size}
+                    for c in claims
+                    if c.provider == spec.get("clusterId")
+                ],
                 "slices": [
                     {
                         "name": s["metadata"]["name"],

@@ -151,6 +151,16 @@ def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
         clusters.kubectl(
             "consumer", "wait", "-n", namespace, "--for=condition=Complete", "job/reader", "--timeout=120s", timeout=130
         )
+        # the operator sees the claim where its data is
+        kc = ("--kubeconfig", str(clusters.kubeconfig), "--context", "consumer")
+        p = gpufed("info", *kc, "-o", "json")
+        assert p.returncode == 0, out(p)
+        provider_a = next(x for x in json.loads(p.stdout)["providers"] if x["clusterId"] == ids["gpu-a"])
+        assert provider_a["claims"] == [{"claim": f"{namespace}/data", "size": "10Gi"}], provider_a
+        p = gpufed("pool", *kc, "-o", "json")
+        assert p.returncode == 0, out(p)
+        on_a = json.loads(p.stdout)["claims"][ids["gpu-a"]]
+        assert on_a["claims"] == 1 and on_a["items"][0]["claim"] == f"{namespace}/data", on_a
         # a pod that must run on gpu-b never mounts the claim bound on gpu-a: it stays Pending
         pin_b = {REMOTE_CLUSTER_LABEL: ids["gpu-b"]}
         clusters.create("consumer", job_with("elsewhere", namespace, "data", nodeSelector=pin_b))
