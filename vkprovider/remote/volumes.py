@@ -14,7 +14,7 @@ Owns, for one (consumer, provider):
   consumer's kube-controller-manager. Each outcome is an Event on the claim: Normal `Provisioned`,
   Warning `ProvisioningFailed` (a refusal by the provider, with its words; tried again with backoff)
   or Warning `StorageNotOffered`/`AccessModeNotOffered` (tried again when the claim or the grant
-  changes). A claim whose namespace has no twin namespace here yet waits for it. A bound claim being
+  changes). A claim whose namespace has no twin namespace here yet is looked at again every `retry_s`. A bound claim being
   deleted while pods still use it (Kubernetes' `kubernetes.io/pvc-protection` keeps it) gets one
   Warning `ClaimInUse` saying what happens to its data on the provider;
 - reclaim, per virtual volume: once its claim is gone (the volume Released), the provider's claim is
@@ -143,12 +143,6 @@ class ClaimProvisioner:
         for key in sorted(self._refused):
             self.queue.add(("claim", *key))
         self._refused.clear()
-
-    def namespace_ready(self, namespace: str) -> None:
-        """A twin namespace became Ready: its waiting claims go now."""
-        for ns, name in sorted(self.claims):
-            if ns == namespace:
-                self.queue.add(("claim", ns, name))
 
     # ---- reconcile
 
