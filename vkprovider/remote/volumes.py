@@ -14,9 +14,10 @@ Owns, for one (consumer, provider):
   consumer's kube-controller-manager. Each outcome is an Event on the claim: Normal `Provisioned`,
   Warning `ProvisioningFailed` (a refusal by the provider, with its words; tried again with backoff)
   or Warning `StorageNotOffered`/`AccessModeNotOffered` (tried again when the claim or the grant
-  changes). A claim whose namespace has no twin namespace here yet is looked at again every `retry_s`. A bound claim being
-  deleted while pods still use it (Kubernetes' `kubernetes.io/pvc-protection` keeps it) gets one
-  Warning `ClaimInUse` saying what happens to its data on the provider;
+  changes). A claim whose namespace has no twin namespace here yet is looked at again every
+  `retry_s`. A bound claim being deleted while pods still use it (Kubernetes'
+  `kubernetes.io/pvc-protection` keeps it) gets one Warning `ClaimInUse` saying what happens to its
+  data on the provider;
 - reclaim, per virtual volume: once its claim is gone (the volume Released), the provider's claim is
   deleted when the policy is Delete (only a claim labelled as this consumer's copy of that very
   claim: origin UID), then the volume; with Retain both stay for the operator;
