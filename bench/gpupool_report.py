@@ -398,17 +398,15 @@ def why_utilisation(results: dict[str, dict[str, Any]]) -> str:
         f"{_sec(groups.get('p50'))} after submit at the median, {_sec(groups.get('max'))} at worst, and the last "
         f"to start were {last or '—'}: a 2 × 8 group needs two H100 nodes free at once, and while it waits, "
         "pending single 8-GPU pods take the H100 nodes one at a time as they free up (watched during the run: "
-        "2 × 8 groups gated with `GangWaiting` while single 8-GPU pods ran on all four H100 nodes); (2) pods of "
-        "a released group bound piecemeal"
+        "2 × 8 groups gated with `GangWaiting` while single 8-GPU pods ran on all four H100 nodes); "
         + (
-            f" ({live.get('groups_not_together')} groups never had all pods Running at once: {apart}; their last "
-            "pods stayed Pending on the consumer, `Insufficient nvidia.com/gpu` on the pool node, for 15–30 s "
-            "while the kube-scheduler bound single pods there: the GPUs the gang controller sets aside for a "
-            "released group are kept from other groups only, not from ungated pods)"
+            f"(2) {live.get('groups_not_together')} group(s) never had all pods Running at once ({apart}), "
+            "although the gang controller binds a released group's pods to the pool node together: the last pod "
+            "was seen Running only after the first had finished (why, this run does not show); "
             if apart
             else ""
         )
-        + "; (3) pod start and completion latency across two clusters on a loaded 2-core machine (a Job's GPUs "
+        + "(3) pod start and completion latency across two clusters on a loaded 2-core machine (a Job's GPUs "
         "are idle from its completion to the next pod's start on them)."
     )
     if kueue and "error" not in kueue:
@@ -423,6 +421,19 @@ def why_utilisation(results: dict[str, dict[str, Any]]) -> str:
             )
         )
     return text
+
+
+def why_stuck(results: dict[str, dict[str, Any]]) -> str:
+    _data, live, _ref = _gpupool(results)
+    return (
+        f"{live.get('stuck_remote')} pod(s) of the live run had a twin marked Unschedulable at the provider "
+        f"(by GPUs per pod: {_counts(live.get('stuck_remote_by_gpus'))}), the longest for "
+        f"{_s(live.get('max_remote_wait_s'))}; {live.get('pods_failed_back', 0)} were failed back. The gang "
+        "controller binds a released group's pods straight to the pool node (pods/binding), past the consumer "
+        "scheduler's fit check against the capped allocatable, and the virtual kubelet's own fit check asks the "
+        "provider's estimator, whose snapshot can trail the provider's scheduler by a moment: a twin then waits "
+        "at the provider until the GPUs it was promised are released there."
+    )
 
 
 def _why_split(mode: str) -> Callable[[dict[str, dict[str, Any]]], str]:
@@ -444,6 +455,7 @@ def _why_split(mode: str) -> Callable[[dict[str, dict[str, Any]]], str]:
 #: Why a gpu-pool target was missed (bench.report lists these beside the other parts').
 EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "gpu-pool.utilisation": why_utilisation,
+    "gpu-pool.stuck": why_stuck,
     "gpu-pool.split_groups": _why_split("live"),
     "gpu-pool.kueue_split_groups": _why_split("kueue"),
 }
