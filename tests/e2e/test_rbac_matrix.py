@@ -278,6 +278,11 @@ MATRIX: list[Row] = [
     ("virtual-kubelet", C, "create", LEASES, "kube-node-lease", "", ALLOW, "node/node.py: lease"),
     ("virtual-kubelet", C, "watch", "pods", "", "", ALLOW, "node/pods.py: spec.nodeName=<its node>"),
     ("virtual-kubelet", C, "patch", "pods/status", "{ns}", "x", ALLOW, "node/pods.py"),
+    ("virtual-kubelet", C, "list", "persistentvolumeclaims", "", "", ALLOW, "remote/volumes.py: claims to provision"),
+    ("virtual-kubelet", C, "create", "persistentvolumes", "", "", ALLOW, "remote/volumes.py: virtual volumes"),
+    ("virtual-kubelet", C, "delete", "persistentvolumes", "", "x", ALLOW, "remote/volumes.py: released volumes"),
+    ("virtual-kubelet", C, "update", "persistentvolumeclaims", "{ns}", "x", DENY, "users' claims"),
+    ("virtual-kubelet", C, "delete", "persistentvolumeclaims", "{ns}", "x", DENY, "users' claims"),
     ("virtual-kubelet", C, "delete", "pods", "{ns}", "x", ALLOW, "node/pods.py: grace 0"),
     ("virtual-kubelet", C, "create", "events", "{ns}", "", ALLOW, "gpufed/kube/events.py"),
     ("virtual-kubelet", C, "get", "secrets", "{ns}", "x", ALLOW, "remote/references.py: a pod's references"),
@@ -332,6 +337,7 @@ MATRIX: list[Row] = [
     ("virtual-kubelet", C, "delete", "nodes", "", "{node}", ADMISSION, "another node"),
     ("virtual-kubelet", C, "delete", "pods", "kube-system", BYSTANDER_POD, ADMISSION, "pods not bound to its node"),
     ("virtual-kubelet", C, "create", LEASES, "kube-node-lease", "{node}", ADMISSION, "another node's lease"),
+    ("virtual-kubelet", C, "create", "persistentvolumes", "", "pv-x", ADMISSION, "a volume that is not gpufed's"),
     # The static Role in gpufed grants no Secret; the peering's credentials Secret is granted by name,
     # per peering (Role {reader}): the cluster's identity key and the tunnels' keys are out of reach.
     ("virtual-kubelet", C, "get", "secrets", "gpufed", IDENTITY_SECRET, DENY, "the cluster's identity key"),
@@ -617,6 +623,18 @@ def _real_request(verb: str, resource: str, namespace: str, name: str) -> tuple[
             "spec": {"holderIdentity": name, "leaseDurationSeconds": 40},
         }
         return ["create", "-f", "-", dry], json.dumps(lease)
+    if verb == "create" and resource == "persistentvolumes":
+        volume = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": "/var/lib/kubelet"},
+            },
+        }
+        return ["create", "-f", "-", dry], json.dumps(volume)
     if verb == "create" and resource == "pods/binding":
         binding = {
             "apiVersion": "v1",
