@@ -220,3 +220,6 @@ OFFERED_STORAGE_ACCESS_MODES_ANNOTATION = "gpufed.io/storage-access-modes"
 #: On a provider's StorageClass (set by its operator): the comma-separated access modes the class's
 #: volumes support, as offered to consumers (default: ReadWriteOnce).
 STORAGE_CLASS_ACCESS_MODES_ANNOTATION = "gpufed.io/access-modes"
+#: On the consumer's virtual PersistentVolume of a claim bound on a provider: the phase of the
+#: provider's claim it stands for (written by that provider's virtual kubelet).
+REMOTE_PHASE_ANNOTATION = "gpufed.io/remote-phase"

@@ -24,7 +24,7 @@ from gpufed.apis.wire import POOL_ANNOTATION, REMOTE_CLUSTER_LABEL, TYPE_LABEL, 
 from gpufed.kube import rest
 from gpufed.kube.client import api_client
 from peering.grants import pod_requests
-from vkprovider.forge.claims import REMOTE_PHASE_ANNOTATION
+from peering.ops import volumes as peering_volumes
 from vkprovider.forge.pools import parse_figures
 
 
@@ -40,26 +40,13 @@ def _ready(node: dict[str, Any]) -> bool:
 def claims_by_provider(volumes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """provider -> {claims, storage, items}: the claims bound there, from the virtual volumes (pure)."""
     out: dict[str, dict[str, Any]] = {}
-    for pv in sorted(volumes, key=lambda v: str(v["metadata"]["name"])):
-        meta = pv["metadata"]
-        provider = (meta.get("labels") or {}).get(REMOTE_CLUSTER_LABEL)
-        if not provider:
-            continue
-        spec = pv.get("spec") or {}
-        size = str((spec.get("capacity") or {}).get("storage") or "0")
-        ref = spec.get("claimRef") or {}
-        row = out.setdefault(provider, {"claims": 0, "storage": Decimal(0), "items": []})
+    for c in peering_volumes.claims_of(volumes):
+        row = out.setdefault(c.provider, {"claims": 0, "storage": Decimal(0), "items": []})
         row["claims"] += 1
         with contextlib.suppress(ValueError):
-            row["storage"] += parse(size)
-        row["items"].append(
-            {
-                "claim": f"{ref.get('namespace', '')}/{ref.get('name', '')}",
-                "size": size,
-                "phase": (pv.get("status") or {}).get("phase", ""),
-                "remotePhase": (meta.get("annotations") or {}).get(REMOTE_PHASE_ANNOTATION, ""),
-            }
-        )
+            row["storage"] += parse(c.size)
+        item = {"claim": f"{c.namespace}/{c.name}", "size": c.size, "phase": c.phase, "remotePhase": c.remote_phase}
+        row["items"].append(item)
     for row in out.values():
         row["storage"] = format_quantity(row["storage"], binary=True)
     return out
@@ -125,7 +112,5 @@ async def pool(kubeconfig: Path, context: str | None) -> dict[str, Any]:
         pods = await rest.list_items(
             api, "/api/v1/pods", params={"fieldSelector": "spec.nodeName=,status.phase=Pending"}
         )
-        volumes = await rest.list_items(
-            api, "/api/v1/persistentvolumes", params={"labelSelector": REMOTE_CLUSTER_LABEL}
-        )
+        volumes = await peering_volumes.read_volumes(api)
     return report(nodes, pods, volumes)

@@ -1,6 +1,6 @@
 """The consumer's claims whose data lives on providers, as unpeering and unoffloading see them.
 
-Owns: `bound_claims` (the consumer's claims bound to gpufed's virtual volumes, optionally of one
+Owns: `claims_of` and `bound_claims` (the consumer's claims bound to gpufed's virtual volumes, optionally of one
 provider or one namespace; read from the virtual PersistentVolumes, which name the provider in their
 label `gpufed.io/remote-cluster-id` and their claim in `claimRef`), `describe` (them, for a refusal)
 and `delete_claims`. Unpeering deletes the twin namespaces, and unoffloading a namespace deletes its
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpufed.apis.wire import REMOTE_CLUSTER_LABEL
+from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, REMOTE_PHASE_ANNOTATION
 from gpufed.kube import rest
 
 #: Volumes in these phases are being reclaimed already: their claim is gone.
@@ -31,20 +31,24 @@ class BoundClaim:
     name: str
     provider: str
     size: str
+    #: The phase of the provider's claim, as its virtual kubelet last mirrored it ("" : not yet).
+    remote_phase: str = ""
+    #: The virtual volume's own phase on the consumer.
+    phase: str = ""
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} on {self.provider} ({self.size})"
 
 
-async def bound_claims(api: Any, *, provider: str | None = None, namespace: str | None = None) -> list[BoundClaim]:
-    """The consumer's claims bound on `provider` (None: any), in `namespace` (None: any), sorted."""
-    selector = f"{REMOTE_CLUSTER_LABEL}={provider}" if provider else REMOTE_CLUSTER_LABEL
-    volumes = await rest.list_items(api, "/api/v1/persistentvolumes", params={"labelSelector": selector})
+def claims_of(volumes: list[dict[str, Any]], namespace: str | None = None) -> list[BoundClaim]:
+    """The claims gpufed's virtual volumes are bound to (in `namespace`; None: any), sorted (pure)."""
     found = []
     for pv in volumes:
+        meta = pv.get("metadata") or {}
         spec = pv.get("spec") or {}
         ref = spec.get("claimRef") or {}
-        if not ref.get("name") or (pv.get("status") or {}).get("phase") in _RECLAIMING:
+        provider = str((meta.get("labels") or {}).get(REMOTE_CLUSTER_LABEL) or "")
+        if not provider or not ref.get("name") or (pv.get("status") or {}).get("phase") in _RECLAIMING:
             continue
         if namespace is not None and ref.get("namespace") != namespace:
             continue
@@ -52,11 +56,24 @@ async def bound_claims(api: Any, *, provider: str | None = None, namespace: str 
             BoundClaim(
                 str(ref.get("namespace") or ""),
                 str(ref["name"]),
-                str(((pv.get("metadata") or {}).get("labels") or {}).get(REMOTE_CLUSTER_LABEL) or ""),
+                provider,
                 str((spec.get("capacity") or {}).get("storage") or "?"),
+                str((meta.get("annotations") or {}).get(REMOTE_PHASE_ANNOTATION) or ""),
+                str((pv.get("status") or {}).get("phase") or ""),
             )
         )
     return sorted(found, key=lambda c: (c.namespace, c.name))
+
+
+async def read_volumes(api: Any, provider: str | None = None) -> list[dict[str, Any]]:
+    """gpufed's virtual volumes (of `provider`; None: of every provider)."""
+    selector = f"{REMOTE_CLUSTER_LABEL}={provider}" if provider else REMOTE_CLUSTER_LABEL
+    return await rest.list_items(api, "/api/v1/persistentvolumes", params={"labelSelector": selector})
+
+
+async def bound_claims(api: Any, *, provider: str | None = None, namespace: str | None = None) -> list[BoundClaim]:
+    """The consumer's claims bound on `provider` (None: any), in `namespace` (None: any), sorted."""
+    return claims_of(await read_volumes(api, provider), namespace)
 
 
 def describe(claims: list[BoundClaim], shown: int = 10) -> str:

@@ -57,8 +57,6 @@ PROVISIONED_BY_ANNOTATION = "pv.kubernetes.io/provisioned-by"
 #: and the provider's StorageClass it was bound with.
 REMOTE_CLAIM_ANNOTATION = "gpufed.io/remote-claim"
 REMOTE_STORAGE_CLASS_ANNOTATION = "gpufed.io/remote-storage-class"
-#: On the consumer's virtual PersistentVolume: the phase of the provider's claim it stands for.
-REMOTE_PHASE_ANNOTATION = "gpufed.io/remote-phase"
 #: The access modes Kubernetes knows.
 ACCESS_MODES = frozenset({"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"})
 #: At most this many offered classes are read from a grant.

@@ -42,13 +42,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, STORAGE_PROVISIONER
+from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, REMOTE_PHASE_ANNOTATION, STORAGE_PROVISIONER
 from gpufed.kube import meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
 from vkprovider.forge.claims import (
-    REMOTE_PHASE_ANNOTATION,
     ClaimRefusedError,
     StorageOffer,
     choose_offer,

@@ -123,7 +123,7 @@ async def test_a_whole_group_is_released_onto_one_pool() -> None:
         for i in range(4):
             (binding,) = [r.body for r in server.calls("POST", f"/api/v1/namespaces/team/pods/train-{i}/binding")]
             assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpufed-a"}
-            assert server.get("pods", "team", f"train-{i}")["spec"]["nodeName"] == "gpufed-a"  # type: ignore[index]
+            assert bound_to(server, f"train-{i}") == "gpufed-a"
 
 
 async def test_an_incomplete_group_waits_for_its_last_pod() -> None:

@@ -38,6 +38,18 @@ def node(name: str, peer: str | None) -> dict[str, Any]:
     return {"kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
+class SeenMembers(Members):
+    """Members that also record the name of every pod its watches deliver."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen: list[str] = []
+
+    def on_pod(self, event: str, pod: dict[str, Any]) -> None:
+        self.seen.append(pod["metadata"]["name"])
+        super().on_pod(event, pod)
+
+
 def test_a_pod_counts_while_it_has_an_address_is_not_host_network_and_has_not_finished() -> None:
     assert pod_address(pod("a", "p", "10.244.0.7")) == A("10.244.0.7")
     assert pod_address(pod("a", "p", None)) is None
@@ -126,15 +138,8 @@ async def test_a_consumer_watches_the_pods_of_the_providers_virtual_nodes_only()
         server.create("nodes", node("worker-1", None))
         server.create("pods", pod("team", "offloaded", "10.64.0.7", node="gpufed-gpu-a"))
         server.create("pods", pod("team", "local", "10.244.1.5", node="worker-1"))
-        seen: list[str] = []
-        m = Members(api, "gpu-a", "Client", lambda: None)
-        on_pod = m.on_pod
-
-        def spy(event: str, obj: dict[str, Any]) -> None:
-            seen.append(obj["metadata"]["name"])
-            on_pod(event, obj)
-
-        m.on_pod = spy  # type: ignore[method-assign,assignment]
+        m = SeenMembers(api, "gpu-a", "Client", lambda: None)
+        seen = m.seen
         task = asyncio.create_task(m.run())
         try:
             await until(lambda: m.synced.is_set())

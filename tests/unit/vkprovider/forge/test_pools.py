@@ -251,8 +251,9 @@ def test_pool_report_lists_the_claims_bound_on_each_provider() -> None:
     claims = report([], [], vols)["claims"]
     assert sorted(claims) == ["a", "b"]
     assert (claims["a"]["claims"], claims["a"]["storage"]) == (2, "10752Mi")
-    assert claims["a"]["items"][0] == {"claim": "team/data", "size": "10Gi", "phase": "Bound", "remotePhase": "Bound"}
-    assert claims["a"]["items"][1]["remotePhase"] == ""
+    # sorted by claim: team/ckpt, then team/data
+    assert claims["a"]["items"][1] == {"claim": "team/data", "size": "10Gi", "phase": "Bound", "remotePhase": "Bound"}
+    assert claims["a"]["items"][0]["remotePhase"] == ""
     assert (claims["b"]["claims"], claims["b"]["storage"]) == (1, "1Ti")
 
 
@@ -306,4 +307,7 @@ def test_a_pool_node_offers_what_its_figures_say() -> None:
         "gpufed-a", "a", H100, ad.figures.headroom, (Bucket(8, 1), Bucket(4, 2)), total=24, granted=ad.figures.granted
     )
     assert figures_of({"metadata": {"name": "cpu-node"}}) is None
-    assert offer_of(dataclasses.replace(figures, free_nodes=[["x", 1]])) is None  # type: ignore[list-item]
+    # figures of the wrong shape (read back from an annotation, unchecked) offer nothing
+    bad = json.loads(ad.annotations[POOL_ANNOTATION]) | {"free_nodes": [["x", 1]]}
+    odd = figures_of({"metadata": {"name": "gpufed-a", "annotations": {POOL_ANNOTATION: json.dumps(bad)}}})
+    assert odd is not None and offer_of(odd) is None

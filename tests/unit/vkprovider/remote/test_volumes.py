@@ -47,7 +47,7 @@ def claim(name: str, node: str | None = "gpufed-gpu-a", provisioner: str = "stor
 @contextlib.asynccontextmanager
 async def provisioner(
     offers: tuple[StorageOffer, ...] = (FAST,),
-) -> AsyncIterator[tuple[FakeApiServer, FakeApiServer, ClaimProvisioner, Events]]:
+) -> AsyncIterator[tuple[FakeApiServer, FakeApiServer, ClaimProvisioner, Events, dict[str, tuple[StorageOffer, ...]]]]:
     async with serve() as (local, local_api), serve() as (remote, remote_api):
         events = Events()
         current = {"offers": offers}
@@ -62,10 +62,9 @@ async def provisioner(
             events=events,
             settings=VolumeSettings(retry_s=0.1, resync_s=0.2),
         )
-        p.current = current  # type: ignore[attr-defined]
         task = asyncio.create_task(p.run())
         try:
-            yield local, remote, p, events
+            yield local, remote, p, events, current
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -73,7 +72,7 @@ async def provisioner(
 
 
 async def test_a_claim_scheduled_here_is_bound_on_the_provider_with_a_virtual_volume() -> None:
-    async with provisioner() as (local, remote, _p, events):
+    async with provisioner() as (local, remote, _p, events, _offers):
         c = local.create("persistentvolumeclaims", claim("data"))
         await until(lambda: local.get("persistentvolumes", "", f"gpufed-{c['metadata']['uid']}") is not None)
         copy = remote.get("persistentvolumeclaims", "team-consumer-1", "data")
@@ -89,7 +88,7 @@ async def test_a_claim_scheduled_here_is_bound_on_the_provider_with_a_virtual_vo
 
 
 async def test_claims_not_for_this_provider_are_left_alone() -> None:
-    async with provisioner() as (local, remote, _p, _events):
+    async with provisioner() as (local, remote, _p, _events, _offers):
         local.create("persistentvolumeclaims", claim("elsewhere", node="gpufed-gpu-b"))
         local.create("persistentvolumeclaims", claim("unscheduled", node=None))
         local.create("persistentvolumeclaims", claim("other-provisioner", provisioner="ebs.csi.aws.com"))
@@ -105,19 +104,19 @@ async def test_claims_not_for_this_provider_are_left_alone() -> None:
 
 
 async def test_a_class_the_provider_does_not_offer_is_refused_until_the_grant_offers_it() -> None:
-    async with provisioner() as (local, remote, p, events):
+    async with provisioner() as (local, remote, p, events, current):
         c = claim("gold")
         c["metadata"]["annotations"][PROVIDER_STORAGE_CLASS_ANNOTATION] = "gold"
         local.create("persistentvolumeclaims", c)
         await until(lambda: "StorageNotOffered" in events.reasons("gold"))
         assert remote.items("persistentvolumeclaims") == []
-        p.current["offers"] = (FAST, StorageOffer("gold"))  # type: ignore[attr-defined]
+        current["offers"] = (FAST, StorageOffer("gold"))
         p.grant_changed()
         await until(lambda: remote.get("persistentvolumeclaims", "team-consumer-1", "gold") is not None)
 
 
 async def test_a_provider_claim_that_is_not_the_consumers_copy_is_neither_used_nor_deleted() -> None:
-    async with provisioner() as (local, remote, _p, events):
+    async with provisioner() as (local, remote, _p, events, _offers):
         theirs = {"metadata": {"name": "data", "namespace": "team-consumer-1", "labels": {"owner": "provider"}}}
         remote.create("persistentvolumeclaims", theirs)
         local.create("persistentvolumeclaims", claim("data"))
@@ -139,7 +138,7 @@ async def test_a_provider_claim_that_is_not_the_consumers_copy_is_neither_used_n
 
 
 async def test_deleting_a_claim_in_use_is_said_once() -> None:
-    async with provisioner() as (local, _remote, _p, events):
+    async with provisioner() as (local, _remote, _p, events, _offers):
         c = local.create("persistentvolumeclaims", claim("data"))
         pv_name = f"gpufed-{c['metadata']['uid']}"
         await until(lambda: local.get("persistentvolumes", "", pv_name) is not None)
@@ -158,7 +157,7 @@ async def test_deleting_a_claim_in_use_is_said_once() -> None:
 
 
 async def test_a_volume_released_after_its_namespace_was_unoffloaded_goes_without_asking_the_provider() -> None:
-    async with provisioner() as (local, remote, _p, _events):
+    async with provisioner() as (local, remote, _p, _events, _offers):
         gone = {
             "metadata": {
                 "name": "gpufed-u-7",
