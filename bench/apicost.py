@@ -701,8 +701,8 @@ def _shown(path: Path) -> str:
 class _Environment(LocalEnvironment):
     """The local environment with a wider kubelet port range for the consumer's virtual kubelets.
 
-    The launcher gives each cluster 13 kubelet ports (topology `ClusterPorts.kubelet_ports`) and the
-    controller's supervisor takes 3 per virtual kubelet, so a consumer there runs at most 4 of them.
+    The launcher gives each cluster 11 kubelet ports (topology `ClusterPorts.kubelet_ports`) and the
+    controller's supervisor takes 3 per virtual kubelet, so a consumer there runs at most 3 of them.
     Here the consumer's controller gets `kubelet_port_range` instead: 3 ports per provider, right after
     the last cluster's block of ports. Nothing else of the command changes."""
 

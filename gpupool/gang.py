@@ -2,10 +2,17 @@
 
 Owns:
 - `group_of`: the group a pod belongs to, from what the consumer's own API server says about it — a
-  Job's pods when the Job runs more than one at once (`min(parallelism, completions)` of them), or
-  pods labelled `gpufed.io/pod-group` (size in `gpufed.io/pod-group-size`) or with Kueue's pod-group
-  label and total count. A pod or Job carrying Kueue's queue label is Kueue's: Kueue admits the whole
-  workload to one flavor, so gpufed's gang path steps aside (None);
+  Job's pods when the Job runs more than one at once (`min(parallelism, completions)` of them), a
+  JobSet's pods (`jobset_size`), or pods labelled `gpufed.io/pod-group` (size in
+  `gpufed.io/pod-group-size`) or with Kueue's pod-group label and total count. A pod, Job or JobSet
+  carrying Kueue's queue label is Kueue's: Kueue admits the whole workload to one flavor, so gpufed's
+  gang path steps aside (None);
+- `jobset_owner`: the JobSet a pod's labels name (its Job's pods carry them), checked as untrusted
+  text; `jobset_size`: the pods of a JobSet that start together — every replicatedJob's
+  `replicas × min(parallelism, completions)` when all start at once; a JobSet whose replicatedJobs
+  start one after another (`startupPolicy` InOrder, or `dependsOn`) is one group per replicatedJob that
+  waits for another (the first ones together), since a later one's pods are created only once an
+  earlier one runs, and holding them all would wait for ever;
 - `Offer`: one pool virtual node as its figures describe it (provider, GPU product, the free GPUs per
   provider node after the pods in flight, the grant's headroom);
 - `largest_group`: how many of the group's pods a pool takes now (packed largest first onto the
@@ -31,6 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufed.apis.wire import (
+    JOBSET_NAME_LABEL,
+    JOBSET_REPLICATED_JOB_LABEL,
+    JOBSET_RESTART_LABEL,
+    JOBSET_UID_LABEL,
     KUEUE_POD_GROUP_COUNT_ANNOTATION,
     KUEUE_POD_GROUP_LABEL,
     KUEUE_QUEUE_LABEL,
@@ -41,6 +52,10 @@ from gpupool.capacity import Bucket, best_fit
 
 #: The most pods one group may have (a larger size is refused as invalid input).
 MAX_GROUP = 1000
+#: The kind a JobSet read from the API server carries (`group_of` tells it from a Job by it).
+JOBSET_KIND = "JobSet"
+#: Longest JobSet or replicatedJob name taken from a pod's labels (a label value's limit).
+_MAX_NAME = 63
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -96,10 +111,99 @@ def job_owner(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class JobSetRef:
+    """What a JobSet's pod says of its JobSet: its name and UID, its replicatedJob, its restart attempt."""
+
+    name: str
+    uid: str
+    replicated_job: str
+    attempt: int
+
+
+def _label_text(labels: Mapping[str, str], key: str, *, required: bool = True) -> str:
+    value = labels.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value or len(value) > _MAX_NAME:
+        raise GroupError(f"label {key} is {str(value)[:80]!r}: want a name of 1 to {_MAX_NAME} characters")
+    return value
+
+
+def jobset_owner(pod: Mapping[str, Any]) -> JobSetRef | None:
+    """The JobSet `pod` belongs to, from the labels JobSet's controller puts on its pods (None: no
+    JobSet label). Raises `GroupError` when the labels are not what that controller writes."""
+    labels = _labels(pod)
+    if JOBSET_NAME_LABEL not in labels:
+        return None
+    name = _label_text(labels, JOBSET_NAME_LABEL)
+    uid = _label_text(labels, JOBSET_UID_LABEL, required=False)
+    rjob = _label_text(labels, JOBSET_REPLICATED_JOB_LABEL)
+    raw = labels.get(JOBSET_RESTART_LABEL, "0")
+    if not isinstance(raw, str) or not raw.isdigit() or len(raw) > 9:
+        raise GroupError(f"label {JOBSET_RESTART_LABEL} is {str(raw)[:80]!r}: want a restart count")
+    return JobSetRef(name, uid, rjob, int(raw))
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _count(value: Any, what: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GroupError(f"{what} is {str(value)[:80]!r}: want a whole number")
+    return value
+
+
+def _replicated_pods(rjob: Mapping[str, Any]) -> int:
+    """Pods a replicatedJob runs at once: its replicas × its Job's `min(parallelism, completions)`."""
+    name = rjob.get("name")
+    spec = _mapping(_mapping(rjob.get("template")).get("spec"))
+    replicas = _count(rjob.get("replicas"), f"replicatedJob {name}: replicas", 1)
+    parallelism = _count(spec.get("parallelism"), f"replicatedJob {name}: parallelism", 1)
+    completions = spec.get("completions")
+    if completions is not None:
+        parallelism = min(parallelism, _count(completions, f"replicatedJob {name}: completions", 1))
+    return replicas * parallelism
+
+
+def jobset_size(jobset: Mapping[str, Any], replicated_job: str) -> tuple[str, int]:
+    """The part of `jobset` the pods of `replicated_job` start with — `""` for the whole JobSet, else
+    the name of the part's first replicatedJob — and how many pods that part runs at once. Raises
+    `GroupError` for a replicatedJob the JobSet does not have, or a size beyond MAX_GROUP."""
+    spec = _mapping(jobset.get("spec"))
+    rjobs = [r for r in spec.get("replicatedJobs") or [] if isinstance(r, Mapping)]
+    names = [str(r.get("name") or "") for r in rjobs]
+    if replicated_job not in names:
+        raise GroupError(f"the JobSet has no replicatedJob {replicated_job[:_MAX_NAME]!r}")
+    startup = _mapping(spec.get("startupPolicy"))
+    # The replicatedJobs created at once: the first alone when they start in order, else those that
+    # wait for no other.
+    if startup.get("startupPolicyOrder") == "InOrder":
+        together = rjobs[:1]
+    else:
+        together = [r for r in rjobs if not r.get("dependsOn")]
+    own = rjobs[names.index(replicated_job)]
+    if len(together) == len(rjobs):
+        part, members = "", rjobs
+    elif any(r is own for r in together):
+        part, members = names[rjobs.index(together[0])], together
+    else:
+        part, members = replicated_job, [own]
+    size = sum(_replicated_pods(r) for r in members)
+    if size > MAX_GROUP:
+        raise GroupError(f"the JobSet runs {size} pods at once: a group may have at most {MAX_GROUP}")
+    return part, size
+
+
 def group_of(pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> Group | None:
-    """The group `pod` belongs to (None: it runs on its own, or Kueue admits it). `job`: the Job that
-    controls it, when there is one (`job_owner`). Raises `GroupError` for a group label with a size
-    that is no whole number of pods in 1..MAX_GROUP."""
+    """The group `pod` belongs to (None: it runs on its own, or Kueue admits it). `job`: the workload
+    that controls it, when there is one — its Job (`job_owner`), or for a JobSet's pod the JobSet
+    (`jobset_owner`; told apart by `kind`). Raises `GroupError` for a group label with a size that is
+    no whole number of pods in 1..MAX_GROUP, or a JobSet's pod whose labels or JobSet are not what
+    JobSet's controller writes."""
     labels, annotations = _labels(pod), _annotations(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     if KUEUE_QUEUE_LABEL in labels or KUEUE_QUEUE_LABEL in _labels(job):
@@ -111,6 +215,15 @@ def group_of(pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> Gr
         count = annotations.get(KUEUE_POD_GROUP_COUNT_ANNOTATION)
         size = _size(count, f"annotation {KUEUE_POD_GROUP_COUNT_ANNOTATION}")
         return Group(namespace, f"group-{labels[KUEUE_POD_GROUP_LABEL]}", size) if size > 1 else None
+    if job is not None and job.get("kind") == JOBSET_KIND:
+        ref = jobset_owner(pod)
+        meta = job.get("metadata") or {}
+        if ref is None or ref.name != meta.get("name"):
+            raise GroupError("the pod's JobSet labels do not name the JobSet it was judged with")
+        part, size = jobset_size(job, ref.replicated_job)
+        uid = str(meta.get("uid") or "")[:8]
+        name = "-".join(x for x in ("jobset", ref.name, uid, part, f"r{ref.attempt}") if x)
+        return Group(namespace, name, size) if size > 1 else None
     if job is not None:
         spec = job.get("spec") or {}
         raw = spec.get("parallelism")

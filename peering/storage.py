@@ -32,13 +32,14 @@ from typing import Any
 
 from gpufed.apis.peering import ACCESS_MODES, AccessMode, StorageClassOffer
 from gpufed.apis.quantity import parse
-from gpufed.apis.wire import STORAGE_CLASS_ACCESS_MODES_ANNOTATION, STORAGE_RESOURCE
+from gpufed.apis.wire import (
+    DEFAULT_STORAGE_CLASS_ANNOTATION,
+    STATIC_PROVISIONER,
+    STORAGE_CLASS_ACCESS_MODES_ANNOTATION,
+    STORAGE_RESOURCE,
+)
 from peering.grants import StorageSupply
 
-#: Kubernetes' annotation marking the cluster's default StorageClass.
-DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
-#: The provisioner of classes whose volumes an administrator creates beforehand (static volumes).
-STATIC_PROVISIONER = "kubernetes.io/no-provisioner"
 #: Access modes of a class whose operator declares none.
 DEFAULT_ACCESS_MODES: tuple[AccessMode, ...] = ("ReadWriteOnce",)
 
@@ -70,7 +71,7 @@ def storage_class_info(obj: Mapping[str, Any]) -> StorageClassInfo:
     annotations = meta.get("annotations") or {}
     return StorageClassInfo(
         name=str(meta.get("name", "")),
-        default=str(annotations.get(DEFAULT_CLASS_ANNOTATION, "")).lower() == "true",
+        default=str(annotations.get(DEFAULT_STORAGE_CLASS_ANNOTATION, "")).lower() == "true",
         provisioner=str(obj.get("provisioner") or ""),
         access_modes=_access_modes(str(annotations.get(STORAGE_CLASS_ACCESS_MODES_ANNOTATION) or "")),
     )

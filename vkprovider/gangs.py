@@ -17,9 +17,9 @@ exist:
   wait gated until then (a pod released onto a pool that cannot take it would be failed back, and
   its whole group with it);
 - when no pool holds the group now: the pods stay gated with the condition `gpufed.io/GangPlaced`
-  False (reason `Waiting`) and a Warning Event `GangWaiting` on the group's Job (or its first pod) that
-  say what the group needs and the largest group each pool takes now; the group is looked at again
-  on every change of the pools. A group no pool could ever hold gets reason `NeverFits` and
+  False (reason `Waiting`) and a Warning Event `GangWaiting` on the group's JobSet or Job (or its
+  first pod) that say what the group needs and the largest group each pool takes now; the group is
+  looked at again on every change of the pools. A group no pool could ever hold gets reason `NeverFits` and
   `GangUnplaceable` at once.
 
 A pod outside an offloaded namespace, or one Kueue admits, is never gated (the webhook decides), so
@@ -47,6 +47,7 @@ from gpufed.apis.wire import (
     GANG_LABEL,
     GANG_NODE_ANNOTATION,
     GANG_SIZE_ANNOTATION,
+    JOBSET_API_VERSION,
     TYPE_LABEL,
     VIRTUAL_NODE_TYPE,
 )
@@ -55,7 +56,7 @@ from gpufed.kube.client import KubeError
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from gpupool.capacity import best_fit, buckets_of
-from gpupool.gang import Decision, Offer, job_owner, node_allows, place
+from gpupool.gang import JOBSET_KIND, Decision, GroupError, Offer, job_owner, jobset_owner, node_allows, place
 from vkprovider.forge.offloading import gpus_of
 from vkprovider.forge.pods import HOSTNAME_LABEL
 from vkprovider.forge.pools import figures_of, offer_of
@@ -313,7 +314,14 @@ class GangController:
         )
 
     async def _subject(self, pod: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The group's Job when one controls it (users look there), else the pod."""
+        """The group's JobSet or Job when one runs it (users look there), else the pod."""
+        with contextlib.suppress(GroupError):
+            ref = jobset_owner(pod)
+            if ref is not None:
+                path = rest.path(JOBSET_API_VERSION, "jobsets", ref.name, namespace=meta.namespace(pod))
+                jobset = await rest.get(self.api, path)
+                if jobset is not None:
+                    return {**jobset, "apiVersion": JOBSET_API_VERSION, "kind": JOBSET_KIND}
         name = job_owner(pod)
         if name:
             job = await rest.get(self.api, rest.path("batch/v1", "jobs", name, namespace=meta.namespace(pod)))

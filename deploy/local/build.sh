@@ -5,8 +5,10 @@
 #   metrics-server/go.mod, with the dependency versions upstream's release pins), and helm (from its
 #   own module, helm/go.mod: `make test` lints and renders the chart deploy/charts/gpufed with it), and
 #   kueue, Kueue's manager (from its own module, kueue/go.mod, with the dependency versions Kueue's
-#   release pins; gpufed/localenv/kueue.py reads Kueue's CRDs, RBAC and webhooks from that module).
-# Cached: a stamp over the Go sources, both go.mod/go.sum pairs, this script and the Go version decides
+#   release pins; gpufed/localenv/kueue.py reads Kueue's CRDs, RBAC and webhooks from that module), and
+#   jobset, JobSet's controller manager (from its own module, jobset/go.mod, with the dependency versions
+#   JobSet's release pins; gpufed/localenv/jobset.py reads its CRD, RBAC and webhooks from that module).
+# Cached: a stamp over the Go sources, every go.mod/go.sum pair, this script and the Go version decides
 # whether anything is rebuilt, so a warm call returns in well under a second; Go's own build
 # cache makes a rebuild after a source change a matter of a link.
 set -euo pipefail
@@ -21,8 +23,9 @@ k8s_version=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here
 ms_version=$(awk '$1=="sigs.k8s.io/metrics-server" && $2 ~ /^v/ {print $2; exit}' "$here/metrics-server/go.mod")
 helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v3" {print $3; exit}' "$here/helm/go.mod")
 kueue_version=$(awk '$1=="require" && $2=="sigs.k8s.io/kueue" {print $3; exit}' "$here/kueue/go.mod")
+jobset_version=$(awk '$1=="require" && $2=="sigs.k8s.io/jobset" {print $3; exit}' "$here/jobset/go.mod")
 # The least Go version that builds every module.
-need_go=$(for m in "$here/go.mod" "$here/metrics-server/go.mod" "$here/helm/go.mod" "$here/kueue/go.mod"; do awk '$1=="go" {print $2; exit}' "$m"; done | sort -V | sed -n '$p')
+need_go=$(for m in "$here/go.mod" "$here/metrics-server/go.mod" "$here/helm/go.mod" "$here/kueue/go.mod" "$here/jobset/go.mod"; do awk '$1=="go" {print $2; exit}' "$m"; done | sort -V | sed -n '$p')
 
 if ! command -v go >/dev/null 2>&1; then
   echo "error: Go is not installed; the local clusters are built from source and need Go >= $need_go (https://go.dev/doc/install)" >&2
@@ -37,10 +40,10 @@ fi
 export GOTOOLCHAIN=local
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
-stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum kueue/go.mod kueue/go.sum build.sh && find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
+stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum kueue/go.mod kueue/go.sum jobset/go.mod jobset/go.sum build.sh && find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
 applets="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok"
-if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ] && [ -x "$out/kueue" ]; then
-  echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version, kueue $kueue_version)"
+if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ] && [ -x "$out/kueue" ] && [ -x "$out/jobset" ]; then
+  echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version, kueue $kueue_version, jobset $jobset_version)"
   exit 0
 fi
 
@@ -55,7 +58,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$(date +%s)
-echo "building Kubernetes $k8s_version components, etcd, kwok, metrics-server, helm and kueue into $out (a cold build takes ~13 min on 2 cores, Kueue ~6 of them; later builds are cached)" >&2
+echo "building Kubernetes $k8s_version components, etcd, kwok, metrics-server, helm, kueue and jobset into $out (a cold build takes ~14 min on 2 cores, Kueue ~6 of them, JobSet ~1; later builds are cached)" >&2
 (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out/gpufed-k8s.new" ./cmd/gpufed-k8s)
 mv -f "$out/gpufed-k8s.new" "$out/gpufed-k8s"
 echo "building wireguard-go" >&2
@@ -66,7 +69,11 @@ ms_ldflags="-s -w -X k8s.io/client-go/pkg/version.gitVersion=$ms_version -X k8s.
 (cd "$here/metrics-server" && go build -trimpath -ldflags "$ms_ldflags" -o "$out/metrics-server.new" sigs.k8s.io/metrics-server/cmd/metrics-server)
 mv -f "$out/metrics-server.new" "$out/metrics-server"
 echo "building helm $helm_version" >&2
+# Helm's release builds stamp the Kubernetes version its client libraries speak (what `helm template`
+# assumes without --kube-version, checked against a chart's kubeVersion); a plain build says 1.20.
+helm_k8s=$(awk '$1=="k8s.io/client-go" {print $2; exit}' "$here/helm/go.mod" | sed 's/^v0\.\([0-9]*\)\..*/\1/')
 helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+helm_ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$helm_k8s"
 (cd "$here/helm" && go build -trimpath -ldflags "$helm_ldflags" -o "$out/helm.new" helm.sh/helm/v3/cmd/helm)
 mv -f "$out/helm.new" "$out/helm"
 echo "building kueue $kueue_version" >&2
@@ -90,6 +97,12 @@ kueue_ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
 kueue_ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-$kueue_version -X sigs.k8s.io/kueue/pkg/version.BuildDate=$build_date"
 (cd "$here/kueue" && go build -trimpath -overlay "$kueue_tmp/overlay.json" -ldflags "$kueue_ldflags" -o "$out/kueue.new" ./cmd/kueue)
 mv -f "$out/kueue.new" "$out/kueue"
+echo "building jobset $jobset_version" >&2
+# JobSet's controller manager, upstream's main package unchanged: its configuration file names the
+# webhook and metrics certificate directories, so it runs as a plain process as it is.
+jobset_ldflags="-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$jobset_version -X sigs.k8s.io/jobset/pkg/version.GitCommit=module-$jobset_version"
+(cd "$here/jobset" && go build -trimpath -ldflags "$jobset_ldflags" -o "$out/jobset.new" sigs.k8s.io/jobset)
+mv -f "$out/jobset.new" "$out/jobset"
 for a in $applets; do ln -sfn gpufed-k8s "$out/$a"; done
 echo "$stamp" > "$out/.stamp"
 echo "built in $(( $(date +%s) - start ))s: $(ls "$out" | tr '\n' ' ')" >&2

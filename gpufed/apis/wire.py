@@ -195,6 +195,19 @@ GANG_NODE_ANNOTATION = "gpufed.io/gang-node"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+#: JobSet's names (sigs.k8s.io/jobset): its API group and version, and the labels its controller puts
+#: on every Job and pod of a JobSet: the JobSet's name and UID, the replicatedJob the pod's Job belongs
+#: to, and the restart attempt (a restarted JobSet's pods are new ones, of a new attempt).
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+#: On a consumer's pod: seconds its twin may stay unplaced at the provider before the pod is failed
+#: back, shorter than the virtual kubelet's own timeout (a job that would rather run elsewhere at
+#: once); a longer, malformed or too short value is ignored (`vkprovider.node.pods.unplaced_timeout`).
+UNPLACED_TIMEOUT_ANNOTATION = "gpufed.io/unplaced-timeout-seconds"
 
 # ---- the storage fabric: claims of offloaded pods bound on the provider
 
@@ -223,3 +236,11 @@ STORAGE_CLASS_ACCESS_MODES_ANNOTATION = "gpufed.io/access-modes"
 #: On the consumer's virtual PersistentVolume of a claim bound on a provider: the phase of the
 #: provider's claim it stands for (written by that provider's virtual kubelet).
 REMOTE_PHASE_ANNOTATION = "gpufed.io/remote-phase"
+#: Kubernetes' names: the annotation that makes a StorageClass a cluster's default, and the
+#: provisioner of a class of static volumes (an administrator creates them; nothing provisions).
+DEFAULT_STORAGE_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+STATIC_PROVISIONER = "kubernetes.io/no-provisioner"
+#: On a consumer's pod whose claims keep it on local nodes in an offloaded namespace (the offloading
+#: webhook sets it; the controller says so in an Event on the pod): `local` (it runs on local nodes),
+#: or `pending` (the namespace's pods run remotely only, so it stays Pending).
+KEPT_LOCAL_LABEL = "gpufed.io/kept-local"

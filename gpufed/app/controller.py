@@ -4,11 +4,15 @@ Owns: wiring — one API client, the preflight checks (CRDs and the consumer Clu
 the cluster identity (created at first start), and, side by side under one TaskGroup until
 cancelled: the provider and consumer peering roles, the namespace offloading controller, the
 offloading webhook (when a port is set; ready only once it serves) and with it the gang controller
-(`vkprovider.gangs`: releases the groups of pods the webhook gates), Kueue's flavors and GPU quotas
+(`vkprovider.gangs`: releases the groups of pods the webhook gates) and the Events on pods it keeps
+local for their claims, the virtual StorageClass and the binding of its claims whose first pod stays
+local (`vkprovider.storage`, `vkprovider.localstorage`), Kueue's flavors and GPU quotas
 kept within the grants (`vkprovider.kueue`, once Kueue's API is served), the approver of the virtual
 nodes' kubelet-serving certificates (`vkprovider.kubelet.csrapprove`) and the virtual kubelets'
-supervisor, and the capacity estimator (`gpupool.estimator.server`, when a port is set; ready only
-once it serves and has published its ConfigMap). Roles communicate only through the API server.
+supervisor, the ownerReferences that let uninstalling remove the webhook configuration and admission
+policies created here (`gpufed.app.release`), and the capacity estimator (`gpupool.estimator.server`,
+when a port is set; ready only once it serves and has published its ConfigMap). Roles communicate
+only through the API server.
 
 High availability (`leader_election`): every replica serves the webhook, the estimator and its
 metrics (stateless servers behind Services; they share their certificates through Secrets); only
@@ -32,6 +36,7 @@ import structlog
 from gpufed.apis.kinds import KINDS
 from gpufed.apis.meta import GROUP
 from gpufed.apis.wire import CONSUMER_CONTROL_ROLE, CONSUMER_WORKLOADS_ROLE, STORAGE_CLASS, SYSTEM_NAMESPACE
+from gpufed.app.release import ReleaseOwner
 from gpufed.app.supervisor import Supervisor, SupervisorSettings
 from gpufed.app.workloads import Workloads, WorkloadSettings
 from gpufed.defaults import METRICS_HOST
@@ -49,6 +54,7 @@ from vkprovider import defaults
 from vkprovider.gangs import GangController
 from vkprovider.kubelet.csrapprove import ServingCSRApprover
 from vkprovider.kueue import FlavorKeeper
+from vkprovider.localstorage import KeptLocalReporter, LocalClaims, LocalStorageSettings
 from vkprovider.storage import ensure_storage_class
 from vkprovider.webhook.server import Webhook, WebhookServerSettings
 
@@ -144,6 +150,9 @@ class ControllerSettings:
     metrics_host: str = METRICS_HOST
     #: Name of the virtual StorageClass whose claims are bound on providers; None: none is made.
     storage_class: str | None = STORAGE_CLASS
+    #: This cluster's StorageClass for claims of the virtual class whose first pod stays local
+    #: (`vkprovider.localstorage`); None: the cluster's default class.
+    local_storage_class: str | None = None
 
 
 async def preflight(api: Any) -> None:
@@ -225,11 +234,16 @@ async def _run(settings: ControllerSettings, ready: asyncio.Event | None) -> Non
                 tg.create_task(consumer.run())
                 tg.create_task(offloading.run())
                 tg.create_task(ServingCSRApprover(api, settings.virtual_kubelets.users).run())
+                tg.create_task(ReleaseOwner(api).run())
                 if webhook is not None:  # the webhook gates the pods of groups; the leader releases them
                     tg.create_task(GangController(api).run())
                 tg.create_task(FlavorKeeper(api).run())  # idle until Kueue's API is served
                 if settings.storage_class:
                     await ensure_storage_class(api, settings.storage_class)
+                    local = LocalStorageSettings(local_class=settings.local_storage_class)
+                    tg.create_task(LocalClaims(api, local).run())
+                if webhook is not None:  # pods the webhook labelled as kept local by their claims
+                    tg.create_task(KeptLocalReporter(api).run())
                 tg.create_task(workloads.run())
                 vks = settings.virtual_kubelets
                 if vks.kubeconfig is not None:

@@ -167,7 +167,7 @@ class PoolManager:
         running = self.pools.get(node)
         if running is not None:
             try:
-                await running.node.sync()
+                await running.node.sync_coalesced()
             except KubeError as e:
                 self._log.warning("node not re-advertised before a pod ended", node=node, error=str(e))
 

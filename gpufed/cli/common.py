@@ -1,7 +1,11 @@
-"""What every verb shares: logging set-up (the only place it is configured) and error exits.
+"""What every verb shares: logging set-up (the only place it is configured), the stderr console for
+progress, notes and errors, and error exits.
 
 A command ends with a message and exit code for a `gpufed.errors.GpufedError` only; `gpufed.errors`
-imports nothing, so catching it costs a verb no start-up time."""
+imports nothing, so catching it costs a verb no start-up time. Local checks (`checked`) end with
+their error's code before anything connects: 2 for a `UsageError`.
+
+Does not: resolve kubeconfigs (`gpufed.cli.kubeconfig`) or print a verb's data (`gpufed.cli.output`)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -19,7 +22,9 @@ from rich.console import Console
 
 from gpufed.errors import GpufedError
 
-console = Console(stderr=True)
+#: Progress, notes and errors; a verb's data goes to stdout (gpufed.cli.output). Lines are not
+#: wrapped at the console's width, so a long message stays one line in a log.
+console = Console(stderr=True, soft_wrap=True)
 LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -82,13 +87,7 @@ def serve(component: Callable[[], Awaitable[None]]) -> None:
 
 T = TypeVar("T")
 
-#: Flags every verb that reads a cluster shares.
-Kubeconfig = Annotated[
-    Path, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig of the consumer cluster")
-]
-Context = Annotated[str | None, typer.Option("--context", help="context in --kubeconfig")]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds the whole operation may take")]
-Output = Annotated[str, typer.Option("-o", "--output", help="table or json")]
 #: The Prometheus metrics server every long-running verb offers (gpufed.kube.metrics).
 MetricsPort = Annotated[
     int | None,
@@ -110,9 +109,18 @@ MetricsHost = Annotated[
 ]
 
 
-def check_output(output: str) -> None:
-    if output not in ("table", "json"):
-        raise fail("--output must be table or json", code=2)
+def checked(value: Callable[[], T]) -> T:
+    """The result of a local check (a kubeconfig, a request built from flags); its GpufedError ends
+    the command with its message and code (2 for a UsageError) before anything connects."""
+    try:
+        return value()
+    except GpufedError as e:
+        raise fail(e, e.exit_code) from None
+
+
+def check_timeout(timeout: float, flag: str = "--timeout") -> None:
+    if not timeout > 0:  # also NaN
+        raise fail(f"{flag} must be a positive number of seconds", code=2)
 
 
 def run_op(coro: Coroutine[Any, Any, T]) -> T:

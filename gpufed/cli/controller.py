@@ -16,6 +16,13 @@ from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse
 from gpufed.defaults import METRICS_HOST
 from vkprovider.defaults import KUBELET_PORTS
 
+EPILOG = """Examples:
+
+  # in a cluster the chart runs it with the pod's service account
+  gpufed controller --cluster-name consumer
+  gpufed controller --kubeconfig admin.yaml --context consumer --webhook-port 9443 --metrics-port 9100
+"""
+
 
 def controller(
     kubeconfig: Annotated[
@@ -23,7 +30,7 @@ def controller(
         typer.Option(
             "--kubeconfig",
             envvar="GPUFED_KUBECONFIG",
-            help="kubeconfig of the controller's identity [default: the pod's service account]",
+            help="kubeconfig of the controller's identity (default: the pod's service account)",
         ),
     ] = None,
     context: Annotated[
@@ -97,7 +104,7 @@ def controller(
     ] = False,
     leader_election_id: Annotated[
         str | None,
-        typer.Option("--leader-election-id", envvar="POD_NAME", help="this replica's identity [default: hostname]"),
+        typer.Option("--leader-election-id", envvar="POD_NAME", help="this replica's identity (default: hostname)"),
     ] = None,
     virtual_kubelet_template: Annotated[
         Path | None,
@@ -133,6 +140,15 @@ def controller(
             help="the virtual StorageClass whose claims are bound on the provider their first pod goes to ('' : none)",
         ),
     ] = STORAGE_CLASS,
+    local_storage_class: Annotated[
+        str,
+        typer.Option(
+            "--local-storage-class",
+            envvar="GPUFED_LOCAL_STORAGE_CLASS",
+            help="this cluster's StorageClass for claims of the virtual class whose first pod stays on a local "
+            "node (default: the cluster's default class)",
+        ),
+    ] = "",
 ) -> None:
     """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
     from gpufed.app.controller import (
@@ -180,6 +196,7 @@ def controller(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         storage_class=storage_class or None,
+        local_storage_class=local_storage_class or None,
     )
 
     serve(lambda: run(settings))

@@ -1,22 +1,23 @@
-"""`gpufed doctor`: flags -> `gpufed.ops.doctor.report`, the report as a rich table or JSON on stdout.
+"""`gpufed doctor`: flags -> `gpufed.ops.doctor.report`, the report as a table, JSON or YAML on stdout.
 
 Exit codes: 0 when every check is OK or WARN, 1 when any FAILs or the cluster cannot be read
-(a one-line error, no traceback), 2 on bad usage. The doctor is imported when the command runs,
+(a one-line error, no traceback), 2 on bad usage (flags, or a kubeconfig that cannot work, found
+before anything connects). The doctor is imported when the command runs,
 not with the CLI (gpufed.cli says why).
 """
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from gpufed.apis.wire import parse_cluster_id
-from gpufed.cli.common import Context, Kubeconfig, Output, check_output, fail, run_op
+from gpufed.cli.common import check_timeout, checked, fail, run_op
+from gpufed.cli.kubeconfig import Context, Kubeconfig, resolve
+from gpufed.cli.output import Output, check_output, emit, stdout_console, table
 from gpufed.defaults import DOCTOR_CHECK_TIMEOUT_S, DOCTOR_SLOW_API_MS, DOCTOR_UNDERLAY_MTU
 
 if TYPE_CHECKING:
@@ -24,14 +25,22 @@ if TYPE_CHECKING:
 
 _COLOR = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
 
+EPILOG = """Examples:
+
+  gpufed doctor
+  gpufed doctor --context gpu-a --remote-cluster-id consumer-1a2b3c4d
+  gpufed doctor -o json | jq '.checks[] | select(.status != "OK")'
+"""
+
 
 def render(report: Report, console: Console) -> None:
     from gpufed.ops.doctor.checks import THIS_CLUSTER
 
     roles = {p.cluster_id: p.role for p in report.peers}
-    t = Table(title=f"gpufed doctor: cluster {report.cluster_id or '?'} ({report.api_server})")
-    for col in ("peer", "check", "status", "finding", "fix"):
-        t.add_column(col, overflow="fold")
+    t = table(
+        f"gpufed doctor: cluster {report.cluster_id or '?'} ({report.api_server})",
+        ("peer", "check", "status", "finding", "fix"),
+    )
     last_peer: str | None = None
     for c in report.checks:
         if c.peer == THIS_CLUSTER:
@@ -56,10 +65,10 @@ def render(report: Report, console: Console) -> None:
 
 
 def doctor(
-    kubeconfig: Kubeconfig,
+    kubeconfig: Kubeconfig = None,
     context: Context = None,
     remote_cluster_id: Annotated[
-        str | None, typer.Option("--remote-cluster-id", help="check only this peer [default: every peering]")
+        str | None, typer.Option("--remote-cluster-id", help="check only this peer (default: every peering)")
     ] = None,
     output: Output = "table",
     timeout: Annotated[
@@ -79,8 +88,7 @@ def doctor(
     from gpufed.ops.doctor.settings import DoctorSettings
 
     check_output(output)
-    if not timeout > 0:  # also NaN
-        raise fail("--timeout must be a positive number of seconds", code=2)
+    check_timeout(timeout)
     if not 576 <= underlay_mtu <= 65535:
         raise fail("--underlay-mtu must be 576..65535", code=2)
     if not slow_api_ms > 0:  # also NaN
@@ -90,18 +98,17 @@ def doctor(
             parse_cluster_id(remote_cluster_id)
         except ValueError as e:
             raise fail(f"--remote-cluster-id: {e}", code=2) from None
+    target = checked(lambda: resolve(kubeconfig, context))
     settings = DoctorSettings(
-        kubeconfig=kubeconfig,
-        context=context,
+        kubeconfig=target.kubeconfig,
+        context=target.context,
         remote_cluster_id=remote_cluster_id,
         check_timeout_s=timeout,
         underlay_mtu=underlay_mtu,
         slow_api_ms=slow_api_ms,
     )
     report = run_op(run_doctor(settings))
-    if output == "json":
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        render(report, Console())  # the report is the command's output: stdout, like -o json
+    if not emit(report.to_dict(), output):
+        render(report, stdout_console())
     if report.failed:
         raise typer.Exit(1)

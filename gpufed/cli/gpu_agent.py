@@ -15,6 +15,13 @@ from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, serve
 from gpufed.defaults import METRICS_HOST
 from gpupool.defaults import GPU_AGENT_INTERVAL_S
 
+EPILOG = """Examples:
+
+  # a DaemonSet on the GPU nodes runs it
+  gpufed gpu-agent --node gpu-node-1
+  gpufed gpu-agent --node gpu-node-1 --once --kubeconfig agent.yaml
+"""
+
 #: A Node name: an RFC 1123 subdomain.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -29,7 +36,7 @@ def gpu_agent(
         typer.Option(
             "--kubeconfig",
             envvar="GPUFED_KUBECONFIG",
-            help="kubeconfig of the agent's identity [default: the pod's service account]",
+            help="kubeconfig of the agent's identity (default: the pod's service account)",
         ),
     ] = None,
     context: Annotated[

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gpufed.cli.common import console, fail, run_op
+from gpufed.cli.output import Output, check_output, emit, stdout_console, table
 from gpufed.defaults import DEMO_NAMESPACE, LOCAL_BASE_PORT, LOCAL_JOB_SECONDS
 from gpufed.errors import GpufedError
 
@@ -29,6 +28,29 @@ if TYPE_CHECKING:
     from gpufed.localenv.topology import Topology
 
 app = typer.Typer(help="Local Kubernetes clusters with kwok GPU nodes, built from source.", no_args_is_help=True)
+
+UP_EPILOG = """Examples:
+
+  # consumer, gpu-a and gpu-b; then run the export KUBECONFIG=... it prints
+  gpufed local up
+  gpufed local up --topology my-topology.yaml --base-port 21000
+"""
+DOWN_EPILOG = """Examples:
+
+  gpufed local down
+  gpufed local down --state-dir /tmp/gpufed-local
+"""
+STATUS_EPILOG = """Examples:
+
+  gpufed local status
+  gpufed local status -o json | jq '.[] | select(.healthy | not) | .name'
+"""
+DEMO_EPILOG = """Examples:
+
+  gpufed local demo
+  # leave everything running to explore
+  gpufed local demo --keep --namespace team-b
+"""
 
 #: Repository root when running from a source checkout (editable install), else None.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -50,13 +72,13 @@ def _default_bin_dir() -> Path:
 StateDir = Annotated[
     Path | None,
     typer.Option(
-        "--state-dir", envvar="GPUFED_LOCAL_DIR", help="State directory [default: ~/.local/state/gpufed/local]"
+        "--state-dir", envvar="GPUFED_LOCAL_DIR", help="State directory (default: ~/.local/state/gpufed/local)"
     ),
 ]
 BinDir = Annotated[
     Path | None,
     typer.Option(
-        "--bin-dir", envvar="GPUFED_BIN_DIR", help="Directory of the built binaries [default: <repo>/.cache/bin]"
+        "--bin-dir", envvar="GPUFED_BIN_DIR", help="Directory of the built binaries (default: <repo>/.cache/bin)"
     ),
 ]
 
@@ -101,7 +123,7 @@ def _log() -> structlog.stdlib.BoundLogger:
     return log
 
 
-@app.command()
+@app.command(epilog=UP_EPILOG)
 def up(
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
@@ -121,12 +143,10 @@ def up(
         raise fail(e, e.exit_code) from None
     env = LocalEnvironment(_settings(state_dir, bin_dir, timeout), topo)
     run_op(env.up(lambda m: log.info(m)))
-    console.print(
-        f"export KUBECONFIG={env.merged_kubeconfig}   # contexts: " + ", ".join(c.name for c in topo.clusters)
-    )
+    typer.echo(f"export KUBECONFIG={env.merged_kubeconfig}   # contexts: " + ", ".join(c.name for c in topo.clusters))
 
 
-@app.command()
+@app.command(epilog=DOWN_EPILOG)
 def down(state_dir: StateDir = None, bin_dir: BinDir = None) -> None:
     """Stop every process of the local clusters and remove their state."""
     from gpufed.localenv.launcher import LocalEnvironment
@@ -139,47 +159,44 @@ def down(state_dir: StateDir = None, bin_dir: BinDir = None) -> None:
         raise fail(e, e.exit_code) from None
 
 
-@app.command()
+@app.command(epilog=STATUS_EPILOG)
 def status(
     state_dir: StateDir = None,
     bin_dir: BinDir = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="table or json")] = "table",
+    output: Output = "table",
 ) -> None:
     """Show each local cluster: components, version, nodes, GPUs. Exit 1 when any is unhealthy."""
     from gpufed.localenv.launcher import LocalEnvironment
 
+    check_output(output)
     settings = _settings(state_dir, bin_dir)
     env = LocalEnvironment(settings, _running_topology(settings))
     statuses = run_op(env.status())
-    if output == "json":
-        typer.echo(
-            json.dumps(
-                [
-                    {
-                        "name": s.name,
-                        "apiserver": s.apiserver,
-                        "healthy": s.healthy,
-                        "version": s.version,
-                        "nodesReady": s.nodes_ready,
-                        "nodesTotal": s.nodes_total,
-                        "gpus": s.gpus,
-                        "components": {
-                            c.name: {"pid": c.pid, "running": c.running, "port": c.port} for c in s.components
-                        },
-                    }
-                    for s in statuses
-                ],
-                indent=2,
-            )
+    data = [
+        {
+            "name": s.name,
+            "apiserver": s.apiserver,
+            "healthy": s.healthy,
+            "version": s.version,
+            "nodesReady": s.nodes_ready,
+            "nodesTotal": s.nodes_total,
+            "gpus": s.gpus,
+            "components": {c.name: {"pid": c.pid, "running": c.running, "port": c.port} for c in s.components},
+        }
+        for s in statuses
+    ]
+    if not emit(data, output):
+        wide = output == "wide"
+        columns = ["cluster", "apiserver", "version", "healthy", "nodes", "GPUs", "running"]
+        t = table(
+            f"gpufed local clusters ({settings.state_dir})",
+            [*columns, "pids"] if wide else columns,
+            right=("nodes", "GPUs"),
         )
-    else:
-        table = Table(title=f"gpufed local clusters ({settings.state_dir})")
-        for col in ("cluster", "apiserver", "version", "healthy", "nodes", "GPUs", "running"):
-            table.add_column(col)
         for s in statuses:
             down = [c.name.removeprefix("kube-") for c in s.components if not c.running]
             comps = f"[red]down: {', '.join(down)}[/]" if down else f"[green]{len(s.components)}/{len(s.components)}[/]"
-            table.add_row(
+            row = [
                 s.name,
                 s.apiserver.removeprefix("https://"),
                 s.version,
@@ -187,13 +204,16 @@ def status(
                 f"{s.nodes_ready}/{s.nodes_total}",
                 str(s.gpus),
                 comps,
-            )
-        Console().print(table)
+            ]
+            if wide:
+                row.append(", ".join(f"{c.name}={c.pid}" for c in s.components if c.pid))
+            t.add_row(*row)
+        stdout_console().print(t)
     if not all(s.healthy for s in statuses):
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(epilog=DEMO_EPILOG)
 def demo(
     state_dir: StateDir = None,
     bin_dir: BinDir = None,

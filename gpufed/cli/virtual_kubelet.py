@@ -14,6 +14,13 @@ from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse
 from gpufed.defaults import METRICS_HOST
 from vkprovider.defaults import UNPLACED_TIMEOUT_S, VIRTUAL_KUBELET_BURST, VIRTUAL_KUBELET_QPS
 
+EPILOG = """Examples:
+
+  # the controller starts one per provider; run one by hand to debug
+  gpufed virtual-kubelet --provider-cluster-id gpu-a-3f2c91d0
+  gpufed virtual-kubelet --provider-cluster-id gpu-a-3f2c91d0 --kubeconfig vk.yaml --kubelet-port 10250
+"""
+
 
 def virtual_kubelet(
     provider: Annotated[
@@ -24,11 +31,11 @@ def virtual_kubelet(
         typer.Option(
             "--kubeconfig",
             envvar="GPUFED_KUBECONFIG",
-            help="kubeconfig of the virtual kubelet [default: the pod's service account]",
+            help="kubeconfig of the virtual kubelet (default: the pod's service account)",
         ),
     ] = None,
     node_name: Annotated[
-        str | None, typer.Option("--node-name", envvar="GPUFED_NODE_NAME", help="[default: gpufed-<provider>]")
+        str | None, typer.Option("--node-name", envvar="GPUFED_NODE_NAME", help="(default: gpufed-<provider>)")
     ] = None,
     context: Annotated[str | None, typer.Option("--context", envvar="GPUFED_CONTEXT")] = None,
     node_address: Annotated[
@@ -43,7 +50,7 @@ def virtual_kubelet(
         typer.Option(
             "--kubelet-ports",
             envvar="GPUFED_KUBELET_PORTS",
-            help="FIRST-LAST ports for the kubelet APIs of the provider's pool nodes (one each) [default: 10250-10253]",
+            help="FIRST-LAST ports for the kubelet APIs of the provider's pool nodes, one each (default: 10250-10253)",
         ),
     ] = None,
     capacity: Annotated[
@@ -98,7 +105,7 @@ def virtual_kubelet(
         typer.Option(
             "--consumer-api-server",
             envvar="GPUFED_CONSUMER_API_SERVER",
-            help="host:port offloaded pods use to reach this cluster's API [default: the kubeconfig's server]",
+            help="host:port offloaded pods use to reach this cluster's API (default: the kubeconfig's server)",
         ),
     ] = None,
     metrics_port: MetricsPort = None,

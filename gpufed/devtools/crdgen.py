@@ -2,10 +2,11 @@
 
 Owns: turning each kind of `gpufed.apis.kinds.KINDS` into a CRD (`crd`): pydantic's JSON schema
 made structural (references inlined, optionals collapsed, every node typed), resource maps held to
-the quantity pattern and the known resource names, the kind's CEL rules, `kubectl get` columns and
-the status subresource; `crd_manifests` renders them as YAML with a header naming this command, and
-`main` writes them to DIR (default deploy/crds). A unit test fails when the files drift from the
-models; the Helm chart carries exact copies in deploy/charts/gpufed/crds/ (also checked by a test).
+the quantity pattern and the known resource names, the kind's CEL rules, `kubectl get` columns, the
+category `gpufed` (so `kubectl get gpufed` lists every kind) and the status subresource;
+`crd_manifests` renders them as YAML with a header naming this command, and `main` writes them to
+DIR (default deploy/crds). A unit test fails when the files drift from the models; the Helm chart
+carries exact copies in deploy/charts/gpufed/crds/ (also checked by a test).
 
 Does not: define the kinds (`gpufed.apis`), install CRDs, or document them (`gpufed.devtools.crdref`).
 """
@@ -24,6 +25,8 @@ from gpufed.apis.peering import GRANT_RESOURCES
 
 DEFAULT_DIR = Path("deploy/crds")
 COMMAND = "python -m gpufed.devtools.crdgen deploy/crds"
+#: `kubectl get gpufed` lists the objects of every gpufed kind.
+CATEGORIES = ("gpufed",)
 HEADER = f"# Generated from gpufed/apis/ by `{COMMAND}`; do not edit.\n"
 
 
@@ -104,6 +107,7 @@ def crd(model: CRDKind) -> dict[str, Any]:
     }
     if model.short_names:
         names["shortNames"] = model.short_names
+    names["categories"] = list(CATEGORIES)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

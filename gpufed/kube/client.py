@@ -1,13 +1,23 @@
 """Building kubernetes-asyncio clients from kubeconfig files, with the library's errors mapped.
 
 Owns: `api_client` (an ApiClient for one kubeconfig context, or the pod's service account in a
-cluster), `KubeError`, the one exception type callers outside `gpufed.kube` see, and
+cluster), `KubeError`, the one exception type callers outside `gpufed.kube` see,
 `require_kubeconfig`, the one "does this kubeconfig file exist" check every command makes before
-it connects (its `KubeconfigError` is a KubeError). Does not retry or rate-limit (later layers do).
+it connects (its `KubeconfigError` is a KubeError), and `load_kubeconfig`, which reads one file or
+a KUBECONFIG-style list merged as kubectl merges it. Does not decide which kubeconfig a command
+uses (the CLI does, as kubectl does) and does not retry or rate-limit (later layers do).
+
+A kubeconfig path may name several files joined by `os.pathsep` (`a:b`, as in KUBECONFIG). The
+client library merges such a list itself, first file wins for each named cluster, context and user
+as in kubectl, but takes the *last* file's current-context; so for a list the context is resolved
+here (first file that sets current-context wins) and handed to the library by name.
 
 A kubeconfig is checked (`check_kubeconfig`) before the client library reads it: the library
 answers a malformed one with KeyError, TypeError, AttributeError or a bare `assert`; we answer
 with KubeError naming the field (`users[0].user.client-key-data is not valid base64`).
+
+Every client's HTTP session ignores the environment (`_without_env`: no netrc read or proxy lookup
+per request); a kubeconfig's own `proxy-url` still applies.
 """
 
 from __future__ import annotations
@@ -66,11 +76,57 @@ class KubeconfigError(KubeError):
     """A kubeconfig file named on the command line is missing."""
 
 
+def kubeconfig_files(kubeconfig: Path) -> list[Path]:
+    """The files `kubeconfig` names: itself, or each entry of an `os.pathsep`-joined list (empty
+    entries skipped, as kubectl skips them)."""
+    return [Path(p) for p in str(kubeconfig).split(os.pathsep) if p]
+
+
 def require_kubeconfig(path: Path, role: str = "") -> None:
-    """Raise KubeconfigError (`[role ]kubeconfig PATH does not exist`) unless `path` exists; `role`
-    names whose kubeconfig it is when a command takes several (e.g. "provider")."""
-    if not path.exists():
-        raise KubeconfigError(f"{role + ' ' if role else ''}kubeconfig {path} does not exist")
+    """Raise KubeconfigError (`[role ]kubeconfig PATH does not exist`) unless `path` (each file of a
+    list) exists; `role` names whose kubeconfig it is when a command takes several (e.g. "provider")."""
+    for file in kubeconfig_files(path) or [path]:
+        if not file.exists():
+            raise KubeconfigError(f"{role + ' ' if role else ''}kubeconfig {file} does not exist")
+
+
+#: The kubeconfig lists merged by name; the first file that names an entry keeps it.
+_NAMED_LISTS = ("clusters", "contexts", "users")
+
+
+def merge_kubeconfigs(documents: list[object]) -> dict[str, Any]:
+    """Parsed kubeconfigs merged as kubectl merges a KUBECONFIG list: the first document that sets a
+    value or names a cluster, context or user wins; an empty document (None) adds nothing. Other
+    shapes raise KubeError (their entries are checked by `check_kubeconfig`)."""
+    merged: dict[str, Any] = {item: [] for item in _NAMED_LISTS}
+    seen: dict[str, set[str]] = {item: set() for item in _NAMED_LISTS}
+    for i, doc in enumerate(documents):
+        if doc is None:
+            continue
+        if not isinstance(doc, Mapping):
+            raise KubeError(f"invalid kubeconfig: file {i + 1} of the list is a {type(doc).__name__}, not a mapping")
+        for key, value in doc.items():
+            if key in _NAMED_LISTS:
+                for entry in value if isinstance(value, list) else [value]:
+                    name = entry.get("name") if isinstance(entry, Mapping) else None
+                    if not isinstance(name, str):
+                        merged[key].append(entry)  # kept for check_kubeconfig to name what is wrong
+                    elif name not in seen[key]:
+                        merged[key].append(entry)
+                        seen[key].add(name)
+            elif key not in merged and value not in (None, ""):
+                merged[key] = value
+    return merged
+
+
+def load_kubeconfig(kubeconfig: Path) -> Any:
+    """The parsed kubeconfig: one file as it is, or a list's files merged (`merge_kubeconfigs`).
+    Blocking (files are read): call it from a thread in the event loop. Raises OSError and
+    yaml.YAMLError as reading and parsing do."""
+    files = kubeconfig_files(kubeconfig)
+    if len(files) == 1:
+        return yaml.safe_load(files[0].read_text())
+    return merge_kubeconfigs([yaml.safe_load(f.read_text()) for f in files])
 
 
 #: What the client library raises for kubeconfigs our check lets through (files it cannot read,
@@ -162,6 +218,24 @@ def map_error(e: ApiException, what: str) -> KubeError:
     return KubeError(f"{what}: {e.status} {e.reason}", status=int(e.status or 0), reason=str(e.reason or ""))
 
 
+def _without_env(api: Any) -> Any:
+    """`api` with its HTTP session replaced by one that ignores the environment.
+
+    kubernetes-asyncio opens its aiohttp session with `trust_env=True`: every request then reads
+    `~/.netrc` and looks up proxy variables, in a thread (about 0.35 ms of CPU per request, a quarter
+    of a virtual kubelet's CPU in a burst). gpufed reaches the API servers its kubeconfigs name; a
+    kubeconfig's `proxy-url` is still honoured (the library passes it per request), environment proxy
+    variables and netrc credentials are not. The new session takes over the same connector (its TLS
+    context and connection pool); the old one lets go of it without closing it."""
+    rest_client = api.rest_client
+    old = rest_client.pool_manager
+    rest_client.pool_manager = aiohttp.ClientSession(
+        connector=old.connector, connector_owner=True, trust_env=False, read_bufsize=2**21
+    )
+    old.detach()
+    return api
+
+
 @asynccontextmanager
 async def api_client(kubeconfig: Path | None, context: str | None = None) -> AsyncIterator[Any]:
     """An ApiClient for `context` of `kubeconfig` — or, with None, the pod's own service account
@@ -175,11 +249,13 @@ async def api_client(kubeconfig: Path | None, context: str | None = None) -> Asy
                 cert_filename=incluster.SERVICE_CERT_FILENAME,
                 try_refresh_token=True,
             ).load_and_set(configuration)
-            api = client.ApiClient(configuration)
+            api = _without_env(client.ApiClient(configuration))
         else:
-            if os.pathsep not in str(kubeconfig):  # KUBECONFIG-style lists are merged by the library
-                check_kubeconfig(yaml.safe_load(await asyncio.to_thread(kubeconfig.read_text)), context)
-            api = await config.new_client_from_config(config_file=str(kubeconfig), context=context)
+            parsed = await asyncio.to_thread(load_kubeconfig, kubeconfig)
+            check_kubeconfig(parsed, context)
+            if context is None and len(kubeconfig_files(kubeconfig)) > 1:
+                context = str(parsed["current-context"])  # the first file's, not the library's last
+            api = _without_env(await config.new_client_from_config(config_file=str(kubeconfig), context=context))
     except KubeError as e:
         raise KubeError(f"cannot load kubeconfig {kubeconfig} (context {context or 'current'}): {e}") from None
     except (*_LOAD_ERRORS, UnicodeError) as e:
@@ -225,7 +301,7 @@ async def client_from_dict(kubeconfig: dict[str, Any], context: str | None = Non
     tmp = tempfile.TemporaryDirectory(prefix="gpufed-kubeconfig-")
     try:
         files = await asyncio.to_thread(_data_to_files, kubeconfig, Path(tmp.name))
-        api = await config.new_client_from_config_dict(files, context=context)
+        api = _without_env(await config.new_client_from_config_dict(files, context=context))
     except (*_LOAD_ERRORS, binascii.Error) as e:
         tmp.cleanup()
         raise KubeError(f"invalid kubeconfig: {e}") from e
@@ -255,7 +331,10 @@ __all__ = [
     "check_kubeconfig",
     "client",
     "client_from_dict",
+    "kubeconfig_files",
+    "load_kubeconfig",
     "map_error",
+    "merge_kubeconfigs",
     "require_kubeconfig",
     "translating",
 ]

@@ -1,12 +1,12 @@
 """What runs in each local cluster: its components, their identities and their command lines.
 
 Owns: the components in start order (embedded etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok, metrics-server, and Kueue where the topology asks for it), gpufed's controller
-as one more process of the cluster, the binaries they need, the identities that get a kubeconfig, the
-ports each component listens on, where Kueue's configuration and certificate directory live in a
-cluster's state directory, the apiserver's optional audit policy, and the full command line of each
-component: every listener on 127.0.0.1, every certificate from the cluster's PKI, every kubeconfig
-from its state directory.
+kube-scheduler, kwok, metrics-server, and Kueue and JobSet where the topology asks for them), gpufed's
+controller as one more process of the cluster, the binaries they need, the identities that get a
+kubeconfig, the ports each component listens on, where Kueue's and JobSet's configuration and
+certificate directories live in a cluster's state directory, the apiserver's optional audit policy,
+and the full command line of each component: every listener on 127.0.0.1, every certificate from the
+cluster's PKI, every kubeconfig from its state directory.
 
 Pure: builds argument lists from paths it is handed (`Paths`, which `LocalEnvironment` provides) and
 from the topology; does no I/O. Does not: start, watch or stop anything (`launcher`, `supervise`).
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from gpufed.localenv import kueue, kwokcfg, metricsserver
+from gpufed.localenv import jobset, kueue, kwokcfg, metricsserver
 from gpufed.localenv.topology import ClusterPorts, ClusterSpec
 
 if TYPE_CHECKING:
@@ -31,6 +31,11 @@ KUEUE = "kueue"
 #: Kueue's configuration file and its certificate directory (tls.crt/tls.key), in the cluster's directory.
 KUEUE_CONFIG_FILE = "kueue.yaml"
 KUEUE_CERT_DIR = "kueue-certs"
+#: JobSet's controller manager: a component of the clusters whose topology sets `jobset` (`components_of`).
+JOBSET = "jobset"
+#: JobSet's configuration file and its certificate directory (tls.crt/tls.key), in the cluster's directory.
+JOBSET_CONFIG_FILE = "jobset.yaml"
+JOBSET_CERT_DIR = "jobset-certs"
 #: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
 CONTROLLER = "gpufed-controller"
 #: Identity of the virtual kubelets the controller starts (one process per virtual node).
@@ -44,6 +49,7 @@ BINARIES = (
     "kwok",
     "metrics-server",
     KUEUE,
+    JOBSET,
 )
 #: The client identities that get a kubeconfig in every cluster's state directory.
 IDENTITIES = (
@@ -53,6 +59,7 @@ IDENTITIES = (
     "kwok",
     metricsserver.IDENTITY,
     kueue.IDENTITY,
+    jobset.IDENTITY,
     CONTROLLER,
     VIRTUAL_KUBELET,
 )
@@ -87,13 +94,14 @@ class Paths(Protocol):
 
 
 def components_of(spec: ClusterSpec) -> tuple[str, ...]:
-    """The components of the cluster `spec`, in start order: `COMPONENTS`, then Kueue where it runs."""
-    return (*COMPONENTS, KUEUE) if spec.kueue else COMPONENTS
+    """The components of the cluster `spec`, in start order: `COMPONENTS`, then Kueue and JobSet where
+    they run."""
+    return (*COMPONENTS, *((KUEUE,) if spec.kueue else ()), *((JOBSET,) if spec.jobset else ()))
 
 
-def ports_of(ports: ClusterPorts, *, kueue: bool = False) -> dict[str, int]:
-    """The port each component listens on (etcd: its client port; Kueue: its webhook server), for
-    `COMPONENTS` and, with `kueue`, Kueue."""
+def ports_of(ports: ClusterPorts, *, kueue: bool = False, jobset: bool = False) -> dict[str, int]:
+    """The port each component listens on (etcd: its client port; Kueue and JobSet: their webhook
+    servers), for `COMPONENTS` and, with `kueue` and `jobset`, Kueue and JobSet."""
     out = {
         "etcd": ports.etcd_client,
         "kube-apiserver": ports.apiserver,
@@ -104,15 +112,20 @@ def ports_of(ports: ClusterPorts, *, kueue: bool = False) -> dict[str, int]:
     }
     if kueue:
         out[KUEUE] = ports.kueue_webhook
+    if jobset:
+        out[JOBSET] = ports.jobset_webhook
     return out
 
 
 def other_ports(ports: ClusterPorts, component: str) -> tuple[int, ...]:
-    """The ports a component binds besides its `ports_of` one (etcd's peer port, Kueue's metrics and probes)."""
+    """The ports a component binds besides its `ports_of` one (etcd's peer port, Kueue's metrics and
+    probes, JobSet's probes)."""
     if component == "etcd":
         return (ports.etcd_peer,)
     if component == KUEUE:
         return (ports.kueue_metrics, ports.kueue_health)
+    if component == JOBSET:
+        return (ports.jobset_health,)
     return ()
 
 
@@ -123,6 +136,15 @@ def kueue_config(paths: Paths, spec: ClusterSpec, ports: ClusterPorts) -> dict[s
         metrics_port=ports.kueue_metrics,
         health_port=ports.kueue_health,
         cert_dir=paths.cluster_dir(spec.name) / KUEUE_CERT_DIR,
+    )
+
+
+def jobset_config(paths: Paths, spec: ClusterSpec, ports: ClusterPorts) -> dict[str, object]:
+    """JobSet's configuration for the cluster `spec` (written to `JOBSET_CONFIG_FILE`)."""
+    return jobset.configuration(
+        webhook_port=ports.jobset_webhook,
+        health_port=ports.jobset_health,
+        cert_dir=paths.cluster_dir(spec.name) / JOBSET_CERT_DIR,
     )
 
 
@@ -255,6 +277,12 @@ def command(paths: Paths, spec: ClusterSpec, ports: ClusterPorts, component: str
             config=d / KUEUE_CONFIG_FILE,
             kubeconfig=paths.kubeconfig_path(spec.name, kueue.IDENTITY),
             cert_dir=d / KUEUE_CERT_DIR,
+        )
+    if component == JOBSET:
+        return jobset.args(
+            paths.binary("jobset"),
+            config=d / JOBSET_CONFIG_FILE,
+            kubeconfig=paths.kubeconfig_path(spec.name, jobset.IDENTITY),
         )
     if component == "metrics-server":
         return metricsserver.args(

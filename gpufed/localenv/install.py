@@ -3,7 +3,8 @@
 Owns: the fake kwok nodes of a cluster (labels, the annotations that hand them to kwok and point
 metrics-server at their resource-metrics path, pod CIDR, GPU capacity), whether they are Ready,
 server-side apply of the launcher's own objects (metrics-server's RBAC, Service and APIService;
-Kueue's namespace, CRDs, RBAC and webhook configurations; the providers' StorageClass and static
+Kueue's namespace, CRDs, RBAC and webhook configurations; JobSet's CRD, RBAC and webhook
+configurations; the providers' StorageClass and static
 volumes), gpufed's CRDs and RBAC from deploy/
 (applied, then waited for until Established) and the cluster's NetworkConfig.
 
@@ -64,6 +65,13 @@ async def apply_kueue(
     last-applied annotation. The CRDs go in concurrently (each is one write the apiserver validates
     on its own), the Roles once their namespace exists."""
     await _apply_one(api, namespace)
+    await asyncio.gather(*(_apply_one(api, d) for d in crds))
+    await apply(api, rbac)
+    await manifests.wait_established(api, [d["metadata"]["name"] for d in crds])
+
+
+async def apply_crds_and_rbac(api: Any, crds: list[dict[str, Any]], rbac: list[dict[str, Any]]) -> None:
+    """CRDs (server-side, concurrently) and cluster-scoped RBAC, then wait until every CRD is Established."""
     await asyncio.gather(*(_apply_one(api, d) for d in crds))
     await apply(api, rbac)
     await manifests.wait_established(api, [d["metadata"]["name"] for d in crds])

@@ -1,8 +1,8 @@
 """Starting, checking and stopping N real Kubernetes control planes on loopback.
 
 Owns: the lifecycle of every local cluster (embedded etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok, metrics-server, and Kueue where the topology says so): their state directory
-and state file, their PKI and kubeconfigs, and the waits until everything is healthy — including
+kube-scheduler, kwok, metrics-server, and Kueue and JobSet where the topology says so): their state
+directory and state file, their PKI and kubeconfigs, and the waits until everything is healthy — including
 `metrics.k8s.io` being Available, because an unavailable aggregated API stalls namespace deletion
 and garbage collection in the controller-manager. `up` is idempotent: components that are already
 running (same pid, same process start time) are kept; missing ones are started; the topology of a
@@ -17,7 +17,9 @@ cluster's apiserver is ready its namespace, CRDs (server-side, waited for until 
 RBAC go in, Kueue starts, and once its `/readyz` answers its webhook configurations are applied. All
 of that runs beside the rest of the cluster's start (controller-manager, nodes, metrics-server,
 gpufed), so its waits overlap theirs; what it still costs is mostly the apiserver's CPU for Kueue's
-large CRDs (docs/local-clusters.md measures it).
+large CRDs (docs/local-clusters.md measures it). JobSet (clusters whose topology sets `jobset`) comes up
+the same way, beside Kueue: its CRD and RBAC, the process, its webhooks once its `/readyz` answers; its
+manifests are read from deploy/local/jobset.
 
 With `audit` set (off by default), every kube-apiserver also writes an audit log (level Metadata, JSON
 lines, rotated) into its cluster's state directory, for counting what each client asks of it.
@@ -61,8 +63,8 @@ from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client, translating
 from gpufed.kube.times import rfc3339
-from gpufed.localenv import components, install, kubeconfig, kueue, kwokcfg, metricsserver, storage, supervise
-from gpufed.localenv.components import CONTROLLER, KUEUE
+from gpufed.localenv import components, install, jobset, kubeconfig, kueue, kwokcfg, metricsserver, storage, supervise
+from gpufed.localenv.components import CONTROLLER, JOBSET, KUEUE
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
 from gpufed.localenv.topology import ClusterSpec, Topology
 
@@ -76,6 +78,8 @@ STOP_GRACE_S = 10.0
 KUEUE_SOURCE_TIMEOUT_S = 60.0
 #: The directory of Kueue's Go module, relative to the build script's.
 KUEUE_MODULE_SUBDIR = "kueue"
+#: The directory of JobSet's Go module, relative to the build script's.
+JOBSET_MODULE_SUBDIR = "jobset"
 
 Progress = Callable[[str], None]
 
@@ -104,6 +108,9 @@ class LocalSettings:
     #: Kueue's Go module (deploy/local/kueue), where its manifests are found (None: next to
     #: `build_script`, else deploy/local/kueue of this checkout).
     kueue_module: Path | None = None
+    #: JobSet's Go module (deploy/local/jobset), where its manifests are found (None: next to
+    #: `build_script`, else deploy/local/jobset of this checkout).
+    jobset_module: Path | None = None
 
 
 @dataclass
@@ -134,6 +141,7 @@ class LocalEnvironment:
         self.topology = topology
         self.state_dir = settings.state_dir.resolve()
         self._kueue_sources: asyncio.Task[kueue.Sources] | None = None
+        self._jobset_sources: asyncio.Task[jobset.Sources] | None = None
 
     # ---- paths
 
@@ -180,6 +188,15 @@ class LocalEnvironment:
         if self.settings.build_script is not None:
             return self.settings.build_script.parent / KUEUE_MODULE_SUBDIR
         return Path(__file__).resolve().parents[2] / "deploy" / "local" / KUEUE_MODULE_SUBDIR
+
+    @property
+    def jobset_module(self) -> Path:
+        """JobSet's Go module directory (deploy/local/jobset)."""
+        if self.settings.jobset_module is not None:
+            return self.settings.jobset_module
+        if self.settings.build_script is not None:
+            return self.settings.build_script.parent / JOBSET_MODULE_SUBDIR
+        return Path(__file__).resolve().parents[2] / "deploy" / "local" / JOBSET_MODULE_SUBDIR
 
     @property
     def _state_file(self) -> Path:
@@ -276,6 +293,8 @@ class LocalEnvironment:
         if any(spec.kueue for spec in self.topology.clusters):
             # Read while the control planes start: they need Kueue's manifests only once ready.
             self._kueue_sources = asyncio.create_task(self._read_kueue_sources())
+        if any(spec.jobset for spec in self.topology.clusters):
+            self._jobset_sources = asyncio.create_task(self._read_jobset_sources())
         try:
             await asyncio.gather(
                 *(self._up_cluster(spec, state, deadline, progress) for spec in self.topology.clusters)
@@ -287,6 +306,10 @@ class LocalEnvironment:
                 self._kueue_sources.cancel()
                 await asyncio.gather(self._kueue_sources, return_exceptions=True)
                 self._kueue_sources = None
+            if self._jobset_sources is not None:
+                self._jobset_sources.cancel()
+                await asyncio.gather(self._jobset_sources, return_exceptions=True)
+                self._jobset_sources = None
         progress(f"all {len(self.topology.clusters)} clusters healthy; kubeconfig: {self.merged_kubeconfig}")
 
     def _prepare_cluster(self, spec: ClusterSpec) -> None:
@@ -322,6 +345,8 @@ class LocalEnvironment:
         )
         if spec.kueue:
             self._prepare_kueue(spec, pki)
+        if spec.jobset:
+            self._prepare_jobset(spec, pki)
 
     def _prepare_kueue(self, spec: ClusterSpec, pki: ClusterPKI) -> None:
         """Kueue's configuration file and its certificate directory (copies of its serving certificate)."""
@@ -336,6 +361,20 @@ class LocalEnvironment:
             tmp.replace(cert_dir / name)
         config = components.kueue_config(self, spec, self.topology.ports(spec.name))
         (d / components.KUEUE_CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _prepare_jobset(self, spec: ClusterSpec, pki: ClusterPKI) -> None:
+        """JobSet's configuration file and its certificate directory (copies of its serving certificate)."""
+        d = self.cluster_dir(spec.name)
+        cert_dir = d / components.JOBSET_CERT_DIR
+        cert_dir.mkdir(mode=0o700, exist_ok=True)
+        for name, source in jobset.cert_files(pki.cert(jobset.SERVING_STEM), pki.key(jobset.SERVING_STEM)).items():
+            tmp = cert_dir / f".{name}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(source.read_bytes())
+            tmp.replace(cert_dir / name)
+        config = components.jobset_config(self, spec, self.topology.ports(spec.name))
+        (d / components.JOBSET_CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
 
     @staticmethod
     def _running_components(state: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -352,7 +391,7 @@ class LocalEnvironment:
         busy = []
         for spec in self.topology.clusters:
             ports = self.topology.ports(spec.name)
-            listening = components.ports_of(ports, kueue=spec.kueue)
+            listening = components.ports_of(ports, kueue=spec.kueue, jobset=spec.jobset)
             for comp in components.components_of(spec):
                 if (spec.name, comp) in running:
                     continue
@@ -452,10 +491,12 @@ class LocalEnvironment:
             lambda: self._http_ok(f"{self.server(name)}/readyz", api_tls),
             alive("kube-apiserver"),
         )
-        # Kueue comes up beside the rest of the cluster; the first failure of either ends both.
+        # Kueue and JobSet come up beside the rest of the cluster; the first failure of any ends all.
         tasks = [asyncio.create_task(self._up_rest(spec, state, deadline, progress, started))]
         if spec.kueue:
             tasks.append(asyncio.create_task(self._up_kueue(spec, state, deadline, progress)))
+        if spec.jobset:
+            tasks.append(asyncio.create_task(self._up_jobset(spec, state, deadline, progress)))
         try:
             done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -502,7 +543,7 @@ class LocalEnvironment:
                     alive(comp),
                 )
             await install.ensure_nodes(spec, api)
-            await install.apply(api, storage.manifests(spec))  # GPU clusters: static volumes for claims
+            await install.apply(api, storage.manifests(spec))  # static local volumes for claims
             await self._wait(
                 f"nodes of {name} to be Ready", deadline, lambda: install.nodes_ready(spec, api), alive("kwok")
             )
@@ -556,6 +597,47 @@ class LocalEnvironment:
         progress(
             f"{name}: Kueue {'started' if started else 'already running'}, ready, webhooks on :{ports.kueue_webhook} "
             f"({time.monotonic() - began:.1f} s: CRDs and RBAC {crds_s:.1f} s)"
+        )
+
+    async def _read_jobset_sources(self) -> jobset.Sources:
+        """Upstream's manifests from the module JobSet is built from (`go list -m` names its directory)."""
+        module = self.jobset_module
+        try:
+            found = await process.run(
+                jobset.SOURCE_DIR_ARGV,
+                timeout_s=KUEUE_SOURCE_TIMEOUT_S,
+                cwd=module,
+                env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"},
+            )
+            return await asyncio.to_thread(jobset.sources, Path(found.stdout.strip()))
+        except (process.CommandError, OSError, ValueError, KeyError, yaml.YAMLError) as e:
+            raise LocalEnvError(
+                f"cannot read JobSet's manifests from its Go module {module} ({e}); build it with `make binaries`"
+            ) from e
+
+    async def _up_jobset(self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress) -> None:
+        """JobSet's CRD and RBAC, then JobSet itself, then (once it serves) its webhooks."""
+        if self._jobset_sources is None:
+            self._jobset_sources = asyncio.create_task(self._read_jobset_sources())
+        src = await asyncio.shield(self._jobset_sources)  # shared by every cluster running JobSet
+        began = time.monotonic()
+        name = spec.name
+        ports = self.topology.ports(name)
+        async with api_client(self.kubeconfig_path(name)) as api:
+            await install.apply_crds_and_rbac(api, jobset.crds(src), jobset.rbac(src))
+            started = self._start(spec, JOBSET, state)
+            await self._wait(
+                f"JobSet of {name} (readyz on :{ports.jobset_health})",
+                deadline,
+                lambda: self._http_ok(jobset.health_url(ports.jobset_health), None),
+                lambda: self._check_alive(spec, JOBSET, state),
+                interval=0.1,
+            )
+            ca = self.pki(name).ca_cert.read_bytes()
+            await install.apply(api, jobset.webhooks(src, port=ports.jobset_webhook, ca_pem=ca))
+        progress(
+            f"{name}: JobSet {'started' if started else 'already running'}, ready, webhooks on "
+            f":{ports.jobset_webhook} ({time.monotonic() - began:.1f} s)"
         )
 
     async def _load_gpufed(self) -> list[dict[str, Any]]:
@@ -631,7 +713,7 @@ class LocalEnvironment:
             ports = self.topology.ports(spec.name)
             comps = []
             cstate = state.get("clusters", {}).get(spec.name, {}).get("components", {})
-            listening = components.ports_of(ports, kueue=spec.kueue)
+            listening = components.ports_of(ports, kueue=spec.kueue, jobset=spec.jobset)
             for comp in components.components_of(spec):
                 port = listening[comp]
                 info = cstate.get(comp, {})
@@ -665,7 +747,7 @@ class LocalEnvironment:
     def down(self, progress: Progress = lambda _m: None) -> int:
         """Stop every process of the environment and remove its state; returns how many were stopped.
 
-        Clients go first (kwok, metrics-server, Kueue, scheduler, controller-manager, gpufed), then the
+        Clients go first (kwok, metrics-server, Kueue, JobSet, scheduler, controller-manager, gpufed), then the
         apiservers, then etcd, so nobody spends its shutdown grace waiting on a dependency that is
         already gone. Processes found without a state file are stopped last.
         """
@@ -675,6 +757,7 @@ class LocalEnvironment:
             CONTROLLER: 0,
             "metrics-server": 0,
             KUEUE: 0,
+            JOBSET: 0,
             "kwok": 0,
             "kube-scheduler": 0,
             "kube-controller-manager": 0,

@@ -5,9 +5,10 @@ Owns: creating (once) and loading the key material a local control plane needs â
 apiserver serving certificate, the service-account signing key pair, the front-proxy CA and client,
 the apiserver's kubelet-client certificate, the kwok kubelet-API serving certificate, metrics-server's
 serving certificate (for the aggregated `metrics.k8s.io` API), Kueue's serving certificate (its
-webhooks, CRD conversion and metrics, for 127.0.0.1), and one client certificate per identity
-(admin, controller-manager, scheduler, kwok, metrics-server, Kueue, gpufed's controller and virtual
-kubelets). Every cluster gets Kueue's two certificates, whether or not its topology runs Kueue.
+webhooks, CRD conversion and metrics, for 127.0.0.1), JobSet's serving certificate (its webhooks, for
+127.0.0.1), and one client certificate per identity (admin, controller-manager, scheduler, kwok,
+metrics-server, Kueue, JobSet, gpufed's controller and virtual kubelets). Every cluster gets Kueue's
+and JobSet's certificates, whether or not its topology runs them.
 
 Invariants: existing material is reused as long as it is present and valid for at least
 `MIN_REMAINING`; it is never regenerated silently while a cluster using it may be running (the
@@ -31,7 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpufed.localenv import kueue, metricsserver
+from gpufed.localenv import jobset, kueue, metricsserver
 
 #: Lifetime of the CAs (days).
 CA_DAYS = 3650
@@ -69,6 +70,8 @@ CLIENTS: tuple[ClientIdentity, ...] = (
     ClientIdentity(metricsserver.IDENTITY, metricsserver.USER),
     # Kueue's manager: only what upstream's manager roles grant (`kueue.rbac`).
     ClientIdentity(kueue.IDENTITY, kueue.USER),
+    # JobSet's controller manager: only what upstream's manager role grants (`jobset.rbac`).
+    ClientIdentity(jobset.IDENTITY, jobset.USER),
 )
 
 
@@ -291,6 +294,7 @@ def ensure_pki(directory: Path, *, cluster: str, service_cidr: str, extra_ips: t
     localhost = (ipaddress.ip_address("127.0.0.1"),)
     dns, ips = apiserver_sans(service_cidr, extra_ips)
     kueue_dns, kueue_ips = kueue.serving_sans()
+    jobset_dns, jobset_ips = jobset.serving_sans()
     specs: list[tuple[str, tuple[x509.Certificate, ec.EllipticCurvePrivateKey], bool, _LeafSpec]] = [
         ("apiserver", ca, ca_existed, _LeafSpec("kube-apiserver", server=True, dns_names=dns, ips=ips)),
         (
@@ -310,6 +314,12 @@ def ensure_pki(directory: Path, *, cluster: str, service_cidr: str, extra_ips: t
             ca,
             ca_existed,
             _LeafSpec("kueue-webhook", server=True, dns_names=kueue_dns, ips=kueue_ips),
+        ),
+        (
+            jobset.SERVING_STEM,
+            ca,
+            ca_existed,
+            _LeafSpec("jobset-webhook", server=True, dns_names=jobset_dns, ips=jobset_ips),
         ),
         ("front-proxy-client", fp, fp_existed, _LeafSpec("front-proxy-client", client=True)),
     ]

@@ -1,10 +1,11 @@
-"""Storage of the local providers: a StorageClass of static local volumes, and the volumes.
+"""Storage of the local clusters: a StorageClass of static local volumes, and the volumes.
 
-Owns: what each cluster with GPU nodes gets for claims — the StorageClass `local-disk` (the cluster's
-default class, provisioner `kubernetes.io/no-provisioner`, WaitForFirstConsumer, offering
-ReadWriteOnce through `gpufed.io/access-modes`) and `VOLUMES_PER_GPU_NODE` PersistentVolumes of
-`VOLUME_SIZE` per GPU node, each a `local` volume at `/mnt/disks/vol-<i>` pinned to its node by node
-affinity (`manifests`).
+Owns: what each cluster gets for claims — the StorageClass `local-disk` (the cluster's default class,
+provisioner `kubernetes.io/no-provisioner`, WaitForFirstConsumer, offering ReadWriteOnce through
+`gpufed.io/access-modes`) and `VOLUMES_PER_NODE` PersistentVolumes of `VOLUME_SIZE` per node that
+runs the cluster's pods (its GPU nodes when it has any: a provider's; else all its nodes: the
+consumer's, where claims of gpufed's virtual class whose first pod stays local are bound), each a
+`local` volume at `/mnt/disks/vol-<i>` pinned to its node by node affinity (`manifests`).
 
 Why static volumes: kwok's nodes have no disks and run no kubelet that could mount anything, so a
 dynamic provisioner would have nothing to provision on. With static local volumes the real parts
@@ -24,16 +25,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, STORAGE_CLASS_ACCESS_MODES_ANNOTATION
+from gpufed.apis.wire import (
+    DEFAULT_STORAGE_CLASS_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    STATIC_PROVISIONER,
+    STORAGE_CLASS_ACCESS_MODES_ANNOTATION,
+)
 from gpufed.localenv.topology import ClusterSpec
 
-#: The providers' StorageClass (their default: what a grant offers consumers unless the Tenant says otherwise).
+#: Each cluster's default StorageClass (a provider's grant offers it unless the Tenant says otherwise).
 STORAGE_CLASS = "local-disk"
-#: Kubernetes' annotation for a cluster's default StorageClass.
-DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
-STATIC_PROVISIONER = "kubernetes.io/no-provisioner"
-#: Static volumes per GPU node, and the size of each.
-VOLUMES_PER_GPU_NODE = 4
+#: Static volumes per node that holds volumes, and the size of each.
+VOLUMES_PER_NODE = 4
 VOLUME_SIZE = "50Gi"
 #: Where a volume would live on its node (nothing is there: kwok nodes mount nothing).
 VOLUME_PATH = "/mnt/disks/vol-{index}"
@@ -49,7 +53,7 @@ def storage_class() -> dict[str, Any]:
             "name": STORAGE_CLASS,
             "labels": dict(_LABELS),
             "annotations": {
-                DEFAULT_CLASS_ANNOTATION: "true",
+                DEFAULT_STORAGE_CLASS_ANNOTATION: "true",
                 STORAGE_CLASS_ACCESS_MODES_ANNOTATION: ",".join(ACCESS_MODES),
             },
         },
@@ -84,8 +88,6 @@ def volume(node: str, index: int) -> dict[str, Any]:
 
 
 def manifests(spec: ClusterSpec) -> list[dict[str, Any]]:
-    """The StorageClass and the volumes of a cluster with GPU nodes (nothing for a cluster without)."""
-    gpu_nodes = [n.name for n in spec.nodes() if n.pool.gpus > 0]
-    if not gpu_nodes:
-        return []
-    return [storage_class(), *(volume(n, i) for n in gpu_nodes for i in range(VOLUMES_PER_GPU_NODE))]
+    """The StorageClass and the volumes of a cluster: on its GPU nodes, or on every node of a cluster without."""
+    nodes = [n.name for n in spec.nodes() if n.pool.gpus > 0] or [n.name for n in spec.nodes()]
+    return [storage_class(), *(volume(n, i) for n in nodes for i in range(VOLUMES_PER_NODE))]

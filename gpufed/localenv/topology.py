@@ -110,6 +110,10 @@ class ClusterSpec(BaseModel):
     #: Run Kueue (its CRDs, webhooks and manager, `gpufed.localenv.kueue`) in this cluster: a
     #: consumer's job queueing; off by default (the default topology turns it on for `consumer`).
     kueue: bool = False
+    #: Run JobSet (its CRD, webhooks and controller manager, `gpufed.localenv.jobset`) in this
+    #: cluster: a consumer's multi-job workloads; off by default (the default topology turns it on
+    #: for `consumer`).
+    jobset: bool = False
 
     @field_validator("name")
     @classmethod
@@ -207,7 +211,8 @@ class ClusterPorts:
     +0 apiserver, +1/+2 etcd client/peer, +3 controller-manager, +4 scheduler, +5 kwok's kubelet
     API (every fake node), +6 gpufed's webhook, +7 metrics-server, +8 gpufed's capacity estimator,
     +9/+10/+11 Kueue's webhook server, metrics and health probes (reserved in every cluster, bound
-    only where Kueue runs), +12 to the block's end (+24) the virtual kubelets' kubelet APIs.
+    only where Kueue runs), +12/+13 JobSet's webhook server and health probes (the same), +14 to the
+    block's end (+24) the virtual kubelets' kubelet APIs.
     """
 
     base: int
@@ -267,9 +272,19 @@ class ClusterPorts:
         return self.base + 11
 
     @property
+    def jobset_webhook(self) -> int:
+        """JobSet's webhook server (admission; HTTPS, the apiserver calls it by URL)."""
+        return self.base + 12
+
+    @property
+    def jobset_health(self) -> int:
+        """JobSet's health probes (`/healthz`, `/readyz`; plain HTTP)."""
+        return self.base + 13
+
+    @property
     def kubelet_ports(self) -> tuple[int, int]:
         """First and last port for virtual kubelets' kubelet APIs (one per virtual node)."""
-        return (self.base + 12, self.base + PORTS_PER_CLUSTER - 1)
+        return (self.base + 14, self.base + PORTS_PER_CLUSTER - 1)
 
     def all(self) -> dict[str, int]:
         return {
@@ -285,6 +300,8 @@ class ClusterPorts:
             "Kueue webhook": self.kueue_webhook,
             "Kueue metrics": self.kueue_metrics,
             "Kueue health": self.kueue_health,
+            "JobSet webhook": self.jobset_webhook,
+            "JobSet health": self.jobset_health,
         }
 
 
@@ -293,7 +310,7 @@ class TopologyError(GpufedError):
 
 
 def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float = DEFAULT_JOB_SECONDS) -> Topology:
-    """consumer (2 CPU nodes, Kueue), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4); TopologyError
+    """consumer (2 CPU nodes, Kueue, JobSet), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4); TopologyError
     when `base_port` or `job_seconds` is out of range."""
     return _validated(
         {
@@ -303,6 +320,7 @@ def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float =
                 {
                     "name": "consumer",
                     "kueue": True,
+                    "jobset": True,
                     "nodePools": [{"name": "cpu", "count": 2, "cpu": "16", "memory": "64Gi"}],
                 },
                 {

@@ -1,9 +1,18 @@
 """The Helm chart (deploy/charts/gpufed) with helm built from its Go module and a real local
-apiserver: it lints and renders for several value sets, bad values fail with the reason, every
-rendered object — CRDs and RBAC included — passes a server-side dry-run apply, the workloads the
-controller makes from the chart's templates pass it too, every flag the chart passes exists in
-the command it runs, and rendered RBAC grants nothing beyond what each component's code is run with
-in this suite (deploy/rbac/) plus the in-cluster additions whose users are named below.
+apiserver: it lints and renders for several value sets (the defaults and each role among them), bad
+values fail with the reason, every rendered object — CRDs and RBAC included — passes a server-side
+dry-run apply, its pods meet the Pod Security level the chart documents, `helm install` with the
+defaults is accepted by the API server (a dry run: the shared clusters run gpufed already) and
+prints its notes, the workloads the controller makes from the chart's templates pass it too, every
+flag the chart passes exists in the command it runs, and rendered RBAC grants nothing beyond what
+each component's code is run with in this suite (deploy/rbac/) plus the in-cluster additions whose
+users are named below.
+
+`helm uninstall` leaves nothing the controller created: the webhook configuration and admission
+policies the controllers of this suite wrote carry an ownerReference to the ClusterRole
+`gpufed-controller` (which the chart owns), and deleting such an owner, as `helm uninstall` does,
+lets the garbage collector delete what it owns (shown on objects of the same kinds with an owner
+made for the test: deleting the real one would break the shared clusters).
 
 The in-cluster pieces of the controller are exercised here against the real API server too:
 leader election between two candidates, and the per-peering virtual-kubelet Deployment that
@@ -13,7 +22,9 @@ follows a real peering.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +35,10 @@ import typer
 import yaml
 
 from gpufed.apis.wire import ClusterID
+from gpufed.app.release import ANCHOR, OWNED, ReleaseOwner
 from gpufed.app.workloads import VIRTUAL_KUBELET, Workloads, WorkloadSettings
 from gpufed.cli import app as cli_app
+from gpufed.kube import rest
 from gpufed.kube.client import api_client
 from gpufed.kube.leader import LeaderElector, LeaderSettings
 from tests.e2e.conftest import Clusters
@@ -42,9 +55,9 @@ ADDRESS = ["--set", "estimator.address=gpu.example.com:9700"]
 
 #: Value sets an operator would use: (id, helm flags).
 VALUE_SETS: list[tuple[str, list[str]]] = [
-    ("defaults", ADDRESS),
-    ("consumer-only", ["--set", "estimator.enabled=false", "--set", "gpuAgent.enabled=false"]),
-    ("provider-only", [*ADDRESS, "--set", "virtualKubelet.enabled=false", "--set", "webhook.enabled=false"]),
+    ("defaults", []),
+    ("consumer", ["--set", "role=consumer"]),
+    ("provider", [*ADDRESS, "--set", "role=provider", "--set", "estimator.service.type=LoadBalancer"]),
     (
         "ha-gateway-monitoring",
         [
@@ -171,10 +184,10 @@ def test_the_chart_lints_renders_and_passes_a_server_side_dry_run(
     ("flags", "reason"),
     [
         (["-n", "default", *ADDRESS], "must be installed into the namespace gpufed"),
-        (["-n", "gpufed"], "estimator.address is required"),
-        (["-n", "gpufed", *ADDRESS, "--set", "virtualKubelet.capacity=lots"], "capacity must be live or static"),
-        (["-n", "gpufed", *ADDRESS, "--set", "gateway.wireguard.implementation=ebpf"], "kernel or userspace"),
-        (["-n", "gpufed", *ADDRESS, "--set", "logLevel=loud"], "logLevel must be"),
+        (["-n", "gpufed", "--set", "estimator.adress=x:1"], "additional properties 'adress' not allowed"),
+        (["-n", "gpufed", "--set", "virtualKubelet.capacity=lots"], "value must be one of 'live', 'static'"),
+        (["-n", "gpufed", "--set", "gateway.wireguard.implementation=ebpf"], "one of 'kernel', 'userspace'"),
+        (["-n", "gpufed", "--set", "logLevel=loud"], "/logLevel"),
     ],
 )
 def test_bad_values_fail_with_the_reason(clusters: Clusters, flags: list[str], reason: str) -> None:
@@ -355,9 +368,11 @@ def test_the_chart_confines_the_virtual_kubelet_and_binds_metrics_on_purpose(clu
     is told to listen for Prometheus on every interface, as the binaries themselves default to
     loopback."""
     controller = {
-        ("ValidatingAdmissionPolicy", "gpufed-controller-pods"),
-        ("ValidatingAdmissionPolicyBinding", "gpufed-controller-pods"),
+        (d["kind"], d["metadata"]["name"])
+        for d in yaml.safe_load_all((RBAC / "controller.yaml").read_text())
+        if d and d["kind"].startswith("ValidatingAdmission")
     }
+    assert ("ValidatingAdmissionPolicy", "gpufed-controller-pods") in controller
     objects = render(clusters, VALUE_SETS[3][1])
     policies = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"].startswith("ValidatingAdmission")}
     assert policies == {
@@ -378,3 +393,136 @@ def test_the_chart_confines_the_virtual_kubelet_and_binds_metrics_on_purpose(clu
             args = container["args"]
             if any(a.startswith("--metrics-port=") for a in args):
                 assert "--metrics-host=0.0.0.0" in args, (container["name"], args)
+
+
+def test_helm_install_with_the_defaults_is_accepted_and_tells_what_is_next(clusters: Clusters) -> None:
+    """A dry run against the real API server (its version against kubeVersion, the rendered objects
+    built against its API); --take-ownership only because this suite's clusters run gpufed already."""
+    kubeconfig = ["--kubeconfig", str(clusters.kubeconfig), "--kube-context", "consumer"]
+    proc = helm(
+        clusters, "install", "gpufed", str(CHART), "-n", "gpufed", "--dry-run=server", "--take-ownership", *kubeconfig
+    )
+    assert "STATUS: pending-install" in proc.stdout, proc.stdout
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "(role: both)" in notes and "rollout status deployment/gpufed-controller" in notes, notes
+    assert "helm uninstall gpufed -n gpufed" in notes
+
+
+def test_the_pods_meet_the_pod_security_level_the_chart_documents(clusters: Clusters) -> None:
+    """restricted for every pod but the gateway's (NET_ADMIN, /dev/net/tun: privileged), checked by
+    the API server's Pod Security admission on a namespace that warns at restricted."""
+    objects = render(clusters, ["--set", "gateway.enabled=true"])
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    pods = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "0b6a3f52-0000-4000-8000-000000000002"}
+    for component, container, env in (
+        ("virtual-kubelet", "virtual-kubelet", "GPUFED_PROVIDER"),
+        ("gateway", "gateway", "GPUFED_GATEWAY_NAME"),
+    ):
+        docs = list(yaml.safe_load_all(config_map["data"][f"{component}.yaml"]))
+        template = forge.check(component, container, env, docs, source=component)
+        pods += [o for o in forge.render(template, "gpu-a-0123abcd", "gpufed", owner) if o["kind"] == "Deployment"]
+    ns = f"t-pod-security-{secrets.token_hex(3)}"
+    clusters.kubectl("consumer", "create", "namespace", ns)
+    try:
+        clusters.kubectl("consumer", "label", "namespace", ns, "pod-security.kubernetes.io/warn=restricted")
+        names = set()
+        for pod in pods:
+            pod = {**pod, "metadata": {**pod["metadata"], "namespace": ns}}
+            pod["metadata"].pop("ownerReferences", None)
+            proc = clusters.kubectl(
+                "consumer", "apply", "--dry-run=server", "-f", "-", input_text=json.dumps(pod), timeout=60
+            )
+            name = pod["metadata"]["name"]
+            names.add(name)
+            violates = "would violate PodSecurity" in proc.stderr
+            assert violates == name.startswith("gpufed-gateway"), (name, proc.stderr)
+        assert {"gpufed-controller", "gpufed-gpu-agent"} <= names and len(names) == 4, names
+    finally:
+        clusters.kubectl("consumer", "delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _owners(clusters: Clusters, context: str, plural: str, name: str) -> list[dict[str, Any]] | None:
+    proc = clusters.kubectl(context, "get", plural, name, "-o", "json", check=False)
+    if proc.returncode:
+        return None
+    refs: list[dict[str, Any]] = json.loads(proc.stdout)["metadata"].get("ownerReferences") or []
+    return refs
+
+
+def _owned_by(clusters: Clusters, context: str, plural: str, name: str, uid: str) -> bool:
+    refs = _owners(clusters, context, plural, name) or []
+    return any(r["uid"] == uid and r["kind"] == "ClusterRole" for r in refs)
+
+
+def _gone(clusters: Clusters, context: str, plural: str, name: str) -> bool:
+    return _owners(clusters, context, plural, name) is None
+
+
+def test_what_the_controller_creates_is_owned_by_the_charts_cluster_role(
+    clusters: Clusters, ids: dict[str, ClusterID]
+) -> None:
+    """The consumer's webhook configuration and the provider's admission policies (made once a
+    consumer peered) are owned by the ClusterRole gpufed-controller of their cluster."""
+    for context, plurals in (
+        ("consumer", ("mutatingwebhookconfigurations",)),
+        ("gpu-a", ("validatingadmissionpolicies", "validatingadmissionpolicybindings")),
+    ):
+        role = json.loads(clusters.kubectl(context, "get", "clusterrole", ANCHOR[2], "-o", "json").stdout)
+        uid = role["metadata"]["uid"]
+        for _, plural, name in (o for o in OWNED if o[1] in plurals):
+            eventually(
+                f"{context}: {plural}/{name} owned by ClusterRole {ANCHOR[2]}",
+                functools.partial(_owned_by, clusters, context, plural, name, uid),
+                timeout=75,
+            )
+
+
+def test_deleting_the_owner_as_helm_uninstall_does_removes_what_it_owns(clusters: Clusters) -> None:
+    """Objects written as the controller writes them (server-side apply) are tied to an owner by
+    ReleaseOwner, keep the reference when their writer applies them again, and are deleted by the
+    garbage collector once the owner is deleted as `helm uninstall` deletes it."""
+    suffix = secrets.token_hex(3)
+    anchor = ("rbac.authorization.k8s.io/v1", "clusterroles", f"gpufed-e2e-release-{suffix}")
+    labels = {"app.kubernetes.io/managed-by": "gpufed"}
+    admission = "admissionregistration.k8s.io/v1"
+    name = f"gpufed-e2e-{suffix}"
+    objects = {
+        "mutatingwebhookconfigurations": {
+            "apiVersion": admission,
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name, "labels": labels},
+        },
+        "validatingadmissionpolicybindings": {
+            "apiVersion": admission,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        },
+    }
+    owned = tuple((admission, plural, name) for plural in objects)
+    clusters.create("consumer", {"apiVersion": anchor[0], "kind": "ClusterRole", "metadata": {"name": anchor[2]}})
+    try:
+
+        async def own() -> None:
+            async with api_client(clusters.kubeconfig, "consumer") as api:
+                for plural, obj in objects.items():
+                    await rest.apply(api, rest.path(admission, plural, name), obj)
+                assert await ReleaseOwner(api, anchor=anchor, owned=owned).sync() == 2
+                for plural, obj in objects.items():
+                    again = await rest.apply(api, rest.path(admission, plural, name), obj)
+                    refs = again["metadata"].get("ownerReferences") or []
+                    assert [r["name"] for r in refs] == [anchor[2]], f"{plural}: {refs}"
+
+        asyncio.run(own())
+        # What `helm uninstall` does to the chart's ClusterRole (background propagation).
+        clusters.kubectl("consumer", "delete", "clusterrole", anchor[2], "--cascade=background")
+        for plural in objects:
+            eventually(
+                f"{plural}/{name} deleted with its owner",
+                functools.partial(_gone, clusters, "consumer", plural, name),
+                timeout=60,
+            )
+    finally:
+        for _, plural, obj_name in (anchor, *owned):
+            clusters.kubectl("consumer", "delete", plural, obj_name, "--ignore-not-found", check=False)

@@ -1,8 +1,9 @@
 """Groups of pods placed whole, on the real local clusters (gpu-a 4 x 8 H100; gpu-b 2 x 4 A100 + 4 x 1
 L4): the offloading webhook gates a group's pods, the consumer's gang controller releases them onto one
 pool (one provider, one GPU product) once one holds them all, a group no pool holds waits with its
-reason and starts when capacity frees, a group larger than any grant is refused at once, and a bad
-group declaration is refused at creation.
+reason and starts when capacity frees, a group larger than any grant is refused at once, a bad
+group declaration is refused at creation, and a JobSet (upstream's controller runs in the consumer)
+lands whole like a Job.
 
 The module peers the consumer with gpu-a (all 32 GPUs) and gpu-b (all 12: two pools).
 """
@@ -15,7 +16,16 @@ from typing import Any
 
 import pytest
 
-from gpufed.apis.wire import GANG_GATE, GANG_LABEL, ClusterID
+from gpufed.apis.wire import (
+    GANG_GATE,
+    GANG_GROUP_ANNOTATION,
+    GANG_LABEL,
+    GANG_SIZE_ANNOTATION,
+    JOBSET_API_VERSION,
+    JOBSET_NAME_LABEL,
+    UNPLACED_TIMEOUT_ANNOTATION,
+    ClusterID,
+)
 from gpufed.localenv import manifests
 from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
 from tests.e2e.conftest import Clusters
@@ -37,16 +47,16 @@ def group_job(name: str, namespace: str, pods: int, gpus: int) -> dict[str, Any]
     return job
 
 
-def job_pods(clusters: Clusters, namespace: str, name: str) -> list[dict[str, Any]]:
+def job_pods(clusters: Clusters, namespace: str, name: str, selector: str = "job") -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = clusters.kubectl_json(
-        "consumer", "get", "pods", "-n", namespace, "-l", f"job={name}"
+        "consumer", "get", "pods", "-n", namespace, "-l", f"{selector}={name}"
     )["items"]
     return items
 
 
-def bound(clusters: Clusters, namespace: str, name: str, count: int) -> dict[str, str] | None:
-    """pod -> node once `count` pods of the job are bound."""
-    placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in job_pods(clusters, namespace, name)}
+def bound(clusters: Clusters, namespace: str, name: str, count: int, selector: str = "job") -> dict[str, str] | None:
+    """pod -> node once `count` pods of the job (`selector`: the label naming it) are bound."""
+    placed = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in job_pods(clusters, namespace, name, selector)}
     nodes = {k: v for k, v in placed.items() if v}
     return nodes if len(nodes) >= count else None
 
@@ -205,7 +215,11 @@ def test_a_group_whose_twin_the_provider_cannot_schedule_is_failed_back_whole(
     job = group_job("apart", namespace, 2, 8)
     job["spec"]["backoffLimit"] = 4
     # the workers run until the test ends (kwok's run time), so they must run side by side
-    job["spec"]["template"]["metadata"]["annotations"] = {RUN_DURATION_ANNOTATION: "900s"}
+    # the pods ask for a 30 s unplaced timeout, shorter than the virtual kubelet's 120 s
+    job["spec"]["template"]["metadata"]["annotations"] = {
+        RUN_DURATION_ANNOTATION: "900s",
+        UNPLACED_TIMEOUT_ANNOTATION: "30",
+    }
     job["spec"]["template"]["spec"]["affinity"] = {
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -226,8 +240,8 @@ def test_a_group_whose_twin_the_provider_cannot_schedule_is_failed_back_whole(
         pods = [p for p in job_pods(clusters, namespace, "apart") if p["metadata"]["name"] in first]
         return pods if all(p["status"].get("phase") == "Failed" for p in pods) else None
 
-    # unplaced timeout (120 s) plus the twin's deletion
-    pods = eventually("both pods of the group failed back", failed_back, timeout=200)
+    # the pods' unplaced timeout (30 s) plus the twin's deletion
+    pods = eventually("both pods of the group failed back", failed_back, timeout=120)
     reasons = sorted(p["status"].get("reason") for p in pods)
     assert reasons == ["GangFailedBack", "ProviderPendingTimeout"], [p["status"] for p in pods]
     gang = next(p for p in pods if p["status"]["reason"] == "GangFailedBack")
@@ -254,3 +268,46 @@ def test_a_group_whose_twin_the_provider_cannot_schedule_is_failed_back_whole(
         for t in clusters.kubectl_json("gpu-a", "get", "pods", "-n", twin_ns)["items"]
     }
     assert {remote.get(p["metadata"]["name"]) for p in up} <= {"gpu-a-h100-1", "gpu-a-h100-3"}, remote
+
+
+def replicated_job(name: str, replicas: int, gpus: int) -> dict[str, Any]:
+    """A replicatedJob of `replicas` Jobs of one pod each, `gpus` GPUs a pod."""
+    pod = manifests.job(name, "", gpus=gpus, completions=1, parallelism=1)["spec"]
+    return {"name": name, "replicas": replicas, "template": {"spec": pod}}
+
+
+def test_a_jobsets_leader_and_workers_land_whole_on_one_pool(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    """A JobSet of a leader (1 x 2 GPUs) and workers (3 x 2 GPUs): one group of 4 pods (from four
+    Jobs of one pod each, none a group on its own), released onto one pool together."""
+    offload(clusters, namespace)
+    jobset = {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {"name": "llm", "namespace": namespace},
+        "spec": {"replicatedJobs": [replicated_job("leader", 1, 2), replicated_job("workers", 3, 2)]},
+    }
+    clusters.create("consumer", jobset)
+    placed = eventually(
+        "the JobSet's 4 pods bound",
+        lambda: bound(clusters, namespace, "llm", 4, selector=JOBSET_NAME_LABEL),
+        timeout=90,
+    )
+    assert len(set(placed.values())) == 1, f"the JobSet was split: {placed}"
+    (node,) = set(placed.values())
+    assert node.startswith("gpufed-"), node
+    pods = job_pods(clusters, namespace, "llm", JOBSET_NAME_LABEL)
+    groups = {
+        (
+            p["metadata"]["annotations"].get(GANG_GROUP_ANNOTATION),
+            p["metadata"]["annotations"].get(GANG_SIZE_ANNOTATION),
+        )
+        for p in pods
+    }
+    assert len(groups) == 1 and next(iter(groups))[1] == "4", groups
+    assert all(p["metadata"]["labels"].get(GANG_LABEL) for p in pods), "the webhook did not mark the group"
+    assert all(p["metadata"]["annotations"].get("gpufed.io/gang-node") == node for p in pods)
+    clusters.kubectl(
+        "consumer", "wait", "-n", namespace, "--for=condition=Completed", "jobset/llm", "--timeout=60s", timeout=70
+    )

@@ -155,13 +155,13 @@ def test_bad_input_is_refused_clearly_and_creates_nothing(
     p = offload(clusters, "no-such-namespace-here")
     assert p.returncode == 1 and "does not exist" in out(p), out(p)
     p = offload(clusters, local_ns, "--selector", "a=b=c")
-    assert p.returncode == 1 and "cannot parse selector" in out(p), out(p)
+    assert p.returncode == 2 and "cannot parse selector" in out(p), out(p)
     p = offload(clusters, local_ns, "--selector", "gpu.memory>lots")
-    assert p.returncode == 1 and "integer" in out(p), out(p)
+    assert p.returncode == 2 and "integer" in out(p), out(p)
     p = offload(clusters, local_ns, "--pod-strategy", "Sometimes")
-    assert p.returncode == 1 and "podOffloadingStrategy" in out(p) and "LocalAndRemote" in out(p), out(p)
+    assert p.returncode == 2 and "podOffloadingStrategy" in out(p) and "LocalAndRemote" in out(p), out(p)
     p = offload(clusters, local_ns, "--remote-name", "x")
-    assert p.returncode == 1 and "SelectedName" in out(p), out(p)
+    assert p.returncode == 2 and "SelectedName" in out(p), out(p)
     assert nsoff(clusters, local_ns) is None and ns_label(clusters, local_ns) is None
     # The API server enforces the name and the mapping rule for objects made without the CLI.
     bad = clusters.create(

@@ -50,7 +50,7 @@ def test_bad_inputs_are_refused_clearly_and_leave_nothing(clusters: Clusters, tm
     assert leftovers(clusters) == []
 
     p = gpufed("peer", "--kubeconfig", str(tmp_path / "nope"), "--remote-kubeconfig", kc, "--remote-context", "gpu-a")
-    assert p.returncode == 1 and "does not exist" in out(p), out(p)
+    assert p.returncode == 2 and "does not exist" in out(p), out(p)  # a usage error: checked before any call
 
     p = gpufed(
         "peer",
@@ -63,7 +63,7 @@ def test_bad_inputs_are_refused_clearly_and_leave_nothing(clusters: Clusters, tm
         "--remote-context",
         "gpu-a",
     )
-    assert p.returncode == 1 and "no-such-context" in out(p), out(p)
+    assert p.returncode == 2 and "no-such-context" in out(p), out(p)
 
     cfg = yaml.safe_load(Path(kc).read_text())
     for cl in cfg["clusters"]:
@@ -84,9 +84,9 @@ def test_bad_inputs_are_refused_clearly_and_leave_nothing(clusters: Clusters, tm
     assert p.returncode == 1 and "cannot reach the provider API server https://127.0.0.1:1" in out(p), out(p)
 
     p = peer(clusters, "gpu-a", "--gpus", "-2")
-    assert p.returncode == 1 and "must not be negative" in out(p), out(p)
+    assert p.returncode == 2 and "must not be negative" in out(p), out(p)
     p = peer(clusters, "gpu-a", "--cpu", "lots")
-    assert p.returncode == 1 and "invalid slice" in out(p) and "cpu" in out(p), out(p)
+    assert p.returncode == 2 and "invalid slice" in out(p) and "cpu" in out(p), out(p)
 
     p = gpufed("peer", "--kubeconfig", kc, "--context", "gpu-a", "--remote-kubeconfig", kc, "--remote-context", "gpu-a")
     assert p.returncode == 1 and "cannot peer with itself" in out(p), out(p)

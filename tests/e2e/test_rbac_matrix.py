@@ -74,7 +74,10 @@ DENY: Expect = "DENY"
 ADMISSION: Expect = "ADMISSION"
 GAP: Expect = "GAP"
 #: The admission policy that refuses each identity's ADMISSION rows (deploy/rbac/<identity>.yaml).
-POLICIES = {"virtual-kubelet": "gpufed-virtual-kubelet", "controller": "gpufed-controller-pods"}
+POLICIES = {
+    "virtual-kubelet": ("gpufed-virtual-kubelet",),
+    "controller": ("gpufed-controller-pods", "gpufed-controller-volumes"),
+}
 #: A pod in kube-system, bound to no virtual node, that the ADMISSION rows aim at.
 BYSTANDER_POD = "gpufed-rbac-bystander"
 
@@ -213,7 +216,17 @@ MATRIX: list[Row] = [
     ("controller", P, "watch", "persistentvolumes", "", "", ALLOW, "peering/controllers/provider.py: free volumes"),
     ("controller", P, "watch", "persistentvolumeclaims", "", "", ALLOW, "peering/controllers/provider.py: usage"),
     ("controller", P, "delete", "persistentvolumes", "", "x", DENY, "volumes (read only)"),
-    ("controller", P, "create", "persistentvolumeclaims", "{twin}", "", DENY, "claims are the consumer's"),
+    # Shadow claims are named at run time: RBAC cannot narrow claim creation (gpufed-controller-volumes
+    # allows only gpufed-local-* names, and none in a consumer's tenant or twin namespace).
+    ("controller", P, "create", "persistentvolumeclaims", "{twin}", "", GAP, "claims are the consumer's"),
+    ("controller", C, "create", "persistentvolumeclaims", "{ns}", "", ALLOW, "localstorage.py: shadow claims"),
+    ("controller", C, "delete", "persistentvolumeclaims", "{ns}", "x", ALLOW, "localstorage.py: shadow claims"),
+    ("controller", C, "patch", "persistentvolumes", "", "x", ALLOW, "localstorage.py: a volume handed to a claim"),
+    ("controller", C, "create", "persistentvolumes", "", "", DENY, "volumes are provisioners' or admins'"),
+    ("controller", C, "delete", "persistentvolumes", "", "x", DENY, "volume deletion"),
+    ("controller", C, "update", "persistentvolumeclaims", "{ns}", "x", DENY, "users' claims are never changed"),
+    ("controller", C, "delete", "persistentvolumeclaims", "kube-system", BYSTANDER_POD, ADMISSION, "users' claims"),
+    ("controller", C, "patch", "persistentvolumes", "", BYSTANDER_POD, ADMISSION, "a bound volume's policy"),
     ("controller", P, "patch", "storageclasses.storage.k8s.io", "", "x", DENY, "the provider's classes"),
     # The global default PriorityClass the pod policy allows (read only).
     ("controller", P, "get", PC, "", "x", ALLOW, "peering/controllers/provider.py: default class"),
@@ -237,6 +250,9 @@ MATRIX: list[Row] = [
     ("controller", C, "create", "pods/binding", "{ns}", "x", ALLOW, "vkprovider/gangs.py: binds a released group"),
     ("controller", C, "get", "jobs.batch", "{ns}", "x", ALLOW, "vkprovider/webhook/server.py: a pod's Job"),
     ("controller", C, "list", "jobs.batch", "", "", DENY, "listing Jobs (one Job is read by name)"),
+    ("controller", C, "get", "jobsets.jobset.x-k8s.io", "{ns}", "x", ALLOW, "vkprovider/webhook/server.py: a JobSet"),
+    ("controller", C, "list", "jobsets.jobset.x-k8s.io", "", "", DENY, "listing JobSets (one is read by name)"),
+    ("controller", C, "patch", "jobsets.jobset.x-k8s.io", "{ns}", "x", DENY, "users' JobSets are never changed"),
     ("controller", C, "patch", "resourceflavors.kueue.x-k8s.io", "", "x", ALLOW, "vkprovider/kueue.py: flavors"),
     ("controller", C, "patch", "clusterqueues.kueue.x-k8s.io", "", "x", ALLOW, "vkprovider/kueue.py: GPU quotas"),
     ("controller", C, "delete", "clusterqueues.kueue.x-k8s.io", "", "x", DENY, "the admins' ClusterQueues"),
@@ -613,7 +629,10 @@ def _real_request(verb: str, resource: str, namespace: str, name: str) -> tuple[
     if verb == "patch" and resource == "pods":
         label = json.dumps({"metadata": {"labels": {"example.com/touched": "yes"}}})
         return ["patch", "pod", name, "-n", namespace, "--type=merge", "-p", label, dry], None
-    if verb == "delete" and resource in ("nodes", "pods"):
+    if verb == "patch" and resource == "persistentvolumes":
+        policy = json.dumps({"spec": {"persistentVolumeReclaimPolicy": "Delete"}})
+        return ["patch", "pv", name, "--type=merge", "-p", policy, dry], None
+    if verb == "delete" and resource in ("nodes", "pods", "persistentvolumeclaims"):
         return ["delete", resource, name, *(["-n", namespace] if namespace else []), dry], None
     if verb == "create" and resource == LEASES:
         lease = {
@@ -647,6 +666,12 @@ def _real_request(verb: str, resource: str, namespace: str, name: str) -> tuple[
     raise AssertionError(f"no real request for an ADMISSION row {verb} {resource}: add one here")
 
 
+def _remove_bystanders(clusters: Clusters) -> None:
+    for kind, namespace in (("pod", "kube-system"), ("pvc", "kube-system"), ("pv", "")):
+        where = ["-n", namespace] if namespace else []
+        clusters.kubectl(C, "delete", kind, *where, BYSTANDER_POD, "--ignore-not-found", "--wait=false")
+
+
 def test_rows_denied_by_admission_are_refused_for_real_requests(clusters: Clusters, peering: Peering) -> None:
     """Each ADMISSION row as a real request with the identity's credentials (server-side dry run):
     refused by the admission policy, naming it."""
@@ -656,8 +681,34 @@ def test_rows_denied_by_admission_are_refused_for_real_requests(clusters: Cluste
         "metadata": {"name": BYSTANDER_POD, "namespace": "kube-system"},
         "spec": {"containers": [{"name": "main", "image": "registry.example/app:1"}]},
     }
-    clusters.kubectl(C, "delete", "pod", "-n", "kube-system", BYSTANDER_POD, "--ignore-not-found", "--wait=false")
+    # a user's claim and the volume bound to it, for the controller's claim and volume rows
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": BYSTANDER_POD, "namespace": "kube-system"},
+        "spec": {
+            "storageClassName": "",
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": BYSTANDER_POD},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": "/nonexistent/gpufed-rbac"},
+            "claimRef": {"namespace": "kube-system", "name": BYSTANDER_POD},
+        },
+    }
+    _remove_bystanders(clusters)
     clusters.create(C, pod)
+    clusters.create(C, claim)
+    clusters.create(C, volume)
     kubectl = str(clusters.env.binary("kubectl"))
     wrong: list[str] = []
     asked = 0
@@ -675,11 +726,11 @@ def test_rows_denied_by_admission_are_refused_for_real_requests(clusters: Cluste
                 )
                 asked += 1
                 label = f"{user} {verb} {resource} ns={ns or '-'} name={nm} ({why})"
-                policy = POLICIES[who]
-                if proc.returncode == 0 or policy not in proc.stderr:
-                    wrong.append(f"not refused by {policy}: {label}: rc={proc.returncode} {proc.stderr.strip()}")
+                policies = POLICIES[who]
+                if proc.returncode == 0 or not any(p in proc.stderr for p in policies):
+                    wrong.append(f"not refused by {policies}: {label}: rc={proc.returncode} {proc.stderr.strip()}")
     finally:
-        clusters.kubectl(C, "delete", "pod", "-n", "kube-system", BYSTANDER_POD, "--ignore-not-found", "--wait=false")
+        _remove_bystanders(clusters)
     assert asked >= 10
     assert not wrong, "\n".join(wrong)
     # Nothing happened: the dry runs changed nothing, the real node is still there and unlabelled.

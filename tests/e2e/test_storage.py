@@ -175,6 +175,93 @@ def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
     assert get(clusters, "gpu-a", "pvc", "data", "-n", f"{namespace}-{ids['consumer']}") is None
 
 
+def test_a_claim_whose_first_pod_stays_local_binds_to_local_storage_and_keeps_later_pods_local(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    """The claim's first pod is scheduled to one of the consumer's own nodes: gpufed's controller hands
+    the claim a static volume of the consumer's default class `local-disk` on that node, the
+    consumer's kube-controller-manager binds it, and a later GPU pod mounting the claim is kept local
+    (never offloaded) with the Event `KeptLocal` saying why."""
+    offload(clusters, namespace)
+    local_node = "consumer-cpu-0"
+    bound_volume = ""
+    try:
+        clusters.create("consumer", claim("scratch", namespace))
+        first = job_with("first", namespace, "scratch", nodeSelector={"kubernetes.io/hostname": local_node})
+        first["spec"]["template"]["spec"]["containers"][0]["resources"] = {}  # no GPU: a local node fits
+        clusters.create("consumer", first)
+
+        def bound() -> dict[str, Any] | None:
+            pvc = get(clusters, "consumer", "pvc", "scratch", "-n", namespace)
+            return pvc if pvc is not None and pvc["status"].get("phase") == "Bound" else None
+
+        pvc = eventually("the claim bound to a local volume", bound, timeout=90)
+        bound_volume = pvc["spec"]["volumeName"]
+        assert bound_volume.startswith(f"{local_node}-vol-"), pvc["spec"]
+        pv = get(clusters, "consumer", "pv", bound_volume)
+        assert pv is not None and pv["spec"]["storageClassName"] == "local-disk"
+        assert pv["spec"]["claimRef"]["uid"] == pvc["metadata"]["uid"]
+        events = claim_events(clusters, namespace, "scratch")
+        said = [e for e in events if e["reason"] == "BoundLocally"]
+        assert said and bound_volume in said[0]["message"] and local_node in said[0]["message"], events
+        pod = eventually(
+            "the first pod running on the local node",
+            lambda: (p := pod_of(clusters, namespace, "first")) and p["spec"].get("nodeName") == local_node and p,
+            timeout=60,
+        )
+        assert pod["spec"]["nodeName"] == local_node
+
+        # a GPU pod mounting it may not be offloaded: kept local (Pending: no local node has GPUs), and told
+        clusters.create("consumer", job_with("later", namespace, "scratch"))
+        later = eventually("the later pod admitted", lambda: pod_of(clusters, namespace, "later"), timeout=30)
+        assert later["metadata"]["labels"].get("gpufed.io/kept-local") == "local", later["metadata"]
+        terms = later["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert all(
+            {"key": "gpufed.io/type", "operator": "NotIn", "values": ["virtual-node"]} in t["matchExpressions"]
+            for t in terms["nodeSelectorTerms"]
+        ), terms
+
+        def kept_local() -> list[dict[str, Any]]:
+            return [
+                e for e in claim_events(clusters, namespace, later["metadata"]["name"]) if e["reason"] == "KeptLocal"
+            ]
+
+        (event,) = eventually("the KeptLocal Event on the pod", kept_local, timeout=30)
+        assert "(scratch)" in event["message"] and "runs on local nodes only" in event["message"], event
+        time.sleep(3)
+        later = pod_of(clusters, namespace, "later") or later
+        assert not later["spec"].get("nodeName"), "never on a virtual node"
+        twin_ns = f"{namespace}-{ids['consumer']}"
+        for provider in ("gpu-a", "gpu-b"):
+            assert get(clusters, provider, "pvc", "scratch", "-n", twin_ns) is None
+    finally:
+        for kind in ("jobs", "pods", "pvc"):
+            clusters.kubectl(
+                "consumer", "delete", kind, "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
+            )
+        if bound_volume:
+            # the consumer's local-disk class keeps its data (Retain): the volume is Released, then
+            # made Available again for the tests that follow
+            eventually(
+                "the local volume released",
+                lambda: (
+                    ((get(clusters, "consumer", "pv", bound_volume) or {}).get("status") or {}).get("phase")
+                    == "Released"
+                ),
+                timeout=60,
+            )
+            clusters.kubectl(
+                "consumer",
+                "patch",
+                "pv",
+                bound_volume,
+                "--type",
+                "json",
+                "-p",
+                '[{"op": "remove", "path": "/spec/claimRef"}]',
+            )
+
+
 def test_claims_the_provider_cannot_take_are_refused_on_the_claim(
     clusters: Clusters, ids: dict[str, ClusterID], namespace: str
 ) -> None:

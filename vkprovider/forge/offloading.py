@@ -11,7 +11,8 @@ into RFC 6902 JSON-patch operations for an AdmissionReview response:
 - Local: required affinity `gpufed.io/type NotIn [virtual-node]` (no toleration);
 - pinned expressions (where the pod's claims keep their data) are ANDed into every alternative
   (`pinned_terms`): a claim bound on a provider admits only that provider's virtual nodes, a claim of
-  the consumer's own storage only local nodes;
+  the consumer's own storage only local nodes; a pod so kept local is labelled
+  `gpufed.io/kept-local` (`mark_kept_local`: the controller says why in an Event on it);
 - `gate`: the scheduling gate `gpufed.io/gang` on a pod that asks for GPUs and belongs to a group
   (`gpupool.gang.group_of`) in a namespace whose pods may go remote: the gang controller releases
   the group's pods together, pinned to one pool, once one holds them all. Single pods, pods without
@@ -44,6 +45,7 @@ from gpufed.apis.wire import (
     GANG_GROUP_ANNOTATION,
     GANG_LABEL,
     GANG_SIZE_ANNOTATION,
+    KEPT_LOCAL_LABEL,
     REMOTE_CLUSTER_LABEL,
     TYPE_LABEL,
     VIRTUAL_NODE_TAINT,
@@ -179,6 +181,22 @@ def claim_pin(places: Mapping[str, str | None]) -> list[Expr]:
     return [{"key": REMOTE_CLUSTER_LABEL, "operator": "In", "values": [provider]}]
 
 
+def mark_kept_local(pod: Mapping[str, Any], strategy: str) -> list[dict[str, Any]]:
+    """JSON-patch operations that label `pod`, which its claims keep on local nodes, with
+    KEPT_LOCAL_LABEL: `pending` in a namespace whose pods run remotely only, else `local`; none for a
+    Local namespace (nothing would have been offloaded) or a pod that already says so."""
+    if strategy == "Local":
+        return []
+    value = "pending" if strategy == "Remote" else "local"
+    meta = _mapping(pod.get("metadata"), "metadata") or {}
+    labels = _mapping(meta.get("labels"), "metadata.labels")
+    if labels is None:
+        return [{"op": "add", "path": "/metadata/labels", "value": {KEPT_LOCAL_LABEL: value}}]
+    if labels.get(KEPT_LOCAL_LABEL) == value:
+        return []
+    return [{"op": "add", "path": f"/metadata/labels/{_escape(KEPT_LOCAL_LABEL)}", "value": value}]
+
+
 def pinned_terms(ours: list[list[Expr]], pinned: Sequence[Expr]) -> list[list[Expr]]:
     """`ours` with `pinned` ANDed into every alternative; alternatives `pinned` contradicts (local
     nodes when pinned to a provider's virtual nodes, virtual nodes when pinned to local ones) go,
@@ -250,6 +268,7 @@ __all__ = [
     "TOLERATION",
     "ClaimConflictError",
     "claim_pin",
+    "mark_kept_local",
     "mutate",
     "pinned_terms",
     "required_terms",

@@ -128,6 +128,10 @@ class NodeController:
         self.settings = settings
         self.ready = asyncio.Event()
         self._wake = asyncio.Event()
+        #: The coalesced sync not yet started (`sync_coalesced`), its lock, and the tasks running them.
+        self._pending_sync: asyncio.Future[None] | None = None
+        self._coalesce_lock = asyncio.Lock()
+        self._coalesced: set[asyncio.Task[None]] = set()
         self._node_uid: str | None = None
         #: The Node as the watch last delivered it, once it has listed (None: there is none).
         self._seen: dict[str, Any] | None = None
@@ -240,6 +244,31 @@ class NodeController:
                 # arrives as the wake-up completes, and this loop is woken very often.
                 async with asyncio.timeout(self.settings.state_poll_s):
                     await self._wake.wait()
+
+    async def sync_coalesced(self) -> None:
+        """A `sync` that starts after this call, shared by every caller that arrives before it starts:
+        a burst of pods ending costs one status write per change, not one node sync per pod.
+        Raises what that sync raised."""
+        fut = self._pending_sync
+        if fut is None:
+            fut = self._pending_sync = asyncio.get_running_loop().create_future()
+            # retrieved here too, so that a sync whose every caller was cancelled logs no warning
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            task = asyncio.create_task(self._run_coalesced(fut))
+            self._coalesced.add(task)
+            task.add_done_callback(self._coalesced.discard)
+        await asyncio.shield(fut)
+
+    async def _run_coalesced(self, fut: asyncio.Future[None]) -> None:
+        async with self._coalesce_lock:
+            if self._pending_sync is fut:
+                self._pending_sync = None  # callers from now on need a later sync
+            try:
+                await self.sync()
+            except Exception as e:  # handed to every waiter
+                fut.set_exception(e)
+            else:
+                fut.set_result(None)
 
     async def sync(self) -> None:
         """Register the Node if needed, then patch its status when it changed or a heartbeat is due."""

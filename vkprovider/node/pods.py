@@ -1,6 +1,9 @@
 """The pod controller of a virtual node: local pods bound to it <-> their twins at the provider.
 
-Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, backoff):
+Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, backoff), in two
+lanes: pods that still need a twin wait in `creates`; everything else (status, deletion, fail-back,
+adoption) in `queue`, with workers of its own, so a burst of creates never holds back a twin's
+status or a deletion (a key in both lanes is still handled by one worker at a time):
 - creation of the twin for a pod bound to the node, and its status reflected back through the
   status subresource (strategic merge on the API server's current object: conditions merge by
   type, qosClass is never sent);
@@ -17,7 +20,8 @@ Owns, per local pod (key: namespace/name; per-key serialised, bounded workers, b
 - refusals: a `ProviderError` sets `status.reason=ProviderFailed` with the provider's message and a
   Warning Event on the pod, then retries with capped backoff; nothing fails silently;
 - fail-back: a pod the provider says can never run here (`ProviderError(fail_back=True)`), or
-  whose twin the provider has not placed within `unplaced_timeout_s`, is failed locally — its
+  whose twin the provider has not placed within `unplaced_timeout_s` (or the pod's own shorter
+  `gpufed.io/unplaced-timeout-seconds`, `unplaced_timeout`), is failed locally — its
   twin deleted first (nothing keeps holding the provider's quota), then phase Failed with the
   reason, a DisruptionTarget condition and a Warning Event — so that its Job/ReplicaSet creates a
   replacement the scheduler can put elsewhere. The other pods of its group (label `gpufed.io/gang`:
@@ -44,7 +48,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from gpufed.apis.wire import GANG_LABEL
+from gpufed.apis.wire import GANG_LABEL, UNPLACED_TIMEOUT_ANNOTATION
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
@@ -69,8 +73,24 @@ GANG_FAILED_BACK = "GangFailedBack"
 COMPONENT = "gpufed-virtual-kubelet"
 #: Seconds a twin may stay unplaced (Pending on no node) at the provider before the pod is failed back.
 DEFAULT_UNPLACED_TIMEOUT_S = defaults.UNPLACED_TIMEOUT_S
+#: The shortest unplaced timeout a pod may ask for (a provider's scheduler needs a moment).
+MIN_UNPLACED_TIMEOUT_S = 10.0
 
 Key = tuple[str, str]
+
+
+def unplaced_timeout(pod: Mapping[str, Any], node_timeout: float | None) -> float | None:
+    """How long `pod`'s twin may stay unplaced: the node's timeout (None: never), or the pod's own
+    UNPLACED_TIMEOUT_ANNOTATION when that is a number of seconds between MIN_UNPLACED_TIMEOUT_S and it."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(UNPLACED_TIMEOUT_ANNOTATION)
+    if node_timeout is None or raw is None:
+        return node_timeout
+    try:
+        asked = float(str(raw))
+    except ValueError:
+        return node_timeout
+    return asked if MIN_UNPLACED_TIMEOUT_S <= asked <= node_timeout else node_timeout
+
 
 OFFLOAD_LATENCY = Histogram(
     "gpufed_offload_latency_seconds",
@@ -91,8 +111,10 @@ FAILED_BACK = Counter(
 
 @dataclass(frozen=True)
 class PodSettings:
-    #: Concurrent pod reconciles.
+    #: Concurrent reconciles of pods that need a twin (the create lane).
     workers: int = 32
+    #: Concurrent reconciles of everything else: status, deletion, fail-back (the update lane).
+    update_workers: int = 16
     #: Longest wait (s) between retries of a refused pod.
     max_retry_s: float = 60.0
     #: Seconds between re-checks of a pod whose twin is being deleted (notifications usually come first).
@@ -126,6 +148,9 @@ class PodController:
         self.settings = settings or PodSettings()
         self.pods: dict[Key, dict[str, Any]] = {}
         self.queue: WorkQueue[Key] = WorkQueue(f"pods:{node}")
+        self.creates: WorkQueue[Key] = WorkQueue(f"pods-create:{node}")
+        #: key -> (its lock, reconciles holding or awaiting it): one reconcile per key across both lanes
+        self._key_locks: dict[Key, tuple[asyncio.Lock, list[int]]] = {}
         self.ready = asyncio.Event()
         self._local_synced = asyncio.Event()
         self._refusals: dict[Key, int] = {}
@@ -188,7 +213,7 @@ class PodController:
                 self._offloading[uid] = (time.monotonic(), False)
             elif phase != "Pending":
                 self._offloading.pop(uid, None)
-        self.queue.add(key)
+        self._enqueue(key)
         if self._on_change is not None:
             self._on_change()
 
@@ -211,7 +236,33 @@ class PodController:
         return uid in self._finished or uid in self._failing
 
     def _notify(self, namespace: str, name: str) -> None:
-        self.queue.add((namespace, name))
+        self._enqueue((namespace, name))
+
+    def _enqueue(self, key: Key) -> None:
+        """Queue `key` in its lane: `creates` when its pod still needs a twin, else `queue`."""
+        pod = self.pods.get(key)
+        if pod is not None and self.provider.twin(*key) is None:
+            meta = pod["metadata"]
+            uid = meta.get("uid")
+            if not (meta.get("deletionTimestamp") or is_terminal(pod) or uid in self._finished or uid in self._failing):
+                self.creates.add(key)
+                return
+        self.queue.add(key)
+
+    async def _serialised(self, key: Key) -> float | None:
+        """`reconcile`, never for the same key in both lanes at once."""
+        entry = self._key_locks.get(key)
+        if entry is None:
+            entry = self._key_locks[key] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                return await self.reconcile(key)
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._key_locks[key]
 
     async def run(self) -> None:
         try:
@@ -238,12 +289,13 @@ class PodController:
             await self.provider.ready.wait()
             # Startup reconciliation: both views are complete; every key on either side once.
             for t in self.provider.twins():
-                self.queue.add((t.namespace, t.name))
+                self._enqueue((t.namespace, t.name))
             for key in list(self.pods):
-                self.queue.add(key)
+                self._enqueue(key)
             self._log.info("pod controller synced", local=len(self.pods), remote=len(self.provider.twins()))
             self.ready.set()
-            tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
+            tg.create_task(self.queue.run(self._serialised, workers=self.settings.update_workers))
+            tg.create_task(self.creates.run(self._serialised, workers=self.settings.workers))
 
     # ---- one pod
 
@@ -291,7 +343,7 @@ class PodController:
 
     async def _check_placed(self, pod: dict[str, Any], twin: Twin) -> float | None:
         """Fail back a pod whose twin stayed unplaced too long; else when to look again."""
-        timeout = self.settings.unplaced_timeout_s
+        timeout = unplaced_timeout(pod, self.settings.unplaced_timeout_s)
         if timeout is None or twin.unplaced_since is None or twin.terminal or twin.deleting:
             return None
         waited = time.time() - twin.unplaced_since
@@ -329,7 +381,7 @@ class PodController:
             ):
                 continue
             self._failing[om["uid"]] = (GANG_FAILED_BACK, message)
-            self.queue.add(key)
+            self._enqueue(key)
 
     async def _fail_back(self, pod: dict[str, Any], twin: Twin | None, reason: str, message: str) -> float | None:
         """Delete the twin (it must not hold the provider's quota), then fail the pod here."""
@@ -381,7 +433,7 @@ class PodController:
             if not twin.deleting:
                 grace = int(meta.get("deletionGracePeriodSeconds") or 0)
                 await self.provider.delete_pod(namespace, name, twin.origin_uid, grace)
-                self._log.info("stopping twin", namespace=namespace, pod=name, grace_s=grace)
+                self._log.debug("stopping twin", namespace=namespace, pod=name, grace_s=grace)
             return self.settings.deletion_poll_s
         await self._release(pod)
         if not is_terminal(pod) and meta["uid"] not in self._finished:
@@ -410,7 +462,7 @@ class PodController:
         except KubeError as e:
             if not e.conflict:  # 409: the UID precondition failed, a new pod took the name
                 raise
-        self._log.info("pod deleted", namespace=namespace, pod=name)
+        self._log.debug("pod deleted", namespace=namespace, pod=name)
         return None
 
     async def _delete_twin(self, twin: Twin, grace: int) -> None:

@@ -4,9 +4,11 @@ Owns, for one consumer and one provider:
 - issuing: per token source of a pod (vkprovider.forge.tokens) a TokenRequest to the CONSUMER's API
   server for the pod's service account, bound to the local pod (name and UID), so the consumer
   revokes the token when the pod goes; the consumer's CA from its `kube-root-ca.crt` ConfigMap;
-- the pod's token Secret `gpufed-token-<pod>` in its twin namespace (server-side applied; layout in
-  vkprovider.forge.tokens), written before the twin exists (`ensure`) and never over an object of
-  that name that this consumer did not create (`NameCollision`);
+- the pod's token Secret `gpufed-token-<pod>` in its twin namespace (layout in
+  vkprovider.forge.tokens), written before the twin exists (`ensure`: created in one request when no
+  Secret of that name is known, server-side applied when refreshed) and never over an object of that
+  name that this consumer did not create (`NameCollision`; the tokens asked for a create that found
+  the name taken are dropped, written nowhere);
 - refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces every
   `resync_s` (so a restarted process resumes), and re-issues each pod's tokens once
   `refresh_fraction` of their lifetime has passed or they are 24 h old (the kubelet's rule). The
@@ -171,6 +173,18 @@ class PodTokens:
         key = (target.namespace, identity.secret_name)
         self._learned_ns[target.namespace] = binding.pod_namespace
         async with self._lock(key):
+            if key not in self._schedule:
+                # No Secret of that name is known here (a new pod): created at once rather than read
+                # first; one that exists after all (a conflict) is read and judged below.
+                try:
+                    created = await self._issue_new(binding)
+                except _PodGoneError as e:
+                    raise ProviderError(
+                        f"cannot get a service-account token from the consumer: {e}", reason="TokenRequestFailed"
+                    ) from e
+                if created is not None:
+                    self._remember_applied(key, created)
+                    return identity
             url = rest.path("v1", "secrets", identity.secret_name, namespace=target.namespace)
             try:
                 existing = await rest.get(self.remote, url)
@@ -204,6 +218,22 @@ class PodTokens:
         key = (twin_namespace, tf.token_secret_name(pod_name))
         async with self._lock(key):
             url = rest.path("v1", "secrets", key[1], namespace=twin_namespace)
+            known = self._schedule.get(key)
+            if known is not None and _is_pods(known.state, namespace, pod_name, uid):
+                # The Secret this process wrote or listed as this consumer's: deleted at its UID in one
+                # request; a conflict means another object holds the name now, judged below.
+                try:
+                    await rest.delete(
+                        self.remote, url, uid=known.state.uid, what=f"delete token Secret {twin_namespace}/{key[1]}"
+                    )
+                except KubeError as e:
+                    if not e.conflict:
+                        raise _provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
+                else:
+                    self._log.debug("token secret deleted", namespace=twin_namespace, secret=key[1], pod=pod_name)
+                    self._schedule.pop(key, None)
+                    self._drop_lock(key)
+                    return
             try:
                 existing = await rest.get(self.remote, url)
             except KubeError as e:
@@ -227,7 +257,7 @@ class PodTokens:
                 except KubeError as e:
                     if not e.conflict:  # a conflict is the UID precondition: that Secret is already gone
                         raise _provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
-                self._log.info("token secret deleted", namespace=twin_namespace, secret=key[1], pod=pod_name)
+                self._log.debug("token secret deleted", namespace=twin_namespace, secret=key[1], pod=pod_name)
             self._schedule.pop(key, None)
         self._drop_lock(key)
 
@@ -444,13 +474,17 @@ class PodTokens:
 
     # ---- issuing
 
-    async def _issue(self, binding: tf.TokenBinding, *, fallback_ca: str | None) -> dict[str, Any]:
-        """Request every token of `binding`, read the consumer's CA, apply the Secret; the applied Secret."""
+    async def _secret(self, binding: tf.TokenBinding, fallback_ca: str | None) -> dict[str, Any]:
+        """The token Secret of `binding` with fresh tokens (each requested) and the consumer's CA."""
         issued: dict[str, tf.IssuedToken] = {}
         for source in binding.sources:
             issued[source.key] = await self._request(binding, source)
         ca_pem = await self._consumer_ca(binding.pod_namespace, fallback_ca)
-        body = tf.secret_for(binding, issued, ca_pem)
+        return tf.secret_for(binding, issued, ca_pem)
+
+    async def _issue(self, binding: tf.TokenBinding, *, fallback_ca: str | None) -> dict[str, Any]:
+        """Request every token of `binding`, read the consumer's CA, apply the Secret; the applied Secret."""
+        body = await self._secret(binding, fallback_ca)
         url = rest.path("v1", "secrets", binding.secret_name, namespace=binding.twin_namespace)
         try:
             return await rest.apply(
@@ -458,6 +492,25 @@ class PodTokens:
             )
         except KubeError as e:
             raise _provider_refusal(e, f"cannot write Secret {binding.twin_namespace}/{binding.secret_name}") from e
+
+    async def _issue_new(self, binding: tf.TokenBinding) -> dict[str, Any] | None:
+        """As `_issue`, but the Secret is created (never written over an existing object, and with the
+        field manager of the applies that refresh it later): None when one exists already."""
+        body = await self._secret(binding, None)
+        where = f"{binding.twin_namespace}/{binding.secret_name}"
+        try:
+            return await rest.request(
+                self.remote,
+                "POST",
+                rest.path("v1", "secrets", namespace=binding.twin_namespace),
+                body=body,
+                params={"fieldManager": rest.FIELD_MANAGER},
+                what=f"create token Secret {where}",
+            )
+        except KubeError as e:
+            if e.conflict:
+                return None
+            raise _provider_refusal(e, f"cannot write Secret {where}") from e
 
     async def _request(self, binding: tf.TokenBinding, source: tf.TokenSource) -> tf.IssuedToken:
         url = rest.path("v1", "serviceaccounts", binding.service_account, namespace=binding.pod_namespace, sub="token")
@@ -568,6 +621,12 @@ def _pod_gone(e: KubeError, binding: tf.TokenBinding) -> bool:
         # A missing service account (or namespace-less request) is not a missing pod: keep the Secret.
         return 'serviceaccounts "' not in message
     return 400 <= e.status < 500 and bool(binding.pod_uid) and binding.pod_uid in message
+
+
+def _is_pods(state: tf.TokenSecretState, namespace: str, pod_name: str, uid: str | None) -> bool:
+    """Whether a known token Secret is the one of pod `namespace/pod_name` (of the pod `uid`, when given)."""
+    b = state.binding
+    return bool(state.uid) and (b.pod_namespace, b.pod_name) == (namespace, pod_name) and uid in (None, b.pod_uid)
 
 
 def _provider_refusal(e: KubeError, what: str) -> ProviderError:

@@ -5,10 +5,11 @@ Owns:
   Secret `gpufed/gpufed-webhook-tls`, reused across restarts, re-issued 30 days before it expires,
   also while running), an aiohttp HTTPS server on `port` answering `POST /mutate-pods` with
   AdmissionReview v1 responses (JSONPatch from `vkprovider.forge.offloading.mutate`, plus its
-  `gate` for pods of a group: a pod a Job controls is judged with that Job, read once per Job and
-  kept a minute, `JobCache`; where the pod's claims keep their data, read live, `ClaimPlaces`: a pod
-  is pinned to the provider its claims are bound on, or to local nodes for the cluster's own
-  storage) and
+  `gate` for pods of a group: a pod a Job controls is judged with that Job, and a JobSet's pod with
+  its JobSet (named by the pod's JobSet labels, `gpupool.gang.jobset_owner`; its Job when the JobSet
+  is gone), each read once and kept a minute, `JobCache`; where the pod's claims keep their data,
+  read live, `ClaimPlaces`: a pod is pinned to the provider its claims are bound on, or to local
+  nodes for the cluster's own storage) and
   `GET /healthz`, and the MutatingWebhookConfiguration `gpufed-offloading` that points the API
   server at it (server-side applied on start and whenever the certificate changes);
 - a watch cache of NamespaceOffloadings: a namespace whose offloading is being deleted (or that has
@@ -55,6 +56,7 @@ from aiohttp import web
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
+    JOBSET_API_VERSION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAMESPACE_OFFLOADING,
@@ -65,9 +67,17 @@ from gpufed.kube import rest, servingtls
 from gpufed.kube.client import KubeError
 from gpufed.kube.servingtls import TLSMaterial
 from gpufed.kube.watch import watch
-from gpupool.gang import GroupError, job_owner
+from gpupool.gang import JOBSET_KIND, GroupError, job_owner, jobset_owner
 from vkprovider.forge.claims import claim_names, data_place
-from vkprovider.forge.offloading import NOT_ON_VIRTUAL, STRATEGIES, ClaimConflictError, claim_pin, gate, mutate
+from vkprovider.forge.offloading import (
+    NOT_ON_VIRTUAL,
+    STRATEGIES,
+    ClaimConflictError,
+    claim_pin,
+    gate,
+    mark_kept_local,
+    mutate,
+)
 
 WEBHOOK_CONFIGURATION = "gpufed-offloading"
 WEBHOOK_NAME = "pods.offloading.gpufed.io"
@@ -194,7 +204,12 @@ def review_response(
             try:
                 pinned = claim_pin(places or {})
                 ops = mutate(obj, strategy, spec.get("clusterSelector"), pinned)
-                ops += gate(obj, strategy, job)
+                if NOT_ON_VIRTUAL in pinned:
+                    # kept local by its claims: labelled for the controller's Event, never gated (a
+                    # group is placed on virtual nodes only)
+                    ops += mark_kept_local(obj, strategy)
+                else:
+                    ops += gate(obj, strategy, job)
                 if strategy == "Remote" and NOT_ON_VIRTUAL in pinned:
                     response["warnings"] = [
                         "gpufed: the pod's claims are bound to this cluster's own storage, so it can run on "
@@ -240,26 +255,36 @@ class OffloadingCache:
 
 
 class JobCache:
-    """The Jobs that pods being admitted name as their controller, read once per Job and kept for
-    `ttl_s` (a Job's pods are created together; its parallelism is what matters here)."""
+    """The workloads (Jobs; with `api_version` and `plural` another kind, JobSets) that pods being
+    admitted belong to, read once per object and kept for `ttl_s` (a workload's pods are created
+    together; its shape is what matters here). A lookup that names a `uid` the kept object does not
+    have reads again (the object was deleted and created anew under the same name)."""
 
-    def __init__(self, api: Any, ttl_s: float = 60.0, size: int = 1024) -> None:
+    def __init__(
+        self, api: Any, ttl_s: float = 60.0, size: int = 1024, *, api_version: str = "batch/v1", plural: str = "jobs"
+    ) -> None:
         self.api = api
         self.ttl_s = ttl_s
         self.size = size
+        self.api_version = api_version
+        self.plural = plural
         self._items: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
 
-    async def lookup(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def lookup(self, namespace: str, name: str, uid: str = "") -> dict[str, Any] | None:
         now = asyncio.get_running_loop().time()
         key = (namespace, name)
         hit = self._items.get(key)
-        if hit is not None and now - hit[0] < self.ttl_s:
+        if hit is not None and now - hit[0] < self.ttl_s and (not uid or _uid(hit[1]) == uid):
             return hit[1]
-        job = await rest.get(self.api, rest.path("batch/v1", "jobs", name, namespace=namespace))
+        obj = await rest.get(self.api, rest.path(self.api_version, self.plural, name, namespace=namespace))
         if len(self._items) >= self.size:
             self._items.clear()
-        self._items[key] = (now, job)
-        return job
+        self._items[key] = (now, obj)
+        return obj
+
+
+def _uid(obj: Mapping[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
 
 
 #: At most this many claims of one pod are looked up (a pod names few; Kubernetes allows many volumes).
@@ -311,6 +336,7 @@ class Webhook:
         self.settings = settings
         self.cache = OffloadingCache(api)
         self.jobs = JobCache(api)
+        self.jobsets = JobCache(api, api_version=JOBSET_API_VERSION, plural="jobsets")
         self.claims = ClaimPlaces(api)
         self.ready = asyncio.Event()
         self.material: TLSMaterial | None = None
@@ -325,11 +351,8 @@ class Webhook:
             req = review.get("request") if isinstance(review, dict) else None
             namespace = str((req or {}).get("namespace") or "") if isinstance(req, dict) else ""
             offloading = await self.cache.lookup(namespace) if namespace else None
-            job = None
             pod = (req or {}).get("object") if isinstance(req, dict) else None
-            owner = job_owner(pod) if offloading is not None and isinstance(pod, dict) else None
-            if owner:
-                job = await self.jobs.lookup(namespace, owner)
+            job = await self._workload(namespace, pod) if offloading is not None and isinstance(pod, dict) else None
             places = (
                 await self.claims.lookup(namespace, pod) if offloading is not None and isinstance(pod, dict) else {}
             )
@@ -355,6 +378,22 @@ class Webhook:
         if "patch" in resp:
             self._log.info("pod mutated", namespace=namespace, pod=_pod_name(review))
         return web.json_response(answer)
+
+    async def _workload(self, namespace: str, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What the pod is judged with: its JobSet (with `kind`, which tells it from a Job) when its
+        labels name one that exists, else the Job that controls it, else None. A JobSet's labels that
+        are not what JobSet's controller writes are judged with the Job: the webhook refuses them then
+        (`review_response`) only where the Job alone would."""
+        try:
+            ref = jobset_owner(pod)
+        except GroupError:
+            ref = None
+        if ref is not None:
+            jobset = await self.jobsets.lookup(namespace, ref.name, ref.uid)
+            if jobset is not None and (not ref.uid or _uid(jobset) == ref.uid):
+                return {**jobset, "kind": JOBSET_KIND}
+        owner = job_owner(pod)
+        return await self.jobs.lookup(namespace, owner) if owner else None
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -231,7 +231,7 @@ def test_consumer_gets_kubelet_ports_for_every_provider(tmp_path: Path) -> None:
     cmd = env._command(env.topology.cluster("consumer"), CONTROLLER)
     assert "--kubelet-ports=16350-16364" in cmd  # 3 per provider, after the 6 clusters' blocks (16200-16349)
     gpu1 = env._command(env.topology.cluster("gpu-1"), CONTROLLER)
-    assert "--kubelet-ports=16237-16249" in gpu1  # providers keep the launcher's range
+    assert "--kubelet-ports=16239-16249" in gpu1  # providers keep the launcher's range
 
 
 def test_the_pollers_explanation_reads_the_run_after_the_fixes() -> None:

@@ -9,6 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpufed.apis.wire import (
+    JOBSET_NAME_LABEL,
+    JOBSET_REPLICATED_JOB_LABEL,
+    JOBSET_RESTART_LABEL,
+    JOBSET_UID_LABEL,
     KUEUE_POD_GROUP_COUNT_ANNOTATION,
     KUEUE_POD_GROUP_LABEL,
     KUEUE_QUEUE_LABEL,
@@ -16,7 +20,19 @@ from gpufed.apis.wire import (
     POD_GROUP_SIZE_ANNOTATION,
 )
 from gpupool.capacity import Bucket, best_fit
-from gpupool.gang import Group, GroupError, Offer, group_of, job_owner, largest_group, place
+from gpupool.gang import (
+    MAX_GROUP,
+    Group,
+    GroupError,
+    JobSetRef,
+    Offer,
+    group_of,
+    job_owner,
+    jobset_owner,
+    jobset_size,
+    largest_group,
+    place,
+)
 
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
 
@@ -53,6 +69,106 @@ def test_a_jobs_pods_that_run_together_form_a_group() -> None:
     assert group_of(p, job(1)) is None
     assert group_of(p, job(None, completions=8)) is None
     assert group_of(p, None) is None
+
+
+def rjob(name: str, replicas: Any, parallelism: Any, completions: int | None = None, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    if completions is not None:
+        spec["completions"] = completions
+    out: dict[str, Any] = {"name": name, "template": {"spec": spec}, **extra}
+    if replicas is not None:
+        out["replicas"] = replicas
+    return out
+
+
+def jobset(*rjobs: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "llm", "uid": "fedcba9876543210", "labels": labels or {}},
+        "spec": {"replicatedJobs": list(rjobs), **spec},
+    }
+
+
+def jobset_pod(rjob_name: str = "workers", attempt: str = "0", **labels: str) -> dict[str, Any]:
+    return pod(
+        {
+            JOBSET_NAME_LABEL: "llm",
+            JOBSET_UID_LABEL: "fedcba9876543210",
+            JOBSET_REPLICATED_JOB_LABEL: rjob_name,
+            JOBSET_RESTART_LABEL: attempt,
+            **labels,
+        },
+        job=f"llm-{rjob_name}-0",
+    )
+
+
+def test_a_jobsets_pods_form_one_group_of_every_pod_it_runs_at_once() -> None:
+    js = jobset(rjob("leader", 1, 1), rjob("workers", 3, 2, completions=2))
+    assert jobset_owner(jobset_pod()) == JobSetRef("llm", "fedcba9876543210", "workers", 0)
+    # leader 1 x 1 + workers 3 x 2: one group for the pods of both replicatedJobs
+    assert group_of(jobset_pod("leader"), js) == Group("team", "jobset-llm-fedcba98-r0", 7)
+    assert group_of(jobset_pod("workers"), js) == Group("team", "jobset-llm-fedcba98-r0", 7)
+    # completions below parallelism bound the pods at once; replicas and parallelism default to 1
+    assert jobset_size(jobset(rjob("a", None, 4, completions=1), rjob("b", 2, None)), "a") == ("", 3)
+    # a restarted JobSet's pods are a new group
+    assert group_of(jobset_pod(attempt="2"), js) == Group("team", "jobset-llm-fedcba98-r2", 7)
+    # one pod in all: today's path
+    assert group_of(jobset_pod("solo"), jobset(rjob("solo", 1, 1))) is None
+
+
+def test_a_jobset_whose_replicated_jobs_start_one_after_another_is_a_group_per_stage() -> None:
+    ordered = jobset(rjob("leader", 1, 2), rjob("workers", 3, 2), startupPolicy={"startupPolicyOrder": "InOrder"})
+    assert group_of(jobset_pod("leader"), ordered) == Group("team", "jobset-llm-fedcba98-leader-r0", 2)
+    assert group_of(jobset_pod("workers"), ordered) == Group("team", "jobset-llm-fedcba98-workers-r0", 6)
+    staged = jobset(
+        rjob("init", 1, 1),
+        rjob("cache", 2, 1),
+        rjob("train", 4, 2, dependsOn=[{"name": "init", "status": "Complete"}]),
+    )
+    assert group_of(jobset_pod("init"), staged) == Group("team", "jobset-llm-fedcba98-init-r0", 3)
+    assert group_of(jobset_pod("cache"), staged) == Group("team", "jobset-llm-fedcba98-init-r0", 3)
+    assert group_of(jobset_pod("train"), staged) == Group("team", "jobset-llm-fedcba98-train-r0", 8)
+
+
+def test_a_jobset_kueue_admits_is_left_to_kueue() -> None:
+    js = jobset(rjob("leader", 1, 1), rjob("workers", 3, 2), labels={KUEUE_QUEUE_LABEL: "team-a"})
+    assert group_of(jobset_pod(), js) is None
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {JOBSET_RESTART_LABEL: "-1"},
+        {JOBSET_RESTART_LABEL: "9" * 12},
+        {JOBSET_REPLICATED_JOB_LABEL: ""},
+        {JOBSET_REPLICATED_JOB_LABEL: "x" * 64},
+        {JOBSET_REPLICATED_JOB_LABEL: "nobody"},
+        {JOBSET_NAME_LABEL: "other"},
+    ],
+)
+def test_a_jobset_pods_labels_are_checked_before_they_count(labels: dict[str, str]) -> None:
+    js = jobset(rjob("leader", 1, 1), rjob("workers", 3, 2))
+    p = jobset_pod()
+    p["metadata"]["labels"].update(labels)
+    with pytest.raises(GroupError):
+        group_of(p, js)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        rjob("workers", MAX_GROUP, 2),
+        rjob("workers", -1, 2),
+        rjob("workers", 2, "8"),
+        rjob("workers", True, 2),
+    ],
+)
+def test_a_jobset_too_large_or_malformed_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(GroupError):
+        group_of(jobset_pod(), jobset(rjob("leader", 1, 1), bad))
 
 
 def test_pods_with_a_group_label_form_a_group_of_the_declared_size() -> None:

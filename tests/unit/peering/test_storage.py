@@ -8,15 +8,15 @@ from decimal import Decimal
 from typing import Any
 
 from gpufed.apis.quantity import parse
-from gpufed.apis.wire import STORAGE_CLASS_ACCESS_MODES_ANNOTATION
+from gpufed.apis.wire import DEFAULT_STORAGE_CLASS_ANNOTATION, STATIC_PROVISIONER, STORAGE_CLASS_ACCESS_MODES_ANNOTATION
 from peering import storage
-from peering.storage import DEFAULT_CLASS_ANNOTATION, STATIC_PROVISIONER, VolumeInfo
+from peering.storage import VolumeInfo
 
 GI = parse("1Gi")
 
 
 def sc(name: str, *, default: bool = False, provisioner: str = "csi.example.com", modes: str | None = None) -> Any:
-    annotations = {DEFAULT_CLASS_ANNOTATION: "true"} if default else {}
+    annotations = {DEFAULT_STORAGE_CLASS_ANNOTATION: "true"} if default else {}
     if modes is not None:
         annotations[STORAGE_CLASS_ACCESS_MODES_ANNOTATION] = modes
     return {"metadata": {"name": name, "annotations": annotations}, "provisioner": provisioner}

@@ -192,6 +192,29 @@ async def test_a_group_larger_than_any_grant_is_refused_at_once() -> None:
         assert cond["reason"] == "NeverFits" and "more than any provider grants" in cond["message"]
 
 
+async def test_a_jobsets_group_that_waits_says_so_on_the_jobset() -> None:
+    async with serve() as (server, api):
+        labels = {
+            "jobset.sigs.k8s.io/jobset-name": "llm",
+            "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+            "jobset.sigs.k8s.io/restart-attempt": "0",
+        }
+        pods = [member(i, gpus=8, size=2) for i in range(2)]
+        for p in pods:
+            p["metadata"]["labels"].update(labels)
+        seed(server, [pool("gpufed-a", "a", H100, [[4, 4]], headroom=64)], pods)
+        server.create(
+            "jobsets",
+            {"kind": "JobSet", "metadata": {"name": "llm", "namespace": "team"}, "spec": {}},
+            api_version="jobset.x-k8s.io/v1alpha2",
+        )
+        async with running(GangController(api, FAST)):
+            await until(lambda: any(e["reason"] == "GangWaiting" for e in server.items("events")))
+        (event,) = [e for e in server.items("events") if e["reason"] == "GangWaiting"]
+        assert event["involvedObject"]["kind"] == "JobSet" and event["involvedObject"]["name"] == "llm"
+        assert event["involvedObject"]["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+
+
 async def test_two_groups_are_never_promised_the_same_gpus() -> None:
     async with serve() as (server, api):
         pods = [member(i, "one", size=2, gpus=4) for i in range(2)] + [

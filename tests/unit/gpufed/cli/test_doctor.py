@@ -78,8 +78,8 @@ def test_cli_exits_1_on_a_fail(tmp_path: Path, background: Background) -> None:
 
 def test_cli_bad_usage_exits_2(tmp_path: Path) -> None:
     kc = tmp_path / "kubeconfig"
-    res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "-o", "yaml"])
-    assert res.exit_code == 2 and "--output must be table or json" in res.output
+    res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "-o", "xml"])
+    assert res.exit_code == 2 and "--output must be one of table, wide, json, yaml" in res.output
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "--timeout", "0"])
     assert res.exit_code == 2 and "--timeout must be" in res.output
     for bad in ("0", "nan"):
@@ -88,7 +88,7 @@ def test_cli_bad_usage_exits_2(tmp_path: Path) -> None:
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "--remote-cluster-id", "Bad_ID"])
     assert res.exit_code == 2 and "invalid cluster ID" in " ".join(res.output.split())
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc)])
-    assert res.exit_code == 1 and "does not exist" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "does not exist" in " ".join(res.output.split())
     assert res.exception is None or isinstance(res.exception, SystemExit)
 
 
@@ -99,8 +99,9 @@ def test_cli_unreadable_clusters_are_one_line_errors(tmp_path: Path) -> None:
     out = " ".join(res.output.split())
     assert res.exit_code == 1 and "cannot reach the API server http://127.0.0.1:1" in out, out
     assert "Traceback" not in res.output
+    # What the kubeconfig itself gets wrong is a usage error, found before anything connects.
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc), "--context", "nope"])
-    assert res.exit_code == 1 and "nope" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "context 'nope' not found" in " ".join(res.output.split())
     kc.write_text("not: [a kubeconfig")
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(kc)])
-    assert res.exit_code == 1 and "cannot load kubeconfig" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "cannot load kubeconfig" in " ".join(res.output.split())

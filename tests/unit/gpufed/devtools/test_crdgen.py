@@ -59,6 +59,12 @@ def test_printer_columns_and_status_subresource() -> None:
     assert crd["spec"]["scope"] == "Namespaced" and crdgen.crd(Tenant)["spec"]["scope"] == "Cluster"
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_every_kind_is_in_the_gpufed_category(kind: CRDKind) -> None:
+    """`kubectl get gpufed` lists every kind."""
+    assert crdgen.crd(kind)["spec"]["names"]["categories"] == ["gpufed"]
+
+
 def test_crd_files_are_valid_yaml_with_the_header() -> None:
     for p in CRD_DIR.glob("*.yaml"):
         assert p.read_text().startswith(crdgen.HEADER)

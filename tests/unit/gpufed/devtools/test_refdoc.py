@@ -37,8 +37,9 @@ def test_every_visible_command_is_documented_with_its_options() -> None:
     assert {f"gpufed {name}" for name in top} <= set(docs)
     peer = docs["gpufed peer"]
     options = {o.names[0]: o for o in peer.options}
-    assert options["--remote-kubeconfig"].required
-    assert options["--kubeconfig"].envvar == "KUBECONFIG"
+    # kubectl's resolution: no kubeconfig flag is required, KUBECONFIG is read as kubectl reads it
+    assert not options["--remote-kubeconfig"].required and not options["--kubeconfig"].required
+    assert "KUBECONFIG" in options["--kubeconfig"].help
     assert options["--pods"].default == "110" and options["--pods"].type == "int"
     assert options["--masquerade"].type == "flag"
     assert "--help" not in options

@@ -180,3 +180,16 @@ async def test_a_good_kubeconfig_still_loads(tmp_path: Path) -> None:
         assert api.configuration.host == "https://127.0.0.1:6443"
     api = await client_from_dict(GOOD)
     await api.close()
+
+
+async def test_clients_ignore_the_environment_and_keep_their_connection_pool(tmp_path: Path) -> None:
+    """No netrc or proxy lookups per request (trust_env off), over the library's own connector."""
+    (tmp_path / "kc").write_text(yaml.safe_dump(GOOD))
+    async with api_client(tmp_path / "kc", "a") as api:
+        session = api.rest_client.pool_manager
+        assert session.trust_env is False
+        assert session.connector is not None and not session.connector.closed
+    assert session.closed and session.connector is None, "closing the client closes its pool"
+    api = await client_from_dict(GOOD)
+    assert api.rest_client.pool_manager.trust_env is False
+    await api.close()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufed.localenv import components, kueue
+from gpufed.localenv import components, jobset, kueue
 from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
 from gpufed.localenv.topology import default_topology
 
@@ -44,7 +44,7 @@ def test_every_identity_has_a_kubeconfig_and_unknown_components_are_refused(tmp_
 def test_kueue_is_a_component_of_the_clusters_that_run_it(tmp_path: Path) -> None:
     env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
     consumer, gpu_a = env.topology.cluster("consumer"), env.topology.cluster("gpu-a")
-    assert components.components_of(consumer) == (*components.COMPONENTS, components.KUEUE)
+    assert components.components_of(consumer) == (*components.COMPONENTS, components.KUEUE, components.JOBSET)
     assert components.components_of(gpu_a) == components.COMPONENTS
     assert "kueue" in components.BINARIES and kueue.IDENTITY in components.IDENTITIES
     ports = env.topology.ports("consumer")
@@ -53,6 +53,26 @@ def test_kueue_is_a_component_of_the_clusters_that_run_it(tmp_path: Path) -> Non
     assert components.other_ports(ports, components.KUEUE) == (20010, 20011)
     assert components.other_ports(ports, "etcd") == (ports.etcd_peer,)
     assert components.other_ports(ports, "kwok") == ()
+
+
+def test_jobset_runs_with_its_own_identity_configuration_and_ports(tmp_path: Path) -> None:
+    env = LocalEnvironment(LocalSettings(tmp_path / "state", tmp_path / "bin"), default_topology(base_port=20000))
+    spec = env.topology.cluster("consumer")
+    d = env.cluster_dir("consumer")
+    assert "jobset" in components.BINARIES and jobset.IDENTITY in components.IDENTITIES
+    ports = env.topology.ports("consumer")
+    assert components.ports_of(ports, jobset=True)[components.JOBSET] == ports.jobset_webhook == 20012
+    assert components.JOBSET not in components.ports_of(ports, kueue=True)
+    assert components.other_ports(ports, components.JOBSET) == (20013,)
+    cmd = components.command(env, spec, ports, components.JOBSET, audit=False)
+    assert cmd == [
+        str(tmp_path / "bin" / "jobset"),
+        f"--config={d / components.JOBSET_CONFIG_FILE}",
+        f"--kubeconfig={env.kubeconfig_path('consumer', jobset.IDENTITY)}",
+    ]
+    cfg = components.jobset_config(env, spec, ports)
+    assert cfg["webhook"] == {"host": "127.0.0.1", "port": 20012, "certDir": str(d / components.JOBSET_CERT_DIR)}
+    assert cfg["health"] == {"healthProbeBindAddress": "127.0.0.1:20013"}
 
 
 def test_kueue_runs_with_its_own_identity_configuration_and_certificates(tmp_path: Path) -> None:
@@ -71,4 +91,4 @@ def test_kueue_runs_with_its_own_identity_configuration_and_certificates(tmp_pat
     assert cfg["webhook"] == {"host": "127.0.0.1", "port": 20009, "certDir": str(d / components.KUEUE_CERT_DIR)}
     assert cfg["metrics"] == {"bindAddress": "127.0.0.1:20010"}
     assert cfg["health"] == {"healthProbeBindAddress": "127.0.0.1:20011"}
-    assert cfg["integrations"] == {"frameworks": ["batch/job"]}
+    assert cfg["integrations"] == {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]}

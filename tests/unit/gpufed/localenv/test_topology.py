@@ -84,14 +84,18 @@ def test_kueue_takes_three_ports_after_gpufeds_and_the_virtual_kubelets_keep_the
     ports = default_topology(base_port=20000).ports("consumer")
     assert (ports.kueue_webhook, ports.kueue_metrics, ports.kueue_health) == (20009, 20010, 20011)
     assert {"Kueue webhook", "Kueue metrics", "Kueue health"} <= set(ports.all())
-    # 13 kubelet ports: four virtual kubelets (providers) at three each (one per pool node it may serve)
-    assert ports.kubelet_ports == (20012, 20024)
+    # JobSet's webhook and probes next, then 11 kubelet ports: three virtual kubelets (providers) at
+    # three each (one per pool node it may serve)
+    assert (ports.jobset_webhook, ports.jobset_health) == (20012, 20013)
+    assert {"JobSet webhook", "JobSet health"} <= set(ports.all())
+    assert ports.kubelet_ports == (20014, 20024)
     assert PORTS_PER_CLUSTER == 25
 
 
 def test_kueue_runs_on_the_consumer_of_the_default_topology_only() -> None:
     topo = default_topology()
     assert {c.name: c.kueue for c in topo.clusters} == {"consumer": True, "gpu-a": False, "gpu-b": False}
+    assert {c.name: c.jobset for c in topo.clusters} == {"consumer": True, "gpu-a": False, "gpu-b": False}
     # off unless asked for; a topology file turns it on per cluster
     solo = Topology.model_validate({"clusters": [{"name": "c", "nodePools": [{"name": "p", "count": 1}]}]})
     assert solo.cluster("c").kueue is False

@@ -15,9 +15,11 @@ from gpufed.apis.peering import TenantSpec
 from gpufed.apis.quantity import parse
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
+    DEFAULT_STORAGE_CLASS_ANNOTATION,
     GRANT_QUOTA,
     OFFERED_STORAGE_ACCESS_MODES_ANNOTATION,
     OFFERED_STORAGE_CLASSES_ANNOTATION,
+    STATIC_PROVISIONER,
     TWIN_OF_LABEL,
     ClusterID,
     tenant_namespace,
@@ -36,9 +38,9 @@ GI = parse("1Gi")
 LOCAL_DISK = {
     "metadata": {
         "name": "local-disk",
-        "annotations": {storage.DEFAULT_CLASS_ANNOTATION: "true", "gpufed.io/access-modes": "ReadWriteOnce"},
+        "annotations": {DEFAULT_STORAGE_CLASS_ANNOTATION: "true", "gpufed.io/access-modes": "ReadWriteOnce"},
     },
-    "provisioner": storage.STATIC_PROVISIONER,
+    "provisioner": STATIC_PROVISIONER,
 }
 NODE = {
     "metadata": {"name": "n0"},

@@ -242,3 +242,40 @@ async def test_a_poke_as_the_controller_is_cancelled_does_not_keep_it_running(
             task.cancel()
             await asyncio.wait([task], timeout=1.0)
     assert stuck == 0
+
+
+async def test_coalesced_syncs_start_after_each_call_and_are_shared(
+    cluster: tuple[FakeApiServer, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of callers shares syncs (one running, at most one more waiting), and each caller returns
+    only after a sync that started after its call; a failure reaches every waiter."""
+    _server, api = cluster
+    controller = NodeController(api, FakeProvider(), SETTINGS)
+    started: list[int] = []
+    gate = asyncio.Event()
+    fail = False
+
+    async def sync() -> None:
+        started.append(len(started))
+        await gate.wait()
+        if fail:
+            raise RuntimeError("API server down")
+
+    monkeypatch.setattr(controller, "sync", sync)
+    first = asyncio.create_task(controller.sync_coalesced())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert started == [0], "the first caller's sync runs"
+    later = [asyncio.create_task(controller.sync_coalesced()) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert started == [0], "callers during a sync wait for the next one, not this one"
+    gate.set()
+    await asyncio.gather(first, *later)
+    assert started == [0, 1], "ten callers, one more sync"
+    gate.clear()
+    fail = True
+    failing = [asyncio.create_task(controller.sync_coalesced()) for _ in range(3)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*failing, return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results), results

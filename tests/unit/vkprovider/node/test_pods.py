@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from gpufed.apis.wire import GANG_LABEL
 from tests.unit.fakes import FakeApiServer, FakeProvider, running, serve, until
-from vkprovider.node.pods import Key, PodController, PodSettings
+from vkprovider.node.pods import Key, PodController, PodSettings, unplaced_timeout
 from vkprovider.node.provider import ProviderError
 
 NODE = "gpufed-prov-a"
@@ -386,3 +386,16 @@ async def test_node_is_told_before_a_pod_stops_holding_its_resources() -> None:
         provider.set_phase(NS, "job", "Succeeded")
         await until(lambda: env.status("job").get("phase") == "Succeeded", what="succeeded")
     assert order == ["release while Running"]  # awaited before the terminal status was written
+
+
+def test_a_pod_may_ask_for_a_shorter_unplaced_timeout_only() -> None:
+    def pod(value: str | None) -> dict[str, Any]:
+        annotations = {} if value is None else {"gpufed.io/unplaced-timeout-seconds": value}
+        return {"metadata": {"name": "p", "annotations": annotations}}
+
+    assert unplaced_timeout(pod(None), 120.0) == 120.0
+    assert unplaced_timeout(pod("30"), 120.0) == 30.0
+    assert unplaced_timeout(pod("12.5"), 120.0) == 12.5
+    for ignored in ("600", "5", "-1", "nan", "inf", "soon", ""):
+        assert unplaced_timeout(pod(ignored), 120.0) == 120.0, ignored
+    assert unplaced_timeout(pod("30"), None) is None, "a node that never fails back keeps never"

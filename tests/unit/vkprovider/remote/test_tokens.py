@@ -493,7 +493,8 @@ async def test_ensure_issues_one_bound_token_per_source_and_writes_the_secret(wo
     assert owned_by(secret, CONSUMER, UID)
     assert decoded(secret) == {"token-0": "jwt-0", "token-1": "jwt-1", "ca.crt": CA, "namespace": "team"}
     assert secret["metadata"]["annotations"]["gpufed.io/token-expires-at"] == "2024-05-01T10:10:00Z"
-    assert [r.query.get("fieldManager") for r in world.provider.requests if r.method == "PATCH"] == ["gpufed"]
+    # a new pod's Secret: one request to the provider, a create (no read first), as field manager gpufed
+    assert [(r.method, r.query.get("fieldManager")) for r in world.provider.requests] == [("POST", "gpufed")]
     # Due at 80% of the shortest lifetime (the vault token's 600 s).
     assert tokens.scheduled() == {(TWIN_NS, SECRET): T0 + timedelta(seconds=480)}
     # The twin built with that identity mounts exactly this Secret's keys.
@@ -608,7 +609,9 @@ async def test_an_unowned_secret_of_that_name_is_left_alone(world: World) -> Non
     with pytest.raises(ProviderError) as refused:
         await tokens.ensure(pod, TARGET)
     assert refused.value.reason == "NameCollision"
-    assert world.issuer.requests == []
+    # the create found the name taken: the token asked for it is dropped (written nowhere, as the
+    # unchanged Secret below shows), and none is asked for again
+    assert len(world.issuer.requests) == 1
     await tokens.forget("team", POD, TWIN_NS)
     assert world.live() == before
 

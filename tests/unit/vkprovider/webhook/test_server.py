@@ -176,6 +176,63 @@ async def test_the_job_of_a_pod_is_read_once() -> None:
     assert reads == [("GET", "/apis/batch/v1/namespaces/team/jobs/train")]
 
 
+async def test_a_jobsets_pod_is_judged_with_its_jobset_read_once_and_again_when_it_is_a_new_one() -> None:
+    hook = Webhook(None, WebhookServerSettings(port=0))
+    hook.cache.items.update({"team": OFFLOADING})
+    reads: list[str] = []
+    jobsets = {
+        "js-1": {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "llm", "uid": "js-1"},
+            "spec": {
+                "replicatedJobs": [
+                    {"name": "leader", "replicas": 1, "template": {"spec": {"parallelism": 1}}},
+                    {"name": "workers", "replicas": 3, "template": {"spec": {"parallelism": 1}}},
+                ]
+            },
+        }
+    }
+    current = ["js-1"]
+
+    async def get(_api: Any, path: str, **_: Any) -> dict[str, Any] | None:
+        reads.append(path)
+        if "/jobsets/" in path:
+            return jobsets.get(current[0])
+        return {"metadata": {"name": "train", "uid": "j-1"}, "spec": {"parallelism": 1}}
+
+    def jobset_pod(uid: str) -> dict[str, Any]:
+        return _gpu_pod(
+            {
+                "jobset.sigs.k8s.io/jobset-name": "llm",
+                "jobset.sigs.k8s.io/jobset-uid": uid,
+                "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                "jobset.sigs.k8s.io/restart-attempt": "0",
+            }
+        )
+
+    async def annotations(client: TestClient[Any, Any], uid: str) -> dict[str, str]:
+        r = await client.post("/mutate-pods", json=review(uid=f"u-{len(reads)}", obj=jobset_pod(uid)))
+        ops = json.loads(base64.b64decode((await r.json())["response"]["patch"]))
+        return {o["path"]: o["value"] for o in ops if o["path"].startswith("/metadata/annotations/gpufed.io")}
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rest, "get", get)
+        async with TestClient(TestServer(hook.app())) as client:
+            for _ in range(2):
+                marks = await annotations(client, "js-1")
+                assert marks["/metadata/annotations/gpufed.io~1gang-size"] == "4"
+                assert marks["/metadata/annotations/gpufed.io~1gang-group"] == "jobset-llm-js-1-r0"
+            assert reads == ["/apis/jobset.x-k8s.io/v1alpha2/namespaces/team/jobsets/llm"]
+            # a JobSet created anew under the same name is read again; one that is gone leaves the Job
+            current[0] = "js-2"
+            assert await annotations(client, "js-2") == {}
+            assert reads[1:] == [
+                "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team/jobsets/llm",
+                "/apis/batch/v1/namespaces/team/jobs/train",
+            ]
+
+
 def _required(out: dict[str, Any]) -> list[dict[str, Any]]:
     ops = json.loads(base64.b64decode(out["patch"]))
     affinity = next(o["value"] for o in ops if o["path"] == "/spec/affinity")
@@ -201,6 +258,29 @@ def test_a_pod_goes_where_its_claims_keep_their_data() -> None:
     out = server.review_response(review(), both, places={"data": "gpu-a", "home": None})["response"]
     assert not out["allowed"] and out["status"]["code"] == 422
     assert "data on gpu-a, home on this cluster" in out["status"]["message"]
+
+
+def test_a_pod_its_claims_keep_local_is_labelled_for_its_event_and_never_gated() -> None:
+    both = {"spec": {"podOffloadingStrategy": "LocalAndRemote", "clusterSelector": None}}
+    job = {"metadata": {"name": "train", "uid": "j-1"}, "spec": {"parallelism": 4, "completions": 4}}
+    out = server.review_response(review(obj=_gpu_pod(labels={"app": "x"})), both, job, {"home": None})["response"]
+    ops = json.loads(base64.b64decode(out["patch"]))
+    assert {"op": "add", "path": "/metadata/labels/gpufed.io~1kept-local", "value": "local"} in ops
+    assert not any(o["path"].startswith("/spec/schedulingGates") for o in ops), "a group kept local is not gated"
+    # no labels at all: the map is added; a Remote namespace says the pod stays Pending
+    out = server.review_response(review(), OFFLOADING, places={"home": None})["response"]
+    ops = json.loads(base64.b64decode(out["patch"]))
+    assert {"op": "add", "path": "/metadata/labels", "value": {"gpufed.io/kept-local": "pending"}} in ops
+    # claims on a provider, or none: no label
+    for places in ({"data": "gpu-a"}, {}):
+        out = server.review_response(review(), both, places=places)["response"]
+        ops = json.loads(base64.b64decode(out["patch"])) if "patch" in out else []
+        assert not any("kept-local" in json.dumps(o) for o in ops), places
+    # a Local namespace offloads nothing: nothing to say
+    local = {"spec": {"podOffloadingStrategy": "Local"}}
+    out = server.review_response(review(), local, places={"home": None})["response"]
+    ops = json.loads(base64.b64decode(out["patch"])) if "patch" in out else []
+    assert not any("kept-local" in json.dumps(o) for o in ops)
 
 
 async def test_claim_places_are_read_from_the_claims_their_volumes_and_classes() -> None:
