@@ -12,7 +12,10 @@ upstream's manifests it needs, rewritten for that:
 - its configuration (`config.kueue.x-k8s.io/v1beta2`): leader election off (one process), internal
   certificate management off, webhook server, metrics and health probes on `HOST` only, the visibility
   API server off (it would want certificates under /visibility), only jobs carrying the queue-name
-  label `QUEUE_NAME_LABEL` are managed (`manageJobsWithoutQueueName: false`);
+  label `QUEUE_NAME_LABEL` are managed (`manageJobsWithoutQueueName: false`), and the integrations
+  `DEFAULT_FRAMEWORKS`: batch Jobs and JobSets (`JOBSET_FRAMEWORK`; the manager role already grants
+  what Kueue needs on jobsets, and a cluster that does not serve JobSets only has Kueue wait for
+  their API);
 - its certificates: one serving certificate signed by the cluster CA for `HOST` (`SERVING_STEM`,
   SANs `serving_sans`), as `tls.crt`/`tls.key` in one directory (`CERT_FILES`) that serves the webhook
   server (`webhook.certDir`) and the metrics endpoint (`METRICS_CERT_ENV`: upstream reads the metrics
@@ -57,7 +60,7 @@ SERVING_STEM = "kueue-serving"
 HOST = "127.0.0.1"
 #: Kueue's own namespace (its configuration's `namespace`; no Pod of Kueue runs there).
 NAMESPACE = "kueue-system"
-#: The label that hands a Job (or a Pod) to a LocalQueue.
+#: The label that hands a Job, a JobSet or (`pod` integration) a Pod to a LocalQueue.
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 #: Pod groups: pods sharing this label form one Workload (`pod` integration)...
 POD_GROUP_NAME_LABEL = "kueue.x-k8s.io/pod-group-name"
@@ -68,13 +71,19 @@ CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 CERT_FILES = ("tls.crt", "tls.key")
 #: Environment variable naming the metrics endpoint's certificate directory (added by build.sh).
 METRICS_CERT_ENV = "GPUFED_KUEUE_METRICS_CERT_DIR"
-#: Integrations (Kueue's framework names) enabled by default: batch Jobs only. The `pod` integration
-#: would put a webhook with failurePolicy Fail on every Pod created outside kube-system: with Kueue
-#: stopped (or restarting) no pod of any namespace could be created, gpufed's twins included.
-DEFAULT_FRAMEWORKS = ("batch/job",)
+#: Kueue's framework name of its JobSet integration (JobSets of `jobset.x-k8s.io`).
+JOBSET_FRAMEWORK = "jobset.x-k8s.io/jobset"
+#: Integrations (Kueue's framework names) enabled by default: batch Jobs and JobSets. Their webhooks
+#: (failurePolicy Fail) see only Jobs and JobSets: while Kueue is stopped none can be created, pods
+#: can. Kueue sets up an integration whose API is not served (no JobSet CRD yet) once it appears,
+#: polling discovery with a backoff from 1 s to 2 min. The `pod` integration would put a webhook with
+#: failurePolicy Fail on every Pod created outside kube-system: with Kueue stopped (or restarting) no
+#: pod of any namespace could be created, gpufed's twins included.
+DEFAULT_FRAMEWORKS = ("batch/job", JOBSET_FRAMEWORK)
 #: The API resource each supported integration's webhooks act on (group, plural).
 FRAMEWORK_RESOURCES: Mapping[str, tuple[str, str]] = {
     "batch/job": ("batch", "jobs"),
+    JOBSET_FRAMEWORK: ("jobset.x-k8s.io", "jobsets"),
     "pod": ("", "pods"),
     "deployment": ("apps", "deployments"),
     "statefulset": ("apps", "statefulsets"),

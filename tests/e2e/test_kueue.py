@@ -3,6 +3,9 @@ module, the default topology's `kueue: true`), peers with gpu-a (4 x 8 H100) and
 pool node through the ResourceFlavor gpufed keeps for it.
 
 - gpufed creates the flavor for the pool node (pinned to it, tolerating virtual nodes);
+- a JobSet with the queue label (a leader and 3 workers, 2 GPUs each, more than team-a's own quota)
+  is Kueue's, not gpufed's gang path's: Kueue admits it whole to the flavor by borrowing, its 4 pods
+  run ungated on the pool node, it completes and gives the quota back;
 - two ClusterQueues in one cohort, 4 GPUs each in that flavor, reclaimWithinCohort: Any, a LocalQueue
   each in an offloaded namespace: team-a's first Job (2 pods x 2 GPUs) is admitted within its quota,
   its second by borrowing team-b's idle quota, and every pod of both runs on the pool node; team-b's
@@ -26,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gpufed.apis.wire import ClusterID
+from gpufed.apis.wire import GANG_GATE, GANG_LABEL, JOBSET_API_VERSION, JOBSET_NAME_LABEL, ClusterID
 from gpufed.localenv import kueue, kwokcfg, manifests
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, offload, out, peer, peered_session
@@ -83,6 +86,23 @@ def queued_job(name: str, namespace: str, queue: str, *, pods: int = 2, gpus: in
     )
     job["spec"]["suspend"] = True
     return job
+
+
+def replicated_job(name: str, replicas: int, gpus: int) -> dict[str, Any]:
+    """A replicatedJob of `replicas` Jobs of one pod each, `gpus` GPUs a pod."""
+    pod = manifests.job(name, "", gpus=str(gpus), completions=1, parallelism=1)["spec"]
+    return {"name": name, "replicas": replicas, "template": {"spec": pod}}
+
+
+def queued_jobset(name: str, namespace: str, queue: str) -> dict[str, Any]:
+    """A JobSet of a leader (1 x 2 GPUs) and workers (3 x 2 GPUs) handed to `queue`; Kueue's webhook
+    suspends it until Kueue admits it."""
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": {kueue.QUEUE_NAME_LABEL: queue}},
+        "spec": {"replicatedJobs": [replicated_job("leader", 1, 2), replicated_job("workers", 3, 2)]},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +207,42 @@ def test_gpufed_keeps_a_flavor_pinned_to_the_pool_node(
     assert {"key": "gpufed.io/virtual-node", "operator": "Exists", "effect": "NoExecute"} in rf["spec"]["tolerations"]
     node = clusters.kubectl_json("consumer", "get", "node", flavor)
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == flavor
+
+
+def test_a_queued_jobset_is_admitted_whole_to_one_flavor_and_runs_on_its_pool_node(
+    clusters: Clusters, teams: dict[str, str], flavor: str
+) -> None:
+    a = teams["team-a"]
+    created = clusters.kubectl(
+        "consumer", "create", "-o", "json", "-f", "-", input_text=json.dumps(queued_jobset("llm", a, a))
+    )
+    assert json.loads(created.stdout)["spec"]["suspend"] is True, "Kueue's webhook suspends a queued JobSet"
+    wl = eventually("the JobSet's Workload admitted", lambda: admitted(clusters, a, "llm"), timeout=30)
+    # One pod set per replicatedJob, both in the one flavor: 8 GPUs, twice team-a's own quota (the
+    # rest borrowed from team-b's idle quota).
+    assignments = wl["status"]["admission"]["podSetAssignments"]
+    assert sorted((p["name"], p["count"]) for p in assignments) == [("leader", 1), ("workers", 3)], assignments
+    assert all(p["flavors"] == {GPU: flavor} for p in assignments), assignments
+    assert sum(int(p["resourceUsage"][GPU]) for p in assignments) == 2 * NOMINAL, assignments
+
+    def bound() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = clusters.kubectl_json(
+            "consumer", "get", "pods", "-n", a, "-l", f"{JOBSET_NAME_LABEL}=llm"
+        )["items"]
+        return items if len(items) == 4 and all(p["spec"].get("nodeName") for p in items) else None
+
+    pods = eventually("the JobSet's 4 pods bound", bound, timeout=60)
+    assert {p["spec"]["nodeName"] for p in pods} == {flavor}, [p["spec"]["nodeName"] for p in pods]
+    # Kueue's, so gpufed's gang path stepped aside: no gang gate or group label on any pod.
+    for p in pods:
+        assert GANG_LABEL not in (p["metadata"].get("labels") or {}), p["metadata"]
+        assert GANG_GATE not in {g["name"] for g in p["spec"].get("schedulingGates") or []}, p["spec"]
+        assert p["spec"]["nodeSelector"]["kubernetes.io/hostname"] == flavor, "the flavor's nodeLabels"
+    clusters.kubectl(
+        "consumer", "wait", "-n", a, "--for=condition=Completed", "jobset/llm", "--timeout=60s", timeout=70
+    )
+    eventually("the Workload finished", lambda: condition(workload(clusters, a, "llm"), "Finished"), timeout=15)
+    eventually("team-a's borrowed GPUs given back", lambda: borrowed(clusters, a, flavor) == 0, timeout=15)
 
 
 def test_jobs_are_admitted_within_quota_by_borrowing_and_reclaimed_by_the_lender(

@@ -77,6 +77,7 @@ def write_module(root: Path) -> Path:
             _webhook("mpod.kb.io", "/mutate--v1-pod", "", "pods"),
             _webhook("mdeployment.kb.io", "/mutate-apps-v1-deployment", "apps", "deployments"),
             _webhook("mrayjob.kb.io", "/mutate-ray-io-v1-rayjob", "ray.io", "rayjobs"),
+            _webhook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset", "jobset.x-k8s.io", "jobsets"),
             _webhook(
                 "mresourceflavor.kb.io",
                 "/mutate-kueue-x-k8s-io-v1beta2-resourceflavor",
@@ -91,6 +92,7 @@ def write_module(root: Path) -> Path:
         "metadata": {"name": "validating-webhook-configuration"},
         "webhooks": [
             _webhook("vjob.kb.io", "/validate-batch-v1-job", "batch", "jobs"),
+            _webhook("vjobset.kb.io", "/validate-jobset-x-k8s-io-v1alpha2-jobset", "jobset.x-k8s.io", "jobsets"),
             _webhook(
                 "vclusterqueue.kb.io",
                 "/validate-kueue-x-k8s-io-v1beta2-clusterqueue",
@@ -158,8 +160,8 @@ def test_configuration_runs_one_local_process_on_loopback_with_our_certificates(
     assert cfg["metrics"]["bindAddress"] == "127.0.0.1:21101"
     assert cfg["health"]["healthProbeBindAddress"] == "127.0.0.1:21102"
     assert cfg["manageJobsWithoutQueueName"] is False
-    # batch Jobs only: the pod integration's webhook would hold up every Pod while Kueue is down
-    assert cfg["integrations"]["frameworks"] == ["batch/job"]
+    # batch Jobs and JobSets: the pod integration's webhook would hold up every Pod while Kueue is down
+    assert cfg["integrations"]["frameworks"] == ["batch/job", "jobset.x-k8s.io/jobset"]
     assert cfg["featureGates"]["VisibilityOnDemand"] is False
     # Nothing listens on a wildcard address.
     assert ":" + "8443" not in yaml.safe_dump(cfg)
@@ -251,9 +253,32 @@ def test_webhooks_call_the_local_process_by_url_with_the_cluster_ca(src: kueue.S
 
 
 def test_without_the_pod_integration_no_pod_is_held_up_by_kueue(src: kueue.Sources) -> None:
-    configs = kueue.webhooks(src, port=1, ca_pem=CA)  # the default: batch/job only
+    configs = kueue.webhooks(src, port=1, ca_pem=CA)  # the default: batch/job and JobSets
     names = {w["name"] for c in configs for w in c["webhooks"]}
     assert "mpod.kb.io" not in names
+    assert "mjob.kb.io" in names
+
+
+def test_jobsets_are_kueues_by_default_through_its_jobset_webhooks(src: kueue.Sources) -> None:
+    cfg = kueue.configuration(webhook_port=21100, metrics_port=21101, health_port=21102, cert_dir=Path("/c"))
+    assert kueue.JOBSET_FRAMEWORK in cfg["integrations"]["frameworks"]
+    configs = {c["kind"]: c for c in kueue.webhooks(src, port=21100, ca_pem=CA)}
+    by_name = {w["name"]: w for c in configs.values() for w in c["webhooks"]}
+    # JobSets are defaulted (suspended when queued) and validated by Kueue, at its local server.
+    assert {"mjobset.kb.io", "vjobset.kb.io"} <= set(by_name)
+    assert by_name["mjobset.kb.io"]["clientConfig"] == {
+        "url": "https://127.0.0.1:21100/mutate-jobset-x-k8s-io-v1alpha2-jobset",
+        "caBundle": base64.b64encode(CA).decode(),
+    }
+    assert by_name["vjobset.kb.io"]["clientConfig"]["url"].endswith("/validate-jobset-x-k8s-io-v1alpha2-jobset")
+    # Only the integration's own kind: other kinds Kueue integrates stay without a webhook.
+    assert "mrayjob.kb.io" not in by_name
+
+
+def test_without_the_jobset_integration_no_jobset_webhook_is_kept(src: kueue.Sources) -> None:
+    configs = kueue.webhooks(src, port=1, ca_pem=CA, frameworks=["batch/job"])
+    names = {w["name"] for c in configs for w in c["webhooks"]}
+    assert not names & {"mjobset.kb.io", "vjobset.kb.io"}
     assert "mjob.kb.io" in names
 
 
