@@ -66,7 +66,7 @@ test-drills: venv binaries deps
 
 test: lint typecheck test-unit test-e2e test-drills
 
-clusters-up: venv binaries
+clusters-up: venv binaries deps
 	$(GPUFED) local up
 
 clusters-down: venv

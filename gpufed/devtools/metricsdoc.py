@@ -24,6 +24,8 @@ from gpufed.kube.metrics import GaugeMap, StateGauge
 #: Instrumented module -> the `gpufed` verbs whose process serves its metrics (with --metrics-port).
 #: A module that only sets metrics another defines (peering.controllers.provider) is listed after it.
 INSTRUMENTED: dict[str, str] = {
+    "gpufed.kube.metrics": "every process with --metrics-port",
+    "gpufed.kube.rest": "every process with --metrics-port",
     "gpufed.kube.queue": "controller, virtual-kubelet",
     "peering.controllers.consumer": "controller",
     "peering.controllers.provider": "controller",

@@ -9,7 +9,8 @@ mapping, e.g. resource -> amount, as one series per key, keys that went away rem
 
 Invariants: the metric objects themselves live next to the code that updates them (module-level
 prometheus_client objects, names prefixed `gpufed_`, labels of low cardinality — never pod names or
-UIDs); this module defines none. Scrapes only read the registry: nothing here blocks the loop for
+UIDs); this module defines only `gpufed_build_info` (1, labelled with gpufed's and Python's
+versions), which every gpufed process serves. Scrapes only read the registry: nothing here blocks the loop for
 longer than rendering the text.
 
 Does not: know any gpufed domain, authenticate scrapers (it listens on loopback unless given
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import platform
 from collections.abc import AsyncIterator, Iterable, Mapping
 
 import structlog
@@ -29,6 +32,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from gpufed import defaults
 from gpufed.errors import GpufedError
+
+BUILD_INFO = Gauge("gpufed_build_info", "Always 1; the labels say which gpufed runs.", ["version", "python"])
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpufed")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+BUILD_INFO.labels(_version(), platform.python_version()).set(1)
 
 #: Address the metrics server listens on when only a port is given: loopback (`gpufed.defaults`);
 #: a scrape target reached from elsewhere is asked for with an explicit host.

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+from prometheus_client import Counter
 
 from gpufed.kube.budget import budget_of
 from gpufed.kube.client import ApiException, KubeError
@@ -97,6 +98,31 @@ def error_from(status: int, text: str, what: str) -> KubeError:
     return KubeError(f"{what}: {status} {message}", status=status, reason=reason)
 
 
+API_REQUESTS = Counter(
+    "gpufed_api_requests_total",
+    "Requests gpufed made to Kubernetes API servers (any cluster), by HTTP method, resource (plural, with "
+    "its subresource) and status code (0: no answer).",
+    ["method", "resource", "code"],
+)
+
+
+def resource_of(url_path: str) -> str:
+    """The resource a request path names: `pods`, `pods/status`, `secrets`, `leases` ... (`-` for
+    discovery and other non-resource paths). Low cardinality: never a name or a namespace."""
+    parts = [p for p in url_path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        parts = parts[2:]
+    elif parts[:1] == ["apis"]:
+        parts = parts[3:]
+    else:
+        return "-"
+    if len(parts) >= 2 and parts[0] == "namespaces" and len(parts) != 2:
+        parts = parts[2:]
+    if not parts:
+        return "-"
+    return f"{parts[0]}/{parts[2]}" if len(parts) >= 3 else parts[0]
+
+
 async def request(
     api: Any,
     method: str,
@@ -129,9 +155,12 @@ async def request(
             text = await resp.text()
             status = resp.status
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        API_REQUESTS.labels(method, resource_of(url_path), "0").inc()
         raise KubeError(f"{what}: cannot reach the API server ({type(e).__name__}: {e})") from e
     except ApiException as e:  # the library raises it (status 0) for transport failures it sees itself
+        API_REQUESTS.labels(method, resource_of(url_path), str(int(e.status or 0))).inc()
         raise KubeError(f"{what}: {e.reason}", status=int(e.status or 0)) from e
+    API_REQUESTS.labels(method, resource_of(url_path), str(status)).inc()
     if not 200 <= status < 300:
         raise error_from(status, text, what)
     if not text:

@@ -157,13 +157,16 @@ async def test_client_side_gateways_get_no_service(tmp_path: Path) -> None:
 # ---- the chart's copies and the image recipe
 
 
-@pytest.mark.parametrize(("copy_dir", "source_dir"), [("crds", "deploy/crds"), ("files/rbac", "deploy/rbac")])
+@pytest.mark.parametrize(
+    ("copy_dir", "source_dir"),
+    [("crds", "deploy/crds"), ("files/rbac", "deploy/rbac"), ("files/grafana", "deploy/grafana")],
+)
 def test_the_chart_carries_exact_copies(copy_dir: str, source_dir: str) -> None:
-    source = {p.name: p.read_bytes() for p in (REPO / source_dir).glob("*.yaml")}
-    copied = {p.name: p.read_bytes() for p in (CHART / copy_dir).glob("*.yaml")}
+    source = {p.name: p.read_bytes() for p in (REPO / source_dir).iterdir() if p.is_file()}
+    copied = {p.name: p.read_bytes() for p in (CHART / copy_dir).iterdir() if p.is_file()}
     assert source, source_dir
     assert copied == source, (
-        f"deploy/charts/gpufed/{copy_dir} differs from {source_dir}: cp {source_dir}/*.yaml {CHART / copy_dir}/"
+        f"deploy/charts/gpufed/{copy_dir} differs from {source_dir}: cp {source_dir}/* {CHART / copy_dir}/"
     )
 
 

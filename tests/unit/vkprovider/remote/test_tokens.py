@@ -758,6 +758,11 @@ async def test_an_edited_token_secret_gets_the_pods_own_tokens_and_is_reported(w
     async with running(tokens.run(lambda: {TWIN_NS: "team"})):
         await until(lambda: len(world.issuer.requests) >= 2, what="the refresh")
         await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
+        # the tokens are requested before the Secret is written: wait for the write itself
+        await until(
+            lambda: world.live()["metadata"]["annotations"]["gpufed.io/token-service-account"] == "trainer",
+            what="the pod's own tokens written",
+        )
     assert foreign_requests(world) == []
     binding = binding_of(pod, TARGET, IDENTITY)
     assert world.issuer.requests[1] == ("team", "trainer", token_request(binding, binding.sources[0]))
