@@ -48,6 +48,7 @@ from gpufed.apis.wire import (
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
 )
+from gpufed.kube.selectors import terms_select
 from gpupool.capacity import Bucket, best_fit
 
 #: The most pods one group may have (a larger size is refused as invalid input).
@@ -316,26 +317,6 @@ def place(gpus: Sequence[int], offers: Sequence[Offer], product: str | None = No
     return Decision(None, f"the group needs {_need(gpus)}; the largest group each pool takes now: {now}")
 
 
-def _requirement_holds(req: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op = str(req.get("key") or ""), str(req.get("operator") or "")
-    values = [str(v) for v in req.get("values") or []]
-    have = labels.get(key)
-    if op == "In":
-        return have is not None and have in values
-    if op == "NotIn":
-        return have is None or have not in values
-    if op == "Exists":
-        return have is not None
-    if op == "DoesNotExist":
-        return have is None
-    if op in ("Gt", "Lt") and have is not None and len(values) == 1:
-        try:
-            return int(have) > int(values[0]) if op == "Gt" else int(have) < int(values[0])
-        except ValueError:
-            return False
-    return False
-
-
 def node_allows(pod: Mapping[str, Any], node: str, labels: Mapping[str, str]) -> bool:
     """Whether the pod's required node selection (nodeSelector, required node affinity: terms ORed,
     expressions ANDed, `matchFields` on `metadata.name`) lets it onto the node `node` with `labels`."""
@@ -346,9 +327,4 @@ def node_allows(pod: Mapping[str, Any], node: str, labels: Mapping[str, str]) ->
     terms = required.get("nodeSelectorTerms") or []
     if not terms:
         return True
-    fields = {"metadata.name": node}
-    return any(
-        all(_requirement_holds(e, labels) for e in t.get("matchExpressions") or [])
-        and all(_requirement_holds(e, fields) for e in t.get("matchFields") or [])
-        for t in terms
-    )
+    return terms_select(terms, labels, node)

@@ -49,10 +49,10 @@ import shutil
 import ssl
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
@@ -74,8 +74,9 @@ DEFAULT_START_TIMEOUT_S = 240.0
 BUILD_TIMEOUT_S = 3600.0
 #: Seconds between SIGTERM and SIGKILL on `down`.
 STOP_GRACE_S = 10.0
-#: Seconds `go list -m` may take to name Kueue's module directory (the module is in the cache once built).
-KUEUE_SOURCE_TIMEOUT_S = 60.0
+#: Seconds `go list -m` may take to name a module's directory (Kueue's, JobSet's: in the cache once built).
+MODULE_SOURCE_TIMEOUT_S = 60.0
+T = TypeVar("T")
 #: The directory of Kueue's Go module, relative to the build script's.
 KUEUE_MODULE_SUBDIR = "kueue"
 #: The directory of JobSet's Go module, relative to the build script's.
@@ -555,21 +556,24 @@ class LocalEnvironment:
         if self.settings.manifests_dir is not None:
             await self._install_gpufed(spec, state, deadline, progress)
 
-    async def _read_kueue_sources(self) -> kueue.Sources:
-        """Upstream's manifests from the module Kueue is built from (`go list -m` names its directory)."""
-        module = self.kueue_module
+    async def _read_sources(self, module: Path, argv: Sequence[str], parse: Callable[[Path], T], what: str) -> T:
+        """Upstream's manifests of `what` from the Go module it is built from (`argv`, run in `module`,
+        prints the module's directory; `parse` reads the manifests there)."""
         try:
             found = await process.run(
-                kueue.SOURCE_DIR_ARGV,
-                timeout_s=KUEUE_SOURCE_TIMEOUT_S,
+                argv,
+                timeout_s=MODULE_SOURCE_TIMEOUT_S,
                 cwd=module,
                 env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"},
             )
-            return await asyncio.to_thread(kueue.sources, Path(found.stdout.strip()))
+            return await asyncio.to_thread(parse, Path(found.stdout.strip()))
         except (process.CommandError, OSError, ValueError, KeyError, yaml.YAMLError) as e:
             raise LocalEnvError(
-                f"cannot read Kueue's manifests from its Go module {module} ({e}); build it with `make binaries`"
+                f"cannot read {what}'s manifests from its Go module {module} ({e}); build it with `make binaries`"
             ) from e
+
+    async def _read_kueue_sources(self) -> kueue.Sources:
+        return await self._read_sources(self.kueue_module, kueue.SOURCE_DIR_ARGV, kueue.sources, "Kueue")
 
     async def _up_kueue(self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress) -> None:
         """Kueue's namespace, CRDs and RBAC, then Kueue itself, then (once it serves) its webhooks."""
@@ -600,20 +604,7 @@ class LocalEnvironment:
         )
 
     async def _read_jobset_sources(self) -> jobset.Sources:
-        """Upstream's manifests from the module JobSet is built from (`go list -m` names its directory)."""
-        module = self.jobset_module
-        try:
-            found = await process.run(
-                jobset.SOURCE_DIR_ARGV,
-                timeout_s=KUEUE_SOURCE_TIMEOUT_S,
-                cwd=module,
-                env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"},
-            )
-            return await asyncio.to_thread(jobset.sources, Path(found.stdout.strip()))
-        except (process.CommandError, OSError, ValueError, KeyError, yaml.YAMLError) as e:
-            raise LocalEnvError(
-                f"cannot read JobSet's manifests from its Go module {module} ({e}); build it with `make binaries`"
-            ) from e
+        return await self._read_sources(self.jobset_module, jobset.SOURCE_DIR_ARGV, jobset.sources, "JobSet")
 
     async def _up_jobset(self, spec: ClusterSpec, state: dict[str, Any], deadline: float, progress: Progress) -> None:
         """JobSet's CRD and RBAC, then JobSet itself, then (once it serves) its webhooks."""

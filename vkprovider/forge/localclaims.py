@@ -2,9 +2,8 @@
 kube-scheduler placed on a local node: they are bound to the consumer's own storage.
 
 Owns:
-- `node_selects`: whether a volume's (or any) required node selection admits a node (Kubernetes'
-  `nodeSelectorTerms` semantics: terms ORed, expressions ANDed; operators In, NotIn, Exists,
-  DoesNotExist, Gt, Lt; `matchFields` on `metadata.name`);
+- `node_selects`: whether a volume's (or any) required node selection admits a node
+  (`gpufed.kube.selectors`);
 - `pick_volume`: for a static local class, the smallest Available volume of that class, unclaimed,
   not being deleted, large enough, with every access mode and the volume mode the claim asks for,
   whose node affinity admits the claim's node (what kube-scheduler's volume binder would choose);
@@ -26,6 +25,7 @@ from typing import Any
 
 from gpufed.apis import quantity
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, ORIGIN_UID_LABEL
+from gpufed.kube.selectors import terms_select
 from vkprovider.forge.claims import SELECTED_NODE_ANNOTATION, access_modes, requested
 
 #: Prefix of the shadow claims gpufed makes in the user's namespace (the controller may create and
@@ -37,44 +37,12 @@ def shadow_name(claim: Mapping[str, Any]) -> str:
     return f"{SHADOW_PREFIX}{(claim.get('metadata') or {}).get('uid', '')}"
 
 
-def _expression_holds(expr: Mapping[str, Any], value: str | None) -> bool:
-    op = expr.get("operator")
-    values = [str(v) for v in expr.get("values") or []]
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except ValueError:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False
-
-
 def node_selects(terms: Iterable[Mapping[str, Any]] | None, node: Mapping[str, Any]) -> bool:
-    """Whether `terms` (nodeSelectorTerms; None: no requirement) admit `node`. A term with no
-    expressions selects nothing, as in Kubernetes."""
+    """Whether `terms` (nodeSelectorTerms; None: no requirement) admit `node` (`gpufed.kube.selectors`)."""
     if terms is None:
         return True
     meta = node.get("metadata") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    fields = {"metadata.name": str(meta.get("name") or "")}
-    for term in terms:
-        exprs = list(term.get("matchExpressions") or [])
-        field_exprs = list(term.get("matchFields") or [])
-        if not exprs and not field_exprs:
-            continue
-        if all(_expression_holds(e, labels.get(str(e.get("key")))) for e in exprs) and all(
-            _expression_holds(e, fields.get(str(e.get("key")))) for e in field_exprs
-        ):
-            return True
-    return False
+    return terms_select(terms, meta.get("labels") or {}, str(meta.get("name") or ""))
 
 
 def _volume_terms(volume: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
