@@ -317,6 +317,21 @@ async def wait_connected(p: Peers, timeout_s: float, report: Reporter) -> None:
         await asyncio.sleep(POLL_S)
 
 
+def side_objects(peer_id: str) -> list[tuple[str, str]]:
+    """(path, kind) of the fabric objects one side holds for its peer `peer_id`, in the order they are
+    removed: the Gateway first (its agent tears the data plane down and exits), the keys and the
+    gateway's access to them last."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        (_path("gateways", peer_id), "Gateway"),
+        (_path("connections", peer_id), "Connection"),
+        (_path("remotenetworks", peer_id), "RemoteNetwork"),
+        (rest.path("v1", "secrets", KEY_SECRET_PREFIX + peer_id, namespace=SYSTEM_NAMESPACE), "key Secret"),
+        (rest.path(rbac, "rolebindings", GATEWAY_ROLE_PREFIX + peer_id, namespace=SYSTEM_NAMESPACE), "RoleBinding"),
+        (rest.path(rbac, "roles", GATEWAY_ROLE_PREFIX + peer_id, namespace=SYSTEM_NAMESPACE), "Role"),
+    ]
+
+
 async def disconnect_peers(p: Peers, report: Reporter) -> list[str]:
     """Remove the peering's fabric objects on both sides (gateway agents then tear their data plane
     down); releases the IPAM allocations. Idempotent."""
@@ -326,27 +341,7 @@ async def disconnect_peers(p: Peers, report: Reporter) -> list[str]:
         (p.consumer_api, p.provider_id, "consumer"),
         (p.provider_api, p.consumer_id, "provider"),
     ):
-        for path_, what in (
-            (_path("gateways", peer_id), "Gateway"),
-            (_path("connections", peer_id), "Connection"),
-            (_path("remotenetworks", peer_id), "RemoteNetwork"),
-            (rest.path("v1", "secrets", KEY_SECRET_PREFIX + peer_id, namespace=SYSTEM_NAMESPACE), "key Secret"),
-            (
-                rest.path(
-                    "rbac.authorization.k8s.io/v1",
-                    "rolebindings",
-                    GATEWAY_ROLE_PREFIX + peer_id,
-                    namespace=SYSTEM_NAMESPACE,
-                ),
-                "RoleBinding",
-            ),
-            (
-                rest.path(
-                    "rbac.authorization.k8s.io/v1", "roles", GATEWAY_ROLE_PREFIX + peer_id, namespace=SYSTEM_NAMESPACE
-                ),
-                "Role",
-            ),
-        ):
+        for path_, what in side_objects(peer_id):
             if await rest.get(api, path_) is not None:
                 await rest.delete(api, path_)
                 removed.append(f"{side}: {what} {peer_id}")

@@ -14,6 +14,13 @@ The protocol (carried by the ForeignCluster / Tenant objects; the controllers do
 The payload binds the protocol version, both ClusterIDs, the nonce, the expiry and the SHA-256 of
 the CSR, so a signature cannot be replayed for another consumer, provider, nonce or CSR.
 
+Renewal (no challenge: the consumer already holds a valid certificate): the consumer makes a fresh
+key and CSR as in 2., signs `renewal_payload(provider, consumer, csr)` (its own protocol string, so
+a handshake signature never passes for a renewal nor the reverse) and files the CSR on the provider
+with its current certificate; the provider approves only a request the API server records as filed
+by that consumer's user, passing the same CSR checks and verifying with the same registered key
+(`verify_renewal`). `renew_at` says when a certificate is due.
+
 Pure: no I/O, no clients; randomness and time are passed in.
 """
 
@@ -34,8 +41,13 @@ from cryptography.x509.oid import NameOID
 
 from gpufed.apis.wire import ClusterID
 from gpufed.kube.times import parse_rfc3339, rfc3339
+from peering import defaults
 
 PROTOCOL = b"gpufed.io/peering/v1"
+#: Protocol string of a renewal's signed payload.
+RENEWAL_PROTOCOL = b"gpufed.io/peering/renewal/v1"
+#: Fraction of a client certificate's lifetime after which the consumer renews it.
+DEFAULT_RENEW_FRACTION = defaults.CLIENT_CERT_RENEW_FRACTION
 NONCE_BYTES = 32
 #: How long a challenge may be answered.
 DEFAULT_CHALLENGE_TTL = dt.timedelta(minutes=10)
@@ -239,3 +251,47 @@ def verify(
             f"the signature does not verify with the consumer's key {fingerprint(consumer_public_pem)}",
         )
     return Verdict(True, "Verified", f"consumer {consumer} proved possession of key {fingerprint(consumer_public_pem)}")
+
+
+def renewal_payload(provider: ClusterID, consumer: ClusterID, csr_pem: bytes) -> bytes:
+    """The exact bytes the consumer signs to renew its certificate (length-prefixed fields)."""
+    csr = x509.load_pem_x509_csr(csr_pem)
+    csr_digest = hashlib.sha256(csr.public_bytes(serialization.Encoding.DER)).digest()
+    return b"".join(_field(p) for p in (RENEWAL_PROTOCOL, provider.encode(), consumer.encode(), csr_digest))
+
+
+def sign_renewal(identity_key: Ed25519PrivateKey, provider: ClusterID, consumer: ClusterID, csr_pem: bytes) -> bytes:
+    return identity_key.sign(renewal_payload(provider, consumer, csr_pem))
+
+
+def verify_renewal(
+    *, provider: ClusterID, consumer: ClusterID, consumer_public_pem: str, signature: bytes, csr_pem: bytes
+) -> Verdict:
+    """Whether a renewal request is genuine: the handshake's CSR checks and the signature of the
+    registered identity key over `renewal_payload`."""
+    problem = _check_csr(consumer, csr_pem)
+    if problem:
+        return Verdict(False, Refusal.BAD_CSR, problem)
+    try:
+        pub = _load_public_key(consumer_public_pem)
+    except ValueError as e:
+        return Verdict(False, Refusal.BAD_KEY, f"the registered consumer key is not a PEM public key ({e})")
+    if not isinstance(pub, Ed25519PublicKey):
+        return Verdict(False, Refusal.BAD_KEY, "the registered consumer key is not an Ed25519 key")
+    try:
+        pub.verify(signature, renewal_payload(provider, consumer, csr_pem))
+    except InvalidSignature:
+        return Verdict(
+            False,
+            Refusal.BAD_SIGNATURE,
+            f"the renewal's signature does not verify with the consumer's key {fingerprint(consumer_public_pem)}",
+        )
+    return Verdict(True, "Verified", f"consumer {consumer} renewed with key {fingerprint(consumer_public_pem)}")
+
+
+def renew_at(not_before: dt.datetime, not_after: dt.datetime, fraction: float = DEFAULT_RENEW_FRACTION) -> dt.datetime:
+    """When a certificate valid from `not_before` to `not_after` is due for renewal: after
+    `fraction` (0 < fraction < 1) of its lifetime."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"the renewal fraction must lie between 0 and 1, not {fraction}")
+    return not_before + (not_after - not_before) * fraction

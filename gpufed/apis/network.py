@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpufed.apis.meta import CLUSTER_ID_PATTERN, Condition, Model
+from gpufed.apis.meta import AGE_COLUMN, CLUSTER_ID_PATTERN, READY_COLUMN, Condition, Model, conditions_field
 from gpufed.apis.wire import MAX_CLUSTER_ID
 
 IPV4_CIDR_PATTERN = r"^([0-9]{1,3}\.){3}[0-9]{1,3}/([0-9]|[12][0-9]|3[0-2])$"
@@ -130,6 +130,7 @@ class NetworkConfig(Model):
         ("Pod CIDR", "string", ".spec.podCidr"),
         ("External CIDR", "string", ".spec.externalCidr"),
         ("Gateway", "string", ".spec.gatewayEndpoint"),
+        AGE_COLUMN,
     ]
     root_validations: ClassVar[list[dict[str, str]]] = [
         {
@@ -179,6 +180,7 @@ class RemoteNetwork(Model):
         ("Mapped", "string", ".spec.mapped.podCidr"),
         ("External", "string", ".spec.real.externalCidr"),
         ("Mapped External", "string", ".spec.mapped.externalCidr"),
+        AGE_COLUMN,
     ]
     spec: RemoteNetworkSpec
 
@@ -212,20 +214,25 @@ class GatewayStatus(Model):
     driver: str = Field(default="", description="The data plane in use: kernel or wireguard-go.")
     interface: str = Field(default="", description="The WireGuard interface.")
     mtu: int = Field(default=0, description="The MTU applied.")
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = conditions_field(
+        detail="Ready: True once the gateway agent has applied this spec (interface, NAT table, routes); False "
+        "with reason ConfigurationFailed and the error otherwise. The tunnel's health is the Connection's."
+    )
 
 
 class Gateway(Model):
     kind: ClassVar[str] = "Gateway"
     plural: ClassVar[str] = "gateways"
     scope: ClassVar[str] = "Namespaced"
-    short_names: ClassVar[list[str]] = ["gw"]
+    short_names: ClassVar[list[str]] = ["gfgw"]
     columns: ClassVar[list[tuple[str, str, str]]] = [
         ("Cluster", "string", ".spec.clusterId"),
         ("Role", "string", ".spec.role"),
         ("Endpoint", "string", ".spec.endpoint"),
         ("Driver", "string", ".status.driver"),
         ("MTU", "integer", ".status.mtu"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     spec: GatewaySpec
     status: GatewayStatus | None = None
@@ -239,6 +246,10 @@ class ConnectionStatus(Model):
     rtt_ms: float | None = Field(default=None, description="Round trip of the last probe across the tunnel.")
     last_probe: dt.datetime | None = None
     last_transition_time: dt.datetime | None = None
+    conditions: list[Condition] = conditions_field(
+        detail="Ready: True while the tunnel carries traffic (phase Connected or Degraded), False when it is "
+        "Down or not probed yet; its reason and message are the phase's."
+    )
 
 
 class ConnectionSpec(Model):
@@ -256,6 +267,8 @@ class Connection(Model):
         ("Reason", "string", ".status.reason"),
         ("RTT ms", "number", ".status.rttMs"),
         ("Handshake", "date", ".status.latestHandshake"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     spec: ConnectionSpec
     status: ConnectionStatus | None = None

@@ -19,7 +19,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from gpufed.apis.meta import CLUSTER_ID_PATTERN, Condition, Model
+from gpufed.apis.meta import AGE_COLUMN, CLUSTER_ID_PATTERN, READY_COLUMN, Condition, Model, conditions_field
 from gpufed.apis.wire import NAMESPACE_OFFLOADING, SYSTEM_NAMESPACE
 
 #: Namespaces a twin may never be: the provider's system ones and gpufed's install namespace.
@@ -150,7 +150,10 @@ class TwinNamespaceSpec(Model):
 class TwinNamespaceStatus(Model):
     phase: Literal["Pending", "Ready", "Refused"] = "Pending"
     twin: str = Field(default="", description="Name of the twin namespace.")
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = conditions_field(
+        detail="Ready: True once the twin namespace exists, is the consumer's and its quota is in force; False "
+        "with the reason (NamespaceTaken, NamespaceReserved, InvalidRequest, QuotaPending) otherwise."
+    )
     pod_security: OffloadPodSecurity | None = Field(
         default=None,
         description="The offload pod-security policy the provider enforces in the twin namespace (its Tenant's "
@@ -173,7 +176,8 @@ class TwinNamespace(Model):
         ("Namespace", "string", ".spec.namespace"),
         ("Twin", "string", ".status.twin"),
         ("Phase", "string", ".status.phase"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     spec: TwinNamespaceSpec
     status: TwinNamespaceStatus | None = None
@@ -317,7 +321,10 @@ class NamespaceOffloadingStatus(Model):
     remote_namespaces: list[RemoteNamespaceStatus] = Field(
         default_factory=list, description="One entry per selected provider."
     )
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = conditions_field(
+        detail="Ready: True when every selected provider holds a Ready twin namespace (False with the reason "
+        "otherwise, e.g. InvalidSpec); ProvidersReachable: whether every peered provider answers."
+    )
     observed_generation: int | None = Field(default=None, description="The spec generation the status describes.")
 
 
@@ -330,7 +337,8 @@ class NamespaceOffloading(Model):
         ("Pods", "string", ".spec.podOffloadingStrategy"),
         ("Mapping", "string", ".spec.namespaceMappingStrategy"),
         ("Phase", "string", ".status.phase"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     root_validations: ClassVar[list[dict[str, str]]] = [
         {

@@ -20,7 +20,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from gpufed.apis.meta import CLUSTER_ID_PATTERN, Condition, Model
+from gpufed.apis.meta import AGE_COLUMN, CLUSTER_ID_PATTERN, READY_COLUMN, Condition, Model, conditions_field
 from gpufed.apis.offloading import OffloadPodSecurity
 from gpufed.apis.pool import SLICE_RESOURCES
 from gpufed.apis.quantity import QuantityError, parse
@@ -35,6 +35,11 @@ STORAGE_CLASS_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 #: Resource names a ResourceSlice may request and a Tenant's policy may cap: the node resources,
 #: and the storage of PersistentVolumeClaims in the twin namespaces.
 GRANT_RESOURCES = (*SLICE_RESOURCES, STORAGE_RESOURCE)
+#: The conditions that make each kind Ready, in the order they are settled (the first one not True
+#: gives Ready its reason). A ForeignCluster's are its consumer side's (the peer is a provider).
+FOREIGN_CLUSTER_READY = ("Authentication", "ProviderReachable")
+RESOURCE_SLICE_READY = ("Authentication", "Resources")
+TENANT_READY = ("Authentication", "Namespaces", "PodSecurity")
 #: The access modes of the PersistentVolume API.
 AccessMode = Literal["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"]
 ACCESS_MODES: tuple[AccessMode, ...] = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
@@ -91,7 +96,11 @@ class ForeignClusterSpec(Model):
 
 class ForeignClusterStatus(Model):
     phase: Literal["Pending", "Authenticating", "Peered", "Failed", "Unpeering"] = "Pending"
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = conditions_field(
+        FOREIGN_CLUSTER_READY,
+        "For a peer that is a provider: Authentication (our credentials there), ProviderReachable (its API "
+        "answers with them) and Ready. A peer that is only a consumer is followed through its Tenant.",
+    )
     answer: Answer | None = Field(default=None, description="Provider peers: our answer to its challenge.")
     kubeconfig_secret: str = Field(
         default="", description="Provider peers: Secret in the gpufed namespace with our credentials there."
@@ -107,7 +116,8 @@ class ForeignCluster(Model):
         ("ClusterID", "string", ".spec.clusterId"),
         ("Roles", "string", ".spec.roles"),
         ("Phase", "string", ".status.phase"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     spec: ForeignClusterSpec
     status: ForeignClusterStatus | None = None
@@ -138,8 +148,8 @@ class StorageClassOffer(Model):
 
 
 class ResourceSliceStatus(Model):
-    conditions: list[Condition] = Field(
-        default_factory=list, description="Authentication and Resources: Accepted or Denied, with a reason."
+    conditions: list[Condition] = conditions_field(
+        RESOURCE_SLICE_READY, "Authentication, Resources (Accepted or Denied, with a reason) and Ready."
     )
     granted: dict[str, str] = Field(default_factory=dict, description="What the provider granted.")
     used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods use of the grant.")
@@ -165,7 +175,8 @@ class ResourceSlice(Model):
         ("GPUs", "string", ".spec.resources.nvidia\\.com/gpu"),
         ("Granted GPUs", "string", ".status.granted.nvidia\\.com/gpu"),
         ("Resources", "string", '.status.conditions[?(@.type=="Resources")].reason'),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     spec: ResourceSliceSpec
     status: ResourceSliceStatus | None = None
@@ -223,7 +234,11 @@ class TenantSpec(Model):
 
 class TenantStatus(Model):
     phase: Literal["Pending", "Challenged", "Authenticated", "Refused"] = "Pending"
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = conditions_field(
+        TENANT_READY,
+        "Authentication (the handshake), Namespaces (the tenant namespace is the consumer's), PodSecurity "
+        "(the offload policy in force) and Ready.",
+    )
     granted: dict[str, str] = Field(default_factory=dict, description="Sum of the consumer's granted slices.")
     used: dict[str, str] = Field(default_factory=dict, description="What the consumer's pods request now.")
     challenge: ChallengeWire | None = Field(default=None, description="The challenge the consumer must answer.")
@@ -245,12 +260,13 @@ class Tenant(Model):
     kind: ClassVar[str] = "Tenant"
     plural: ClassVar[str] = "tenants"
     scope: ClassVar[str] = "Cluster"
-    short_names: ClassVar[list[str]] = []
+    short_names: ClassVar[list[str]] = ["gftenant"]
     columns: ClassVar[list[tuple[str, str, str]]] = [
         ("Consumer", "string", ".spec.consumerClusterId"),
         ("Phase", "string", ".status.phase"),
         ("Granted GPUs", "string", ".status.granted.nvidia\\.com/gpu"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        READY_COLUMN,
+        AGE_COLUMN,
     ]
     spec: TenantSpec
     status: TenantStatus | None = None

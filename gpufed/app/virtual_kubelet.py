@@ -2,7 +2,9 @@
 
 Owns: wiring — the consumer client (with a kubelet-like request budget), the cluster identity,
 the provider credentials from Secret `gpufed/gpufed-remote-<provider>` (waiting for them with a
-clear log line), the provider client (same budget), and under one TaskGroup: one `RemoteProvider`,
+clear log line; then re-read every `credentials_reload_s`, and renewed ones swapped in without a
+restart: `CredentialsFollower`), the provider client (same budget; a
+`gpufed.kube.reloadable.ReloadableClient`), and under one TaskGroup: one `RemoteProvider`,
 one `Reflection` (started and stopped per twin namespace by the provider's TwinNamespace watch,
 for the namespaces the consumer's NamespaceOffloadings offload to this provider),
 the `CapacityFeed` of the provider's capacity estimator (unless capacity is static), and the
@@ -31,7 +33,7 @@ import base64
 import contextlib
 import ipaddress
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,9 @@ from gpufed.kube import rest
 from gpufed.kube.budget import set_budget
 from gpufed.kube.client import KubeError, api_client, client_from_dict
 from gpufed.kube.metrics import serving
+from gpufed.kube.reloadable import ReloadableClient
 from gpufed.kube.watch import watch
+from gpufed.ops.doctor.verdicts import client_certificate
 from netfabric.controllers.translator import LiveRemapper
 from vkprovider import defaults
 from vkprovider.forge.tokens import DEFAULT_REFRESH_FRACTION
@@ -78,6 +82,8 @@ DEFAULT_QPS = defaults.VIRTUAL_KUBELET_QPS
 DEFAULT_BURST = defaults.VIRTUAL_KUBELET_BURST
 #: Seconds between checks for the provider credentials while they do not exist yet.
 CREDENTIALS_POLL_S = 2.0
+#: Seconds between reads of the provider credentials once running: renewed ones are in use within this.
+CREDENTIALS_RELOAD_S = 10.0
 
 
 class VirtualKubeletError(GpufedError):
@@ -178,6 +184,9 @@ class VirtualKubeletSettings:
     token_refresh_fraction: float = DEFAULT_REFRESH_FRACTION
     #: Seconds between full resyncs of reflected objects.
     reflection_resync_s: float = DEFAULT_RESYNC_S
+    #: Seconds between reads of the provider credentials Secret (renewed credentials are swapped in
+    #: without a restart).
+    credentials_reload_s: float = CREDENTIALS_RELOAD_S
     version: str = "v0.0.0-gpufed"
     #: Port of the Prometheus metrics server (GET /metrics, /healthz); None: no metrics server.
     metrics_port: int | None = None
@@ -197,24 +206,114 @@ async def _cluster_id(api: Any) -> str:
     return str(cm["data"]["clusterId"])
 
 
-async def _credentials(api: Any, provider: str, log: Any) -> dict[str, Any]:
+async def _read_credentials(api: Any, provider: str) -> str | None:
+    """The base64 kubeconfig in the provider's credentials Secret; None while there is none."""
     name = remote_kubeconfig_secret(ClusterID(provider))
+    try:
+        secret = await rest.get(api, rest.path("v1", "secrets", name, namespace=SYSTEM_NAMESPACE))
+    except KubeError as e:
+        if not e.forbidden:
+            raise
+        # The controller grants the read per peering; its grant may not have reached the API
+        # server's authorizer yet (a virtual kubelet started while the controller upgrades).
+        return None
+    data = (secret or {}).get("data") or {}
+    return str(data["kubeconfig"]) if data.get("kubeconfig") else None
+
+
+def _kubeconfig(data: str) -> dict[str, Any]:
+    return dict(yaml.safe_load(base64.b64decode(data)))
+
+
+async def _credentials(api: Any, provider: str, log: Any) -> tuple[dict[str, Any], str]:
+    """The provider credentials (kubeconfig, and the Secret's data it came from), once they exist."""
     waited = False
     while True:
-        try:
-            secret = await rest.get(api, rest.path("v1", "secrets", name, namespace=SYSTEM_NAMESPACE))
-        except KubeError as e:
-            if not e.forbidden:
-                raise
-            # The controller grants the read per peering; its grant may not have reached the API
-            # server's authorizer yet (a virtual kubelet started while the controller upgrades).
-            secret = None
-        if secret is not None and (secret.get("data") or {}).get("kubeconfig"):
-            return dict(yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"])))
+        data = await _read_credentials(api, provider)
+        if data is not None:
+            return _kubeconfig(data), data
         if not waited:
+            name = remote_kubeconfig_secret(ClusterID(provider))
             log.info("waiting for the provider credentials", secret=f"{SYSTEM_NAMESPACE}/{name}")
             waited = True
         await asyncio.sleep(CREDENTIALS_POLL_S)
+
+
+def _expiry(cfg: dict[str, Any]) -> float | None:
+    """Unix time the kubeconfig's client certificate expires (None: none, or unreadable)."""
+    try:
+        cert = client_certificate(cfg)
+    except ValueError:
+        return None
+    return cert.not_valid_after_utc.timestamp() if cert is not None else None
+
+
+class CredentialsFollower:
+    """Keeps the provider client on the credentials the Secret holds now.
+
+    Reads the Secret every `reload_s`; when its kubeconfig changed (renewed by the controller, or
+    replaced by a new handshake), builds a client from it, swaps it into `remote` (requests in
+    flight finish on the old one, which is closed afterwards, at the latest when its certificate
+    expires) and tells `listeners` (e.g. the capacity feed, which presents the certificate to the
+    estimator). A Secret that does not load leaves the current client in place and is logged."""
+
+    def __init__(
+        self,
+        api: Any,
+        provider: str,
+        remote: ReloadableClient,
+        cfg: dict[str, Any],
+        data: str,
+        *,
+        reload_s: float = CREDENTIALS_RELOAD_S,
+        listeners: Iterable[Callable[[dict[str, Any]], None]] = (),
+    ) -> None:
+        self.api = api
+        self.provider = provider
+        self.remote = remote
+        self.cfg = cfg
+        self.data = data
+        self.reload_s = reload_s
+        self.listeners = list(listeners)
+        self._log = structlog.get_logger().bind(remote_cluster=provider, component="credentials")
+
+    async def check(self) -> bool:
+        """Read the Secret once; True when new credentials were swapped in."""
+        data = await _read_credentials(self.api, self.provider)
+        if data is None or data == self.data:
+            return False
+        try:
+            cfg = _kubeconfig(data)
+            new = await client_from_dict(cfg)
+        except (KubeError, yaml.YAMLError, ValueError, TypeError) as e:
+            self._log.warning("renewed provider credentials do not load; keeping the current ones", error=str(e))
+            self.data = data
+            return False
+        retire_by = _expiry(self.cfg)
+        self.remote.swap(new, retire_by=retire_by)
+        self.cfg, self.data = cfg, data
+        try:
+            cert = client_certificate(cfg)
+        except ValueError:
+            cert = None
+        # The certificate's public serial and expiry identify which credentials are in use; never the key.
+        self._log.info(
+            "provider credentials reloaded",
+            generation=self.remote.generation,
+            serial=f"{cert.serial_number:x}" if cert is not None else None,
+            expires=cert.not_valid_after_utc.isoformat() if cert is not None else None,
+        )
+        for listener in self.listeners:
+            listener(cfg)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.reload_s)
+            try:
+                await self.check()
+            except KubeError as e:
+                self._log.warning("cannot read the provider credentials", error=str(e))
 
 
 def api_endpoint(server: str, translator: IPTranslator) -> tuple[str, int]:
@@ -244,8 +343,8 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 f"provider {settings.provider} is not peered (no ForeignCluster {settings.provider})"
             )
         capacity, per_product = peering_settings(fc, settings)
-        cfg = await _credentials(api, settings.provider, log)
-        remote_api = await client_from_dict(cfg)
+        cfg, cfg_data = await _credentials(api, settings.provider, log)
+        remote_api = ReloadableClient(await client_from_dict(cfg))
         try:
             set_budget(remote_api, settings.qps, settings.burst)
             remapper = LiveRemapper(api, settings.provider)
@@ -318,6 +417,15 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 events=events,
             )
             provider.slice_listeners.append(volumes.grant_changed)
+            follower = CredentialsFollower(
+                api,
+                settings.provider,
+                remote_api,
+                cfg,
+                cfg_data,
+                reload_s=settings.credentials_reload_s,
+                listeners=[feed.use_credentials] if feed is not None else [],
+            )
             unpeered = asyncio.Event()
             changed = asyncio.Event()
             fc_uid = fc["metadata"]["uid"]
@@ -342,6 +450,7 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                     tg.create_task(reflection.run()),
                     tg.create_task(remapper.run()),
                     tg.create_task(volumes.run()),
+                    tg.create_task(follower.run()),
                     tg.create_task(
                         watch(
                             api,

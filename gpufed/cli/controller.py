@@ -14,6 +14,7 @@ import typer
 from gpufed.apis.wire import STORAGE_CLASS
 from gpufed.cli.common import MetricsHost, MetricsPort, configure_logging, parse_ports, serve
 from gpufed.defaults import METRICS_HOST
+from peering.defaults import CLIENT_CERT_RENEW_FRACTION, CLIENT_CERT_SECONDS, MIN_CERT_SECONDS
 from vkprovider.defaults import KUBELET_PORTS
 
 EPILOG = """Examples:
@@ -149,6 +150,22 @@ def controller(
             "node (default: the cluster's default class)",
         ),
     ] = "",
+    client_cert_lifetime: Annotated[
+        int,
+        typer.Option(
+            "--client-cert-lifetime",
+            envvar="GPUFED_CLIENT_CERT_LIFETIME",
+            help="provider: seconds the consumers' client certificates live (>= 600, the CSR API's minimum)",
+        ),
+    ] = CLIENT_CERT_SECONDS,
+    client_cert_renew_fraction: Annotated[
+        float,
+        typer.Option(
+            "--client-cert-renew-fraction",
+            envvar="GPUFED_CLIENT_CERT_RENEW_FRACTION",
+            help="consumer: renew a client certificate after this fraction of its lifetime (0-1)",
+        ),
+    ] = CLIENT_CERT_RENEW_FRACTION,
 ) -> None:
     """Run the per-cluster control plane: identity, both peering roles, offloading, virtual kubelets."""
     from gpufed.app.controller import (
@@ -161,7 +178,16 @@ def controller(
     )
     from gpufed.app.workloads import WorkloadSettings
     from gpupool.estimator.server import EstimatorConfigError, EstimatorServerSettings, advertised_host
+    from peering.controllers.consumer import ConsumerSettings
+    from peering.controllers.provider import ProviderSettings
+    from peering.controllers.renewal import RenewalSettings
 
+    if client_cert_lifetime < MIN_CERT_SECONDS:
+        raise typer.BadParameter(
+            f"--client-cert-lifetime must be >= {MIN_CERT_SECONDS} seconds (the CSR API's minimum)"
+        )
+    if not 0 < client_cert_renew_fraction < 1:
+        raise typer.BadParameter("--client-cert-renew-fraction must lie between 0 and 1")
     configure_logging(log_level)
     first, last = parse_ports(kubelet_ports)
     estimator = EstimatorSettings(port=estimator_port, host=estimator_host, address=estimator_address)
@@ -197,6 +223,8 @@ def controller(
         metrics_host=metrics_host,
         storage_class=storage_class or None,
         local_storage_class=local_storage_class or None,
+        provider=ProviderSettings(cert_seconds=client_cert_lifetime),
+        consumer=ConsumerSettings(renewal=RenewalSettings(renew_fraction=client_cert_renew_fraction)),
     )
 
     serve(lambda: run(settings))

@@ -1,8 +1,10 @@
-"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `gpufed.ops.peer` (peer, unpeer) and
-`peering.ops.peer` (info), progress on stderr, the result on stdout.
+"""`gpufed peer`, `gpufed unpeer`, `gpufed info`: flags -> `gpufed.ops.peer` (peer, unpeer),
+`gpufed.ops.force_unpeer` (unpeer --force) and `peering.ops.peer` (info), progress on stderr, the
+result on stdout.
 
-Every local input (both kubeconfigs and contexts, the slice asked for, the network flags) is
-checked before either cluster is contacted; a bad one exits 2. The operations are imported when a
+Every local input (both kubeconfigs and contexts, the slice asked for, the network flags, the
+`--force` flags and the peer's ClusterID) is checked before either cluster is contacted; a bad one
+exits 2. The operations are imported when a
 command runs, not with the CLI (gpufed.cli says why).
 """
 
@@ -34,6 +36,10 @@ UNPEER_EPILOG = """Examples:
 
   gpufed unpeer --context consumer --remote-context gpu-a
   gpufed unpeer --kubeconfig consumer.yaml --remote-kubeconfig gpu-a.yaml --delete-volumes
+  # the provider gpu-a-1a2b3c4d is gone for good: forget it on the consumer
+  gpufed unpeer --force --context consumer --provider gpu-a-1a2b3c4d
+  # the consumer consumer-5e6f7a8b is gone for good: forget it on the provider
+  gpufed unpeer --force --context gpu-a --consumer consumer-5e6f7a8b
 """
 INFO_EPILOG = """Examples:
 
@@ -143,6 +149,40 @@ def peer(
     out.print(f"[bold green]peered[/] {result.consumer_id} with {result.provider_id}")
 
 
+def _check_force(
+    force: bool,
+    provider_id: str | None,
+    consumer_id: str | None,
+    remote_kubeconfig: object,
+    remote_context: object,
+) -> tuple[str, str] | None:
+    """(side this cluster plays, the gone peer's ClusterID) for `--force`; None without it."""
+    from gpufed.apis.wire import parse_cluster_id
+    from gpufed.errors import UsageError
+
+    named = [(flag, v) for flag, v in (("--provider", provider_id), ("--consumer", consumer_id)) if v is not None]
+    if not force:
+        if named:
+            raise UsageError(f"{named[0][0]} names a peer that is gone: it goes with --force only")
+        return None
+    if len(named) != 1:
+        raise UsageError(
+            "--force forgets one peer that is gone, on the cluster that is left: name it with --provider ID "
+            "(run on the consumer) or --consumer ID (run on the provider), not both"
+        )
+    if remote_kubeconfig is not None or remote_context is not None:
+        raise UsageError(
+            "--force works on one cluster, the one that is left: drop --remote-kubeconfig/--remote-context "
+            "(while both clusters answer, unpeer without --force removes the peering on both)"
+        )
+    flag, value = named[0]
+    try:
+        peer = parse_cluster_id(value or "")
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
+    return ("consumer" if flag == "--provider" else "provider"), peer
+
+
 def unpeer(
     kubeconfig: Kubeconfig = None,
     remote_kubeconfig: RemoteKubeconfig = None,
@@ -157,11 +197,53 @@ def unpeer(
             "on the provider, which is lost (without it, unpeering is refused while such claims exist)",
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="the peer is gone for good: remove the peering from this one cluster (--kubeconfig, --context) "
+            "only, without contacting the peer; needs --provider or --consumer",
+        ),
+    ] = False,
+    provider_id: Annotated[
+        str | None,
+        typer.Option(
+            "--provider",
+            help="with --force, run on the consumer: the ClusterID of the provider that is gone (its virtual "
+            "nodes, credentials and gateway are removed, its pods failed back with reason ProviderGone)",
+        ),
+    ] = None,
+    consumer_id: Annotated[
+        str | None,
+        typer.Option(
+            "--consumer",
+            help="with --force, run on the provider: the ClusterID of the consumer that is gone (its tenant "
+            "and twin namespaces, CSRs and gateway are removed)",
+        ),
+    ] = None,
 ) -> None:
-    """Remove everything a peering created on both clusters, the network fabric included."""
+    """Remove everything a peering created on both clusters, the network fabric included; with
+    --force, remove it from the one cluster that is left when the other is gone for good."""
     from gpufed.ops import peer as ops
 
     check_timeout(timeout)
+    forced = checked(lambda: _check_force(force, provider_id, consumer_id, remote_kubeconfig, remote_context))
+    if forced is not None:
+        from gpufed.apis.wire import ClusterID
+        from gpufed.ops import force_unpeer as fops
+
+        side, peer_id = forced
+        target = checked(lambda: resolve(kubeconfig, context, role=side))
+        req = fops.ForceRequest(
+            _ref(target, side),
+            "consumer" if side == "consumer" else "provider",
+            ClusterID(peer_id),
+            delete_volumes=delete_volumes,
+            timeout_s=timeout,
+        )
+        removed = run_op(fops.force_unpeer(req, Report()))
+        stdout_console().print(f"forgot {peer_id} on this {side}: {removed} object(s) removed or failed back")
+        return
     consumer, provider = checked(lambda: resolve_pair(kubeconfig, context, remote_kubeconfig, remote_context))
     run_op(
         ops.unpeer(

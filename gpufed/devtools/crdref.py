@@ -3,9 +3,10 @@
 Owns: reading gpufed's CustomResourceDefinitions (`deploy/crds/*.yaml`, themselves generated from
 the models in `gpufed.apis` by `gpufed.devtools.crdgen`), flattening each served version's OpenAPI
 schema into one row per field of `spec`, `status` and any other top-level property (`fields`), and
-rendering group, version, kind, scope, names, `kubectl get` columns, the field tables and the CEL
-validation rules as Markdown (`render`); `main` writes it to docs/reference/crds.md (or PATH). A
-unit test (tests/unit/gpufed/devtools/test_refdoc.py) fails when the committed file differs from `render()`.
+rendering group, version, kind, scope, names, `kubectl get` columns, the field tables (with what
+the API server checks, map lists' keys included) and the CEL validation rules as Markdown
+(`render`); `main` writes it to docs/reference/crds.md (or PATH). A unit test
+(tests/unit/gpufed/devtools/test_refdoc.py) fails when the committed file differs from `render()`.
 
 Invariants: the output depends only on the YAML files: kinds sorted by name, fields in schema order.
 
@@ -105,6 +106,9 @@ def _validation(schema: dict[str, Any]) -> str:
             parts.append(f"{word} {schema[key]}")
     if "pattern" in schema:
         parts.append(f"pattern `{schema['pattern']}`")
+    if schema.get("x-kubernetes-list-type") == "map":
+        keys = ", ".join(f"`{k}`" for k in schema.get("x-kubernetes-list-map-keys", []))
+        parts.append(f"one entry per {keys} (map list)")
     if "default" in schema:
         parts.append(f"default `{schema['default']}`")
     return "; ".join(parts)
@@ -207,6 +211,12 @@ def render(directory: Path = CRD_DIR) -> str:
         " from the models in `gpufed/apis/` (`python -m gpufed.devtools.crdgen deploy/crds`); the Helm chart ships the"
         " same files in `deploy/charts/gpufed/crds/`. `apiVersion`, `kind` and `metadata` are"
         " Kubernetes' own and not repeated below. `[]` in a path is every element of a list.",
+        "",
+        "Every kind is in the category `gpufed` (`kubectl get gpufed -A` lists them all, with their age). Every"
+        " kind with conditions has a `Ready` one (`kubectl wait --for=condition=Ready <kind>/<name>`); its"
+        " `status.conditions` field says when it is True. Conditions are a map list keyed by `type`, and each"
+        " carries the `observedGeneration` of the spec the controller acted on: a condition whose"
+        " observedGeneration is below `metadata.generation` describes an older spec.",
         "",
         "| kind | API version | scope | short names | plural |",
         "|---|---|---|---|---|",

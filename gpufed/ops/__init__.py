@@ -1,2 +1,2 @@
 """Commands that span features, run with the operator's kubeconfigs: `gpufed peer` end to end,
-`gpufed doctor`, `gpufed pool`."""
+`gpufed unpeer --force`, `gpufed doctor`, `gpufed pool`."""

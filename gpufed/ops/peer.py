@@ -20,6 +20,7 @@ from typing import Any
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.ops import force_unpeer
 from netfabric import ops as network_ops
 from netfabric.ops import NetworkOptions, NetworkStep
 from peering.ops import peer as peering_ops
@@ -88,7 +89,9 @@ async def unpeer(
 ) -> int:
     """Remove the network fabric of the peering, then everything else it created on both clusters;
     the number of peering objects deleted (0: nothing was peered). Refused, before anything is
-    removed, while claims are bound on the provider, unless `delete_volumes`."""
+    removed, while one side does not answer (saying what `--force` on the other would delete), and
+    while claims are bound on the provider, unless `delete_volumes`."""
+    await force_unpeer.unreachable_hint(consumer, provider)
     await peering_ops.check_claims(consumer, provider, report, delete_volumes=delete_volumes)
     await network_ops.disconnect(consumer, provider, report)
     return await peering_ops.unpeer(consumer, provider, report, timeout_s, delete_volumes=delete_volumes)

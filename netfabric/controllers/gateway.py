@@ -10,9 +10,13 @@ pass) and the peering's member pods (`netfabric.controllers.members`: the consum
 provider, the pods offloaded to the peer on a consumer; the filter's sets are refilled alone, within
 `members_debounce_s`, when only they change), re-applies on any change and every `resync_s`
 (repairing drift such as a flushed table), probes the peer across
-the tunnel and publishes the Connection status (Connected / Degraded / Down with a reason). Recovery
-after an underlay cut needs no action: WireGuard's keepalive re-handshakes and the status follows
-the probe. When the Gateway is deleted it removes everything it created and returns.
+the tunnel and publishes the Connection status (Connected / Degraded / Down with a reason, and a
+`Ready` condition: True while the tunnel carries traffic, Connected or Degraded). The Gateway's
+status says what runs (driver, interface, MTU) and, in its `Ready` condition, whether its spec is
+applied (False with `ConfigurationFailed` and the error otherwise); the conditions carry the
+observedGeneration of the object they describe (a Connection's is the one its last status write
+returned). Recovery after an underlay cut needs no action: WireGuard's keepalive re-handshakes and
+the status follows the probe. When the Gateway is deleted it removes everything it created and returns.
 
 Metrics (label `remote_cluster` = the peer): `gpufed_tunnel_up` (1 while the Connection is
 Connected or Degraded, 0 when Down), `gpufed_tunnel_rtt_seconds` (last successful probe) and
@@ -52,7 +56,8 @@ from gpufed.apis.network import (
     split_endpoint,
 )
 from gpufed.apis.wire import SYSTEM_NAMESPACE
-from gpufed.kube import rest
+from gpufed.kube import conditions as cond
+from gpufed.kube import meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
@@ -202,7 +207,14 @@ class GatewayAgent:
         self._written: tuple[str, str] | None = None
         self._written_at = 0.0
         self._since: str | None = None
-        self._gateway_status: tuple[str, str, int] | None = None
+        #: The Gateway status last written (without times), its Ready condition, and the Gateway's
+        #: metadata.generation as last read (None before the first read).
+        self._gateway_status: dict[str, Any] | None = None
+        self._gateway_ready: dict[str, Any] | None = None
+        self._gateway_generation: int | None = None
+        #: The Connection's Ready condition last written, and its generation as the last write returned.
+        self._connection_ready: dict[str, Any] | None = None
+        self._connection_generation = 1
         #: The drop counters' packets as last read (a smaller value: the table was rebuilt).
         self._drops_seen: dict[str, int] = {}
         self.log = log.bind(remote_cluster=settings.name, kind="Gateway")
@@ -223,6 +235,10 @@ class GatewayAgent:
         gw = await rest.get(self.api, self._path("gateways", self.s.name))
         if gw is None:
             raise GatewayDeletedError(f"Gateway {self.s.namespace}/{self.s.name} not found")
+        self._gateway_generation = meta.generation(gw)
+        if self._gateway_ready is None:  # a restarted agent keeps the transition time
+            found = cond.find((gw.get("status") or {}).get("conditions"), cond.READY)
+            self._gateway_ready = dict(found) if found else None
         spec: GatewaySpec = _spec(gw, GatewaySpec, f"Gateway {self.s.name}")
         network: NetworkConfigSpec = _spec(
             await rest.get(self.api, self._path("networkconfigs", NETWORK_CONFIG)),
@@ -371,19 +387,35 @@ class GatewayAgent:
     # ---- status
 
     async def _status_gateway(self, driver: str, iface: str, mtu: int) -> None:
-        """What runs, written when it changes (not on every re-apply)."""
-        if self._gateway_status == (driver, iface, mtu):
+        """What runs, and Ready: this spec is applied."""
+        ready = self._gateway_condition(True, "Applied", f"{driver} interface {iface} configured, MTU {mtu}")
+        await self._write_gateway_status({"driver": driver, "interface": iface, "mtu": mtu, "conditions": [ready]})
+
+    async def _status_failed(self, error: str) -> None:
+        """Ready False: this spec is not applied (what runs stays as last written)."""
+        if self._gateway_generation is None:
+            return  # the Gateway was never read: there is nothing to write the status on
+        await self._write_gateway_status(
+            {"conditions": [self._gateway_condition(False, "ConfigurationFailed", error[:500])]}
+        )
+
+    def _gateway_condition(self, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        prev = [self._gateway_ready] if self._gateway_ready else []
+        ready = cond.condition(cond.READY, ok, reason, message, prev, now=self.clock())
+        return {**ready, "observedGeneration": self._gateway_generation or 1}
+
+    async def _write_gateway_status(self, status: dict[str, Any]) -> None:
+        """A merge patch of the Gateway's status, sent when it changes (not on every re-apply)."""
+        key = cond.without_times(status)
+        if self._gateway_status is not None and {**self._gateway_status, **key} == self._gateway_status:
             return
         try:
-            await rest.merge_patch(
-                self.api,
-                self._path("gateways", self.s.name, "status"),
-                {"status": {"driver": driver, "interface": iface, "mtu": mtu}},
-            )
+            await rest.merge_patch(self.api, self._path("gateways", self.s.name, "status"), {"status": status})
         except KubeError as e:
             self.log.warning("cannot write the gateway status", error=str(e))
             return
-        self._gateway_status = (driver, iface, mtu)
+        self._gateway_status = {**(self._gateway_status or {}), **key}
+        self._gateway_ready = status["conditions"][0]
 
     async def probe(self) -> None:
         if self.inputs is None or self.driver is None:
@@ -443,6 +475,9 @@ class GatewayAgent:
         if changed or self._since is None:
             self._since = stamp
         hs = self.health.stats.latest_handshake if self.health.stats else None
+        prev = [self._connection_ready] if self._connection_ready else []
+        ready = cond.condition(cond.READY, phase in ("Connected", "Degraded"), reason, message, prev, now=now)
+        ready["observedGeneration"] = self._connection_generation
         status = {
             "phase": phase,
             "reason": reason,
@@ -451,17 +486,24 @@ class GatewayAgent:
             "latestHandshake": rfc3339(hs) if hs else None,
             "lastProbe": stamp,
             "lastTransitionTime": self._since,
+            "conditions": [ready],
         }
         # the Connection is created (owned by the Gateway) by `gpufed network connect`, never here:
         # an agent racing a disconnect must not resurrect it
         try:
-            await rest.merge_patch(self.api, self._path("connections", self.s.name, "status"), {"status": status})
+            written = await rest.merge_patch(
+                self.api, self._path("connections", self.s.name, "status"), {"status": status}
+            )
         except KubeError as e:
             self.log.warning("cannot write the connection status", error=str(e))
             return
         if changed:
             self.log.info("connection", phase=phase, reason=reason, message=message)
         self._written, self._written_at = (phase, reason), now
+        self._connection_ready = ready
+        generation = meta.generation(written)
+        if generation != self._connection_generation:  # the next probe writes the right one
+            self._connection_generation, self._written_at = generation, 0.0
 
     # ---- loops
 
@@ -480,6 +522,7 @@ class GatewayAgent:
             self.error = str(e)
         if self.error:
             self.log.warning("gateway not applied", error=self.error)
+            await self._status_failed(self.error)
         self.ready.set()
 
     async def _watch(self, plural: str, name: str) -> None:

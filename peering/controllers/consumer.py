@@ -8,6 +8,9 @@ Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), le
 - turning the certificate the provider issued (copied into `spec.certificate`) into a kubeconfig
   Secret `gpufed/gpufed-remote-<provider>`, after checking it belongs to the key generated here
   (these Secrets are watched: a current one is not read again, a change is reconciled at once);
+- renewing that certificate after two thirds of its lifetime, into the same Secret
+  (`peering.controllers.renewal`, called from the reconcile; a renewed certificate stays current
+  while it descends from the ForeignCluster's `spec.certificate`);
 - letting the virtual kubelets read that Secret and no other of `gpufed` (a Role and RoleBinding
   per peering, peering.controllers.credentials_access), granted before the peering is reported
   Peered (which starts its virtual kubelet) and revoked when the ForeignCluster goes;
@@ -22,7 +25,8 @@ Metrics (shared with the provider role, which sets them with role="provider"):
 `gpufed_peering_phase{remote_cluster,role,phase}` (1 for the ForeignCluster's phase) and
 `gpufed_resource_granted` / `gpufed_resource_used{remote_cluster,role,resource}` (the sum over the
 slices for that provider of what it granted and what is used of it, as its mirrors say; base
-units), all dropped when the ForeignCluster goes.
+units), all dropped when the ForeignCluster goes; and, consumer role only, the validity of the
+stored client certificate (`peering.expiry`, kind `client`).
 
 Does not: talk to the provider before it holds credentials there (the CLI carries the handshake),
 or delete anything on unpeer but the virtual kubelets' access to the credentials (the rest is
@@ -34,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 import structlog
@@ -46,7 +50,13 @@ from prometheus_client import Gauge
 from pydantic import ValidationError
 
 from gpufed.apis.meta import API_VERSION
-from gpufed.apis.peering import ForeignClusterSpec, ResourceSliceSpec, StorageClassOffer
+from gpufed.apis.peering import (
+    FOREIGN_CLUSTER_READY,
+    RESOURCE_SLICE_READY,
+    ForeignClusterSpec,
+    ResourceSliceSpec,
+    StorageClassOffer,
+)
 from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import (
     MANAGED_BY,
@@ -66,11 +76,12 @@ from gpufed.kube.metrics import GaugeMap, StateGauge
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
-from peering import handshake
+from peering import expiry, handshake
 from peering.controllers import status as st_
 from peering.controllers.credentials_access import CredentialsAccess
 from peering.controllers.identity import Identity
 from peering.controllers.remotes import Remotes
+from peering.controllers.renewal import RENEWED_FROM_ANNOTATION, ClientRenewal, RenewalSettings, handshake_digest
 
 #: Seconds between polls of the provider for a slice's decision while it is not settled.
 DEFAULT_PENDING_POLL_S = 1.0
@@ -141,6 +152,8 @@ class ConsumerSettings:
     resync_s: float = DEFAULT_RESYNC_S
     #: Concurrent provider reconciles.
     workers: int = 4
+    #: When and how the client certificates renew themselves.
+    renewal: RenewalSettings = field(default_factory=RenewalSettings)
 
 
 def _b64(s: str | bytes) -> str:
@@ -181,6 +194,7 @@ class ConsumerRole:
         self._secrets_synced = False
         #: Who may read those Secrets: the virtual kubelets, each peering's by name only.
         self.access = CredentialsAccess(api, self.queue.add)
+        self.renewal = ClientRenewal(api, identity, self.settings.renewal)
 
     def _on_fc(self, kind: str, obj: dict[str, Any]) -> None:
         self.queue.add(obj["metadata"]["name"])
@@ -253,6 +267,8 @@ class ConsumerRole:
             _PHASE.remove(name, ROLE)
             RESOURCE_GRANTED.remove(name, ROLE)
             RESOURCE_USED.remove(name, ROLE)
+            expiry.drop(name, expiry.CLIENT)
+            self.renewal.forget(name)
             return None
         try:
             spec = ForeignClusterSpec.model_validate(fc.get("spec") or {})
@@ -273,12 +289,17 @@ class ConsumerRole:
         credentials = await self._credentials(fc, spec, provider, status, log)
         wait: float | None = None
         if credentials is not None:
+            _export_expiry(provider, credentials)
             status["phase"] = "Peered"
             wait = await self._slices(provider, credentials, status, log)
+            renew_wait = await self._renew(fc, provider, credentials, status)
+            if renew_wait is not None:
+                wait = min(wait, renew_wait)
         else:
             status["phase"] = "Authenticating" if spec.challenge or status.get("answer") else "Pending"
             await self._slices_waiting(provider)
         _PHASE.set(status["phase"], provider, ROLE)
+        status["conditions"] = cond.ready(status["conditions"], FOREIGN_CLUSTER_READY, meta.generation(fc))
         if cond.without_times(status) != cond.without_times(old):
             await st_.write(self.api, "ForeignCluster", "foreignclusters", name, status)
         return wait
@@ -349,9 +370,13 @@ class ConsumerRole:
         secret_path = rest.path("v1", "secrets", secret_name, namespace=SYSTEM_NAMESPACE)
 
         def current(secret: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+            # The handshake's certificate, or one renewed from it (peering.controllers.renewal).
             return (
                 secret is not None
-                and (secret.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
+                and (
+                    (secret.get("data") or {}).get("tls.crt") == _b64(spec.certificate)
+                    or meta.annotations(secret).get(RENEWED_FROM_ANNOTATION) == handshake_digest(spec.certificate)
+                )
                 and meta.annotations(secret).get(SERVER_ANNOTATION) == spec.api_server_url
             )
 
@@ -439,6 +464,20 @@ class ConsumerRole:
         log.info("provider credentials stored", secret=secret_name)
         return secret
 
+    async def _renew(
+        self, fc: dict[str, Any], provider: ClusterID, credentials: dict[str, Any], status: dict[str, Any]
+    ) -> float | None:
+        """Renew the client certificate when it is due (peering.controllers.renewal)."""
+        try:
+            remote_api = await self.remotes.get(provider, credentials)
+        except KubeError:
+            return None  # `_slices` reported the provider unreachable
+        outcome = await self.renewal.reconcile(fc, provider, credentials, remote_api, status)
+        if outcome.stored is not None:
+            self._secret_cache[meta.name(outcome.stored)] = outcome.stored  # until the watch brings it
+            _export_expiry(provider, outcome.stored)
+        return outcome.wait
+
     def _on_slices_synced(self) -> None:
         self._slices_synced = True
 
@@ -459,7 +498,9 @@ class ConsumerRole:
             msg = f"waiting for the handshake with {provider} (run `gpufed peer`)"
             st = {
                 **old,
-                "conditions": cond.mark(conds, "Authentication", None, "Pending", msg),
+                "conditions": cond.ready(
+                    cond.mark(conds, "Authentication", None, "Pending", msg), RESOURCE_SLICE_READY, meta.generation(s)
+                ),
             }
             if cond.without_times(st) != cond.without_times(old):
                 await self._slice_status(s, st)
@@ -513,13 +554,16 @@ class ConsumerRole:
             if res is None or res.get("observedGeneration") != mirror["metadata"].get("generation"):
                 settled = False
                 continue
+            # The provider's conditions, observed at the local slice's generation; Ready summed up here
+            # (its transition time kept from the local status).
+            local_ready = cond.find((s.get("status") or {}).get("conditions"), cond.READY)
+            copied = [c for c in rst.get("conditions") or [] if c.get("type") != cond.READY]
             st = {
-                "conditions": [
-                    {**c, "observedGeneration": s["metadata"].get("generation", 1)}
-                    if c.get("type") == "Resources"
-                    else c
-                    for c in rst.get("conditions") or []
-                ],
+                "conditions": cond.ready(
+                    [*copied, *([dict(local_ready)] if local_ready else [])],
+                    RESOURCE_SLICE_READY,
+                    meta.generation(s),
+                ),
                 "granted": rst.get("granted") or {},
                 "used": rst.get("used") or {},
                 "nodeLabels": rst.get("nodeLabels") or {},
@@ -540,6 +584,15 @@ class ConsumerRole:
                     uid=mirror["metadata"]["uid"],
                 )
         return self.settings.resync_s if settled else self.settings.pending_poll_s
+
+
+def _export_expiry(provider: ClusterID, secret: dict[str, Any]) -> None:
+    """The expiry metric of the client certificate in a credentials Secret (public fields only)."""
+    try:
+        cert = x509.load_pem_x509_certificate(base64.b64decode((secret.get("data") or {}).get("tls.crt", "")))
+    except ValueError:
+        return
+    expiry.export(provider, expiry.CLIENT, cert)
 
 
 def _spki(key: Any) -> bytes:

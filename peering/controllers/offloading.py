@@ -68,6 +68,7 @@ from gpufed.apis.wire import (
 )
 from gpufed.kube import conditions as cond
 from gpufed.kube import events, rest
+from gpufed.kube import meta as meta_
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.watch import watch
@@ -277,7 +278,7 @@ class OffloadingController:
             msg = "; ".join(str(err["msg"]) for err in e.errors())[:500]
             status.update(phase="Failed", remoteNamespaces=[])
             status["conditions"] = cond.mark(status["conditions"], "Ready", False, "InvalidSpec", msg)
-            await self._write_status(namespace, old, status)
+            await self._write_status(namespace, old, status, meta_.generation(obj))
             return None
         if FINALIZER not in (obj["metadata"].get("finalizers") or []):
             await self._set_finalizers(obj, [*(obj["metadata"].get("finalizers") or []), FINALIZER])
@@ -313,7 +314,7 @@ class OffloadingController:
             conds = cond.mark(conds, "ProvidersReachable", True, "Reachable", "every peered provider answers")
         status.update(phase=phase, remoteNamespaces=[o.wire() for o in outcomes], conditions=conds)
         await self._emit_refusals(obj, old, outcomes)
-        await self._write_status(namespace, old, status)
+        await self._write_status(namespace, old, status, meta_.generation(obj))
         if old.get("phase") != phase:
             log.info("offloading phase", phase=phase, providers=selected)
         if unreachable:
@@ -411,7 +412,7 @@ class OffloadingController:
                 "waiting for the twin namespaces to be removed: "
                 + "; ".join(f"{o.cluster_id}: {o.phase}: {o.message}" for o in outcomes),
             )
-            await self._write_status(namespace, old, status)
+            await self._write_status(namespace, old, status, meta_.generation(obj))
             return self.settings.unreachable_retry_s if unreachable else self.settings.pending_poll_s
         await self._unlabel_namespace(namespace)
         await rest.delete(self.api, self._rolebinding_path(namespace))
@@ -475,7 +476,8 @@ class OffloadingController:
                 self.api, rest.path("v1", "namespaces", namespace), {"metadata": {"labels": {OFFLOADING_LABEL: None}}}
             )
 
-    async def _write_status(self, namespace: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    async def _write_status(self, namespace: str, old: dict[str, Any], new: dict[str, Any], generation: int) -> None:
+        new = {**new, "conditions": cond.observed(new.get("conditions") or [], generation)}
         if cond.without_times(old) == cond.without_times(new):
             return
         await st_.write(self.api, KIND, PLURAL, NAMESPACE_OFFLOADING, new, namespace)

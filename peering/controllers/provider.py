@@ -7,7 +7,8 @@ churn re-decides every tenant, debounced; heartbeats and status-only pod updates
 claim re-decides its consumer); readiness once the caches have synced; and `reconcile`,
 level-triggered and idempotent, which for one Tenant validates its spec (phase Refused with an
 `InvalidTenant` condition otherwise), applies the admission policies before any namespace of the
-consumer exists, advances the handshake (`tenant_handshake`), and once the consumer is
+consumer exists, advances the handshake (`tenant_handshake`; consumers' later renewals of their certificates are
+approved by `renewal_approval`, run beside the reconcilers), and once the consumer is
 Authenticated ensures its tenant and twin namespaces (`tenant_namespaces`; the twins offer its claims
 the StorageClasses of its storage grant as last decided), decides its slices and
 quotas (`tenant_grants`), only then opens the namespaces to the consumer (role bindings once each
@@ -36,7 +37,7 @@ import structlog
 from pydantic import ValidationError
 
 from gpufed.apis.meta import API_VERSION
-from gpufed.apis.peering import TenantSpec
+from gpufed.apis.peering import TENANT_READY, TenantSpec
 from gpufed.apis.wire import CONSUMER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TENANT_PREFIX, parse_cluster_id
 from gpufed.kube import conditions as cond
 from gpufed.kube import meta, rest
@@ -47,6 +48,7 @@ from peering import grants, handshake, podsecurity, storage
 from peering.controllers import status as st_
 from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
 from peering.controllers.identity import Identity
+from peering.controllers.renewal_approval import RenewalApprover
 from peering.controllers.tenant_grants import CapacityCache, TenantGrants, grant_of
 from peering.controllers.tenant_handshake import DEFAULT_CERT_SECONDS, TenantHandshake
 from peering.controllers.tenant_namespaces import TenantNamespaces
@@ -104,6 +106,8 @@ class ProviderRole:
             cert_seconds=self.settings.cert_seconds,
         )
         self.grants = TenantGrants(api, self.cache)
+        #: Consumers' renewals of their client certificates.
+        self.renewals = RenewalApprover(api, identity.cluster_id, self.settings.cert_seconds)
 
     # ---- informers
 
@@ -259,6 +263,7 @@ class ProviderRole:
             for path_, handler, what, params, gates in informers:
                 synced = self._synced_cb(what) if gates else None
                 tg.create_task(watch(self.api, path_, handler, what=what, params=params, on_synced=synced))
+            tg.create_task(self.renewals.run())
             await self.ready.wait()
             tg.create_task(self.queue.run(self.reconcile, workers=self.settings.workers))
 
@@ -309,6 +314,13 @@ class ProviderRole:
                 )
                 await self._write_status(tenant, old_status, status)
                 return requeue
+            status["conditions"] = cond.mark(
+                status["conditions"],
+                "Namespaces",
+                True,
+                "Owned",
+                f"namespace {TENANT_PREFIX}{consumer} is consumer {consumer}'s tenant namespace",
+            )
             plan = await self.namespaces.twins(tenant, consumer, log, projection)
             # Quotas first: the consumer gets its role bindings in a namespace only once its quota holds.
             totals = await self.grants.decide(spec, consumer, plan.ready, status)
@@ -329,6 +341,7 @@ class ProviderRole:
         return requeue
 
     async def _write_status(self, tenant: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
+        new = {**new, "conditions": cond.ready(new.get("conditions") or [], TENANT_READY, meta.generation(tenant))}
         if old == new:
             return
         await st_.write(self.api, "Tenant", "tenants", meta.name(tenant), new)

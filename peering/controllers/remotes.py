@@ -5,7 +5,9 @@ Owns `Remotes`: one kubernetes-asyncio client per provider, made from the kubeco
 resourceVersion is unchanged, so renewed or re-issued credentials are picked up at once and an
 unchanged Secret costs no new TLS set-up.
 
-Invariants: at most one client per provider (a lock serialises creation); a replaced or dropped
+Invariants: at most one client per provider (a lock serialises creation), a
+`gpufed.kube.reloadable.ReloadableClient`: when the Secret changes, new requests use the new
+credentials at once and the old client is closed once its requests in flight are done; a dropped
 client is closed; `close` closes them all. The kubeconfig and its key are never logged.
 
 Does not: write the Secret (the consumer role does), retry calls, or decide whether a provider is
@@ -23,13 +25,14 @@ import yaml
 from gpufed.apis.wire import SYSTEM_NAMESPACE, ClusterID, remote_kubeconfig_secret
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, client_from_dict
+from gpufed.kube.reloadable import ReloadableClient
 
 
 class Remotes:
     """Provider clients keyed by ClusterID, each tied to the resourceVersion of its Secret."""
 
     def __init__(self) -> None:
-        self._clients: dict[str, tuple[str, Any]] = {}
+        self._clients: dict[str, tuple[str, ReloadableClient]] = {}
         self._lock = asyncio.Lock()
 
     async def get(self, provider: str, secret: dict[str, Any]) -> Any:
@@ -39,12 +42,22 @@ class Remotes:
             cached = self._clients.get(provider)
             if cached and cached[0] == rv:
                 return cached[1]
-            await self._drop(provider)
             try:
                 cfg = yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"]))
             except (KeyError, ValueError, yaml.YAMLError) as e:
+                await self._drop(provider)
                 raise KubeError(f"the credentials Secret for {provider} holds no usable kubeconfig") from e
-            client = await client_from_dict(cfg)
+            try:
+                new = await client_from_dict(cfg)
+            except KubeError:
+                await self._drop(provider)
+                raise
+            if cached:
+                # Renewed or replaced credentials: requests in flight finish on the old client.
+                cached[1].swap(new)
+                client = cached[1]
+            else:
+                client = ReloadableClient(new)
             self._clients[provider] = (rv, client)
             return client
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpufed.apis.peering import ResourceSliceSpec, StorageClassOffer, TenantSpec
+from gpufed.apis.peering import RESOURCE_SLICE_READY, ResourceSliceSpec, StorageClassOffer, TenantSpec
 from gpufed.apis.quantity import format_quantity, parse
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
@@ -204,8 +204,9 @@ class TenantGrants:
             except (ValidationError, ValueError) as e:
                 res = cond.condition("Resources", False, "InvalidSlice", f"the slice is invalid: {str(e)[:400]}", conds)
                 granted, used = {}, {}
-            res["observedGeneration"] = meta.generation(s)
-            st["conditions"] = cond.set_condition(cond.set_condition(conds, auth), res)
+            st["conditions"] = cond.ready(
+                cond.set_condition(cond.set_condition(conds, auth), res), RESOURCE_SLICE_READY, meta.generation(s)
+            )
             st["granted"] = _fmt(granted)
             st["used"] = _fmt({r: v for r, v in used.items() if r in granted})
             if granted.get(STORAGE_RESOURCE, Decimal(0)) > 0:  # an empty list is not written (`rest.apply`)

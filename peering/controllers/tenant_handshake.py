@@ -37,12 +37,12 @@ from gpufed.apis.wire import CONSUMER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, SYSTE
 from gpufed.kube import conditions as cond
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
-from peering import handshake
+from peering import defaults, handshake
 from peering.controllers.identity import Identity
 from peering.controllers.tenant_namespaces import TenantNamespaces
 
-#: Lifetime requested for a consumer's client certificate.
-DEFAULT_CERT_SECONDS = 90 * 24 * 3600
+#: Lifetime requested for a consumer's client certificate (the consumer renews it at two thirds).
+DEFAULT_CERT_SECONDS = defaults.CLIENT_CERT_SECONDS
 #: Answered nonces remembered per tenant (replays of older ones fail anyway: their challenge expired).
 NONCES_KEPT = 32
 CSR_SIGNER = "kubernetes.io/kube-apiserver-client"

@@ -347,6 +347,7 @@ class TenantNamespaces:
         await self._twin_status(req, old, st)
 
     async def _twin_status(self, req: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
+        new = {**new, "conditions": cond.observed(new.get("conditions") or [], meta.generation(req))}
         if old == new:
             return
         await st_.write(self.api, "TwinNamespace", "twinnamespaces", meta.name(req), new, meta.namespace(req))

@@ -134,7 +134,8 @@ def validate_request(resources: dict[str, str], gpu_product: str | None, provide
 
 
 @asynccontextmanager
-async def _connect(ref: ClusterRef) -> AsyncIterator[tuple[Any, str]]:
+async def connect_one(ref: ClusterRef) -> AsyncIterator[tuple[Any, str]]:
+    """One cluster's client and API server URL, once it answered; PeerError when it does not."""
     require_kubeconfig(ref.kubeconfig, ref.role)
     try:
         async with api_client(ref.kubeconfig, ref.context) as api:
@@ -148,7 +149,8 @@ async def _connect(ref: ClusterRef) -> AsyncIterator[tuple[Any, str]]:
         raise PeerError(f"{ref.role}: {e}") from e
 
 
-async def _identity(api: Any, ref: ClusterRef) -> tuple[ClusterID, str]:
+async def identity(api: Any, ref: ClusterRef) -> tuple[ClusterID, str]:
+    """The cluster's gpufed ClusterID and public key; PeerError when it has none."""
     try:
         cm = await rest.get(api, rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE))
     except KubeError as e:
@@ -168,10 +170,10 @@ async def _identity(api: Any, ref: ClusterRef) -> tuple[ClusterID, str]:
 @asynccontextmanager
 async def connect(consumer: ClusterRef, provider: ClusterRef) -> AsyncIterator[Peers]:
     async with AsyncExitStack() as stack:
-        capi, _cserver = await stack.enter_async_context(_connect(consumer))
-        papi, pserver = await stack.enter_async_context(_connect(provider))
-        cid, ckey = await _identity(capi, consumer)
-        pid, pkey = await _identity(papi, provider)
+        capi, _cserver = await stack.enter_async_context(connect_one(consumer))
+        papi, pserver = await stack.enter_async_context(connect_one(provider))
+        cid, ckey = await identity(capi, consumer)
+        pid, pkey = await identity(papi, provider)
         if cid == pid:
             raise PeerError(f"both kubeconfigs point at the same cluster ({cid}): a cluster cannot peer with itself")
         yield Peers(capi, papi, cid, pid, ckey, pkey, pserver)
@@ -523,8 +525,8 @@ async def unpeer(
 async def info(ref: ClusterRef) -> dict[str, Any]:
     """This cluster's peerings in both roles, with requested, granted and used resources, and the
     claims bound on each provider."""
-    async with _connect(ref) as (api, server):
-        cid, key = await _identity(api, ref)
+    async with connect_one(ref) as (api, server):
+        cid, key = await identity(api, ref)
         fcs = await rest.list_items(api, rest.path(API_VERSION, "foreignclusters"))
         slices = await rest.list_items(api, rest.path(API_VERSION, "resourceslices", namespace=SYSTEM_NAMESPACE))
         tenants = await rest.list_items(api, rest.path(API_VERSION, "tenants"))

@@ -11,7 +11,9 @@ API server).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpufed.devtools import metricsdoc
 from tests.paths import REPO
 
 CHART = REPO / "deploy" / "charts" / "gpufed"
@@ -212,3 +215,24 @@ def test_notes_follow_the_role_and_values(tmp_path: Path) -> None:
     provider = _notes(tmp_path / "p", "--set", "role=provider", "--set", "estimator.address=gpu.example.com:9700")
     assert "advertised to consumers as gpu.example.com:9700" in provider
     assert "cannot reach" not in provider and "virtual kubelets" not in provider
+
+
+def test_alerts_and_dashboard_render_and_query_only_metrics_gpufed_serves() -> None:
+    """Off by default; on, a PrometheusRule whose every expression names metrics gpufed defines, and the
+    dashboard ConfigMap carrying deploy/grafana's dashboard as Grafana's sidecar expects it."""
+    kinds = {d["kind"] for d in render()}
+    assert "PrometheusRule" not in kinds
+    docs = render("--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.grafanaDashboard.enabled=true")
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    served = {s for m in metricsdoc.families() for s in m.samples}
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    assert {"GpufedCredentialNotRenewed", "GpufedProviderUnreachable", "GpufedPodsFailedBack"} <= set(alerts)
+    for name, r in alerts.items():
+        used = set(re.findall(r"\bgpufed_[a-z_]+", r["expr"]))
+        assert used and used <= served, f"{name} queries metrics gpufed does not serve: {sorted(used - served)}"
+        # Prometheus fills these in: Helm must have left them as written
+        assert "{{ $labels." in r["annotations"]["summary"], (name, r["annotations"])
+    (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpufed-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(dashboard["data"]["gpufed-dashboard.json"])
+    assert shipped == json.loads((REPO / "deploy" / "grafana" / "gpufed-dashboard.json").read_text())

@@ -345,6 +345,22 @@ def test_peer_configured_both_sides_and_the_remapping_is_consistent(fabric: Fabr
     assert status.returncode == 0, out(status)
     row = json.loads(status.stdout)[0]
     assert row["phase"] == "Connected" and row["rttMs"] is not None and row["mappedPodCidr"] == c["mapped"]["podCidr"]
+    # Both kinds have a Ready condition scripts can wait on, observed at the Gateway's current spec.
+    peer = fabric.ids["gpu-a"]
+    fabric.clusters.kubectl(
+        "consumer",
+        "wait",
+        "-n",
+        "gpufed",
+        "--for=condition=Ready",
+        f"gateway.gpufed.io/{peer}",
+        f"connection.gpufed.io/{peer}",
+        "--timeout=30s",
+        timeout=40,
+    )
+    gw = fabric.clusters.kubectl_json("consumer", "get", "gateway", "-n", "gpufed", peer)
+    ready = next(c for c in gw["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["observedGeneration"] == gw["metadata"]["generation"], gw["status"]
 
 
 def test_consumer_pod_reaches_the_offloaded_pod_by_its_remapped_ip(

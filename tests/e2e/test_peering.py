@@ -129,6 +129,24 @@ def test_consumer_peers_with_both_providers(clusters: Clusters) -> None:
     table = clusters.kubectl("consumer", "get", "resourceslices.gpufed.io", "-n", "gpufed").stdout
     assert "Granted" in table and a in table and b in table, table
 
+    # kubectl's conventions: scripts wait on Ready; `kubectl get gpufed` lists every kind with its age.
+    clusters.kubectl(
+        "consumer",
+        "wait",
+        "--for=condition=Ready",
+        f"foreigncluster/{a}",
+        f"foreigncluster/{b}",
+        "--timeout=60s",
+        timeout=70,
+    )
+    fc = clusters.kubectl_json("consumer", "get", "foreigncluster", a)
+    assert {c["observedGeneration"] for c in fc["status"]["conditions"]} == {fc["metadata"]["generation"]}
+    ready = condition(sa, "Ready")
+    assert ready["status"] == "True" and ready["observedGeneration"] == sa["metadata"]["generation"], sa["status"]
+    listed = clusters.kubectl("consumer", "get", "gpufed", "-A").stdout
+    for name in (f"foreigncluster.gpufed.io/{a}", f"resourceslice.gpufed.io/{b}", "READY", "AGE"):
+        assert name in listed, listed
+
     info = gpufed("info", "--kubeconfig", str(clusters.kubeconfig), "--context", "consumer", "-o", "json")
     assert info.returncode == 0, out(info)
     data = json.loads(info.stdout)
@@ -139,6 +157,9 @@ def test_consumer_peers_with_both_providers(clusters: Clusters) -> None:
     assert by_id[b]["slices"][0]["gpuProduct"] == A100
 
     # The provider's side: an authenticated tenant, its namespace, a quota that admits nothing there.
+    clusters.kubectl(
+        "gpu-a", "wait", "--for=condition=Ready", f"tenant.gpufed.io/{consumer}", "--timeout=60s", timeout=70
+    )
     tenant = clusters.kubectl_json("gpu-a", "get", "tenant", consumer)
     assert tenant["status"]["phase"] == "Authenticated" and tenant["status"]["granted"]["nvidia.com/gpu"] == "8"
     quota = clusters.kubectl_json("gpu-a", "get", "resourcequota", "-n", f"gpufed-tenant-{consumer}", "gpufed-grant")

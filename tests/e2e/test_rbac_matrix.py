@@ -435,7 +435,12 @@ MATRIX: list[Row] = [
     ("consumer", P, "list", "pods", "", "", DENY, "every pod"),
     ("consumer", P, "get", "nodes", "", "{node}", DENY, "nodes (capacity comes from the estimator)"),
     ("consumer", P, "create", RB, "{tenant}", "", DENY, "RBAC in its tenant"),
-    ("consumer", P, "create", CSR, "", "", DENY, "more certificates"),
+    ("consumer", P, "create", CSR, "", "", ALLOW, "peering/controllers/renewal.py: renewal request"),
+    ("consumer", P, "get", CSR, "", "x", ALLOW, "peering/controllers/renewal.py: the issued certificate"),
+    ("consumer", P, "list", CSR, "", "", DENY, "other consumers' requests"),
+    ("consumer", P, "watch", CSR, "", "", DENY, "other consumers' requests"),
+    ("consumer", P, "delete", CSR, "", "x", DENY, "requests (the CSR cleaner removes them)"),
+    ("consumer", P, "update", CSR, "", "x", DENY, "requests once filed"),
     ("consumer", C, "get", "secrets", "gpufed", "x", DENY, "the provider's user means nothing on the consumer"),
 ]
 

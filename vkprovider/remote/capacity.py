@@ -84,6 +84,10 @@ class CapacityFeed:
         self._client: EstimatorClient | None = None
         self._log = structlog.get_logger().bind(component="capacity-feed")
 
+    def use_credentials(self, kubeconfig: Mapping[str, Any]) -> None:
+        """Renewed provider credentials: the next connection to the estimator presents them."""
+        self.kubeconfig = kubeconfig
+
     @property
     def snapshot(self) -> Snapshot | None:
         """The latest snapshot, or None when there is none or the stream has been down too long."""

@@ -44,8 +44,9 @@ object reflection), `pod_addresses` (None: addresses are only translated) and `e
 it runs (None: one of its own, with `settings.event_limits`; the token issuer's reports belong in
 the same relay). Subscribers to twin changes register with `subscribe`, before `run`.
 
-Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials:
-the provider client is built once per process.
+Does not: decide when to create or delete (vkprovider.node does), or pick up renewed credentials
+(the provider client it is given is a `gpufed.kube.reloadable.ReloadableClient` that the virtual
+kubelet's composition root swaps when they change).
 """
 
 from __future__ import annotations

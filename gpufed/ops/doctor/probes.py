@@ -35,6 +35,7 @@ from gpufed.apis.kinds import KINDS
 from gpufed.apis.meta import API_VERSION, GROUP
 from gpufed.apis.wire import (
     CONSUMER_CONTROL_ROLE,
+    CONSUMER_LABEL,
     CONSUMER_WORKLOADS_ROLE,
     ESTIMATOR_CONFIGMAP,
     REMOTE_CLUSTER_LABEL,
@@ -151,6 +152,18 @@ async def list_objects(api: Any, path: str, params: Mapping[str, str] | None = N
         if e.not_found:
             return []
         raise
+
+
+def issued_renewals(csrs: list[dict[str, Any]], consumer: str) -> list[x509.Certificate]:
+    """The certificates issued for `consumer`'s renewal requests among `csrs` (filed by its own user)."""
+    out: list[x509.Certificate] = []
+    for csr in csrs:
+        issued = (csr.get("status") or {}).get("certificate")
+        if (csr.get("spec") or {}).get("username") != f"gpufed:consumer:{consumer}" or not issued:
+            continue
+        with contextlib.suppress(ValueError, binascii.Error):
+            out.append(x509.load_pem_x509_certificate(base64.b64decode(str(issued), validate=True)))
+    return out
 
 
 class Probes:
@@ -477,6 +490,19 @@ class Probes:
 
     # ---- a consumer this cluster provides for
 
+    async def _renewed_certificates(self, consumer: str) -> list[x509.Certificate]:
+        """Certificates issued for the consumer's renewals that the CSR API still holds ([] when it
+        cannot be read)."""
+        try:
+            csrs = await list_objects(
+                self.api,
+                "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+                params={"labelSelector": f"{CONSUMER_LABEL}={consumer}"},
+            )
+        except KubeError:
+            return []
+        return issued_renewals(csrs, consumer)
+
     async def tenant(self, peer: str) -> list[Check]:
         fix = (
             f"the consumer runs the handshake: gpufed peer --kubeconfig <consumer kubeconfig> "
@@ -510,9 +536,21 @@ class Probes:
                     f"{self.s.kubectl} patch tenant.gpufed.io {peer} --type=merge -p '{patch}', "
                     "then the consumer runs `gpufed peer` again"
                 )
-                checks.append(
-                    judge_certificate("tenant-certificate", peer, cert, self.now, self.s.expiry_warning, renew)
-                )
+                cert = max([cert, *await self._renewed_certificates(peer)], key=lambda c: c.not_valid_after_utc)
+                check = judge_certificate("tenant-certificate", peer, cert, self.now, self.s.expiry_warning, renew)
+                if check.status != OK:
+                    # Renewed certificates are recorded here only while their request lives (the CSR
+                    # API removes issued ones after an hour); the consumer knows its current one.
+                    check = Check(
+                        "tenant-certificate",
+                        WARN,
+                        f"{check.finding}; the consumer renews its certificate itself and this cluster keeps "
+                        "no record of renewed ones after an hour",
+                        "check the consumer: `gpufed doctor` there (`credentials`), or its metric "
+                        f"gpufed_credential_expiry_timestamp_seconds; to renew by hand: {renew}",
+                        peer,
+                    )
+                checks.append(check)
         tns = str(st.get("namespace") or tenant_namespace(ClusterID(peer)))
         slices = await list_objects(self.api, rest.path(API_VERSION, "resourceslices", namespace=tns))
         checks.append(

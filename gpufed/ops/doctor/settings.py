@@ -9,7 +9,6 @@ Does not: read anything; the CLI validates the flags before it builds the settin
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +17,9 @@ from netfabric.controllers.gateway import HANDSHAKE_STALE_S
 
 #: Seconds one check may take (each check has its own budget).
 DEFAULT_CHECK_TIMEOUT_S = defaults.DOCTOR_CHECK_TIMEOUT_S
-#: A client certificate with less than this left is a WARN.
-DEFAULT_EXPIRY_WARNING = dt.timedelta(days=7)
+#: A client certificate with less than this fraction of its lifetime left is a WARN (it renews at
+#: two thirds of its lifetime, so a third left means the renewal is late).
+DEFAULT_EXPIRY_WARNING = 1 / 3
 #: A tunnel whose last WireGuard handshake is older than this is a FAIL (WireGuard's REJECT_AFTER_TIME).
 DEFAULT_HANDSHAKE_STALE_S = HANDSHAKE_STALE_S
 #: A provider API round trip slower than this (ms) is a WARN.
@@ -40,8 +40,8 @@ class DoctorSettings:
     remote_cluster_id: str | None = None
     #: Seconds each check may take.
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
-    #: Client certificates with less than this left are a WARN (default 7 days).
-    expiry_warning: dt.timedelta = DEFAULT_EXPIRY_WARNING
+    #: Client certificates with less than this fraction of their lifetime left are a WARN (default 1/3).
+    expiry_warning: float = DEFAULT_EXPIRY_WARNING
     #: Seconds after which a tunnel's last handshake is stale (default 180).
     handshake_stale_s: float = DEFAULT_HANDSHAKE_STALE_S
     #: Provider API round trips slower than this many ms are a WARN (default 1000).

@@ -138,9 +138,11 @@ def judge_controller(lease: Mapping[str, Any] | None, now: dt.datetime, *, answe
 
 
 def judge_certificate(
-    name: str, peer: str, cert: x509.Certificate, now: dt.datetime, warning: dt.timedelta, fix: str
+    name: str, peer: str, cert: x509.Certificate, now: dt.datetime, warning: float, fix: str
 ) -> Check:
-    """Expired or not yet valid: FAIL; less than `warning` left: WARN."""
+    """Expired or not yet valid: FAIL; less than the fraction `warning` of its lifetime left: WARN
+    (credentials renew at two thirds of their lifetime, so with the default third left the renewal
+    is late)."""
     after, before = cert.not_valid_after_utc, cert.not_valid_before_utc
     who = f"client certificate {_cn(cert)}"
     if now >= after:
@@ -156,9 +158,15 @@ def judge_certificate(
             peer,
         )
     left = after - now
-    if left < warning:
+    if left < (after - before) * warning:
         return Check(
-            name, WARN, f"{who} expires in {human(left.total_seconds())} ({after:%Y-%m-%dT%H:%M:%SZ})", fix, peer
+            name,
+            WARN,
+            f"{who} expires in {human(left.total_seconds())} ({after:%Y-%m-%dT%H:%M:%SZ}), "
+            f"less than {warning:.0%} of its lifetime of {human((after - before).total_seconds())}: "
+            "its renewal is late",
+            fix,
+            peer,
         )
     return Check(name, OK, f"{who} valid until {after:%Y-%m-%d} ({human(left.total_seconds())} left)", "", peer)
 

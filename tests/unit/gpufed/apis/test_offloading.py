@@ -102,7 +102,7 @@ def test_crd_enforces_the_name_and_the_remote_name_rule() -> None:
     assert schema["x-kubernetes-validations"][0]["rule"] == "self.metadata.name == 'offloading'"
     assert "remoteNamespaceName" in schema["properties"]["spec"]["x-kubernetes-validations"][0]["rule"]
     cols = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert cols == ["Pods", "Mapping", "Phase", "Age"]
+    assert cols == ["Pods", "Mapping", "Phase", "Ready", "Age"]
     assert NamespaceOffloading in KINDS
 
 

@@ -85,3 +85,45 @@ def test_main_writes_one_file_per_kind(tmp_path: Path, capsys: pytest.CaptureFix
     assert written == crdgen.crd_manifests()
     assert capsys.readouterr().out.count("wrote ") == len(KINDS)
     assert crdgen.main(["a", "b"]) == 2
+
+
+#: Short names kubectl already knows: the built-in kinds', and those of widespread add-ons (Istio's
+#: Gateway `gw`, the Gateway API's `gtw`, Capsule's Tenant `tnt`, cert-manager's, Argo's, Prometheus
+#: Operator's): a gpufed kind taking one would make `kubectl get <short>` ambiguous.
+_TAKEN = (
+    "cs cm ds deploy ep ev hpa ing limits netpol no ns pdb po psp pv pvc quota rc rs sa sc svc sts csr crd crds "
+    "pc ipaddr gw gtw tnt vs dr se cert certs cr crs iss ciss app apps appproj prom am smon pmon rules "
+    "ks ksvc rev route"
+)
+TAKEN_SHORT_NAMES = frozenset(_TAKEN.split())
+
+
+def test_every_kind_has_short_names_of_its_own() -> None:
+    names = [n for kind in KINDS for n in crdgen.crd(kind)["spec"]["names"]["shortNames"]]
+    assert all(crdgen.crd(kind)["spec"]["names"].get("shortNames") for kind in KINDS)
+    assert len(names) == len(set(names)), names
+    assert not set(names) & TAKEN_SHORT_NAMES
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_every_kind_shows_its_age_and_its_ready_condition(kind: CRDKind) -> None:
+    version = crdgen.crd(kind)["spec"]["versions"][0]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    status = version["schema"]["openAPIV3Schema"]["properties"].get("status", {}).get("properties", {})
+    if "conditions" in status:
+        assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_conditions_are_a_map_list_keyed_by_type(kind: CRDKind) -> None:
+    """Server-side apply merges conditions per type; `type` must then be required."""
+    schema = crdgen.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    conditions = schema["properties"].get("status", {}).get("properties", {}).get("conditions")
+    if conditions is None:
+        return
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]
+    assert "observedGeneration" in conditions["items"]["properties"]
+    assert "Ready" in conditions["description"]

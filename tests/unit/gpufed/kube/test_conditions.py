@@ -58,3 +58,49 @@ def test_without_times_tells_a_change_from_a_rewrite() -> None:
     assert a != b and cond.without_times(a) == cond.without_times(b)
     assert cond.without_times({"phase": "x"}) == {"phase": "x", "conditions": []}
     assert "lastTransitionTime" in a["conditions"][0], "the input is left alone"
+
+
+def test_ready_is_true_when_every_required_condition_is() -> None:
+    conds = cond.mark(cond.mark([], "A", True, "Yes", "a ok", now=T0), "B", True, "Fine", "b ok", now=T0)
+    out = cond.ready(conds, ("A", "B"), 3, now=T1)
+    assert [c["type"] for c in out] == ["Ready", "A", "B"], "Ready first, the others in their order"
+    assert out[0] == {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Ready",
+        "message": "A, B: True",
+        "lastTransitionTime": "2026-01-02T04:04:05Z",
+        "observedGeneration": 3,
+    }
+    assert all(c["observedGeneration"] == 3 for c in out)
+    again = cond.ready(out, ("A", "B"), 4, now=T1 + dt.timedelta(hours=1))
+    assert again[0]["lastTransitionTime"] == out[0]["lastTransitionTime"], "kept while Ready holds"
+    assert [c["observedGeneration"] for c in again] == [4, 4, 4]
+    assert "observedGeneration" not in conds[0], "the input is left alone"
+
+
+def test_ready_is_false_with_the_reason_of_the_first_condition_not_true() -> None:
+    conds = cond.mark(cond.mark([], "B", False, "Denied", "no room", now=T0), "A", None, "Pending", "wait", now=T0)
+    out = cond.ready(conds, ("A", "B"), 1, now=T0)
+    assert (out[0]["status"], out[0]["reason"], out[0]["message"]) == ("False", "Pending", "A: wait")
+    a_true = cond.mark(out, "A", True, "Yes", "", now=T0)
+    out = cond.ready(a_true, ("A", "B"), 1, now=T0)
+    assert (out[0]["status"], out[0]["reason"], out[0]["message"]) == ("False", "Denied", "B: no room")
+    missing = cond.ready(cond.mark([], "A", True, "Yes", "", now=T0), ("A", "B"), 2, now=T0)
+    assert (missing[0]["reason"], missing[0]["message"]) == ("BPending", "B: not reported yet")
+    assert cond.ready([], (), 1, now=T0)[0]["status"] == "True"
+
+
+def test_ready_from_true_to_false_moves_its_transition_time() -> None:
+    ok = cond.ready(cond.mark([], "A", True, "Yes", "", now=T0), ("A",), 1, now=T0)
+    broken = cond.ready(cond.mark(ok, "A", False, "Lost", "gone", now=T1), ("A",), 2, now=T1)
+    assert broken[0]["status"] == "False" and broken[0]["lastTransitionTime"] == "2026-01-02T04:04:05Z"
+
+
+def test_observed_stamps_every_condition() -> None:
+    conds: list[dict[str, object]] = [
+        {"type": "A", "status": "True"},
+        {"type": "B", "status": "False", "observedGeneration": 1},
+    ]
+    assert [c["observedGeneration"] for c in cond.observed(conds, 7)] == [7, 7]
+    assert cond.observed([], 7) == []

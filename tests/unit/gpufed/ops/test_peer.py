@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE, ClusterID
+from gpufed.ops import force_unpeer
 from gpufed.ops import peer as ops
 from gpufed.ops.peer import VirtualNodeReady
 from netfabric import ops as network_ops
@@ -115,10 +116,19 @@ async def test_unpeer_removes_the_network_first_then_the_peering(monkeypatch: py
     async def fake_check(consumer: ClusterRef, provider: ClusterRef, report: Any, *, delete_volumes: bool) -> None:
         calls.append(f"check claims {delete_volumes}")
 
+    async def fake_probe(consumer: ClusterRef, provider: ClusterRef) -> None:
+        calls.append(f"both answer? {consumer.role} {provider.role}")
+
     monkeypatch.setattr(network_ops, "disconnect", fake_disconnect)
     monkeypatch.setattr(peering_ops, "unpeer", fake_unpeer)
     monkeypatch.setattr(peering_ops, "check_claims", fake_check)
+    monkeypatch.setattr(force_unpeer, "unreachable_hint", fake_probe)
     req = _request()
     assert await ops.unpeer(req.consumer, req.provider, Recorder(), 9) == 3
-    # the claims are checked before anything is removed
-    assert calls == ["check claims False", "disconnect consumer provider", "unpeer consumer provider 9 False"]
+    # both sides must answer, and the claims are checked, before anything is removed
+    assert calls == [
+        "both answer? consumer provider",
+        "check claims False",
+        "disconnect consumer provider",
+        "unpeer consumer provider 9 False",
+    ]

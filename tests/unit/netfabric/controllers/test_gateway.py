@@ -387,12 +387,22 @@ async def test_gateway_status_is_written_when_it_changes_not_on_every_reapply() 
         await agent.reconcile()
         await agent.reconcile()  # the periodic re-apply: same data plane
         (patch,) = server.calls("PATCH", path)
+        (ready,) = patch.body["status"].pop("conditions")
         assert patch.body["status"] == {"driver": "kernel", "interface": IFACE, "mtu": 1370}
+        assert (ready["type"], ready["status"], ready["reason"], ready["observedGeneration"]) == (
+            "Ready",
+            "True",
+            "Applied",
+            1,
+        )
         gateway = server.get("gateways", NS, PEER)
         assert gateway is not None
         gateway["spec"]["mtu"] = 1300
+        gateway["metadata"]["generation"] = 2
         await agent.reconcile()
-        assert [c.body["status"]["mtu"] for c in server.calls("PATCH", path)] == [1370, 1300]
+        patches = server.calls("PATCH", path)
+        assert [c.body["status"]["mtu"] for c in patches] == [1370, 1300]
+        assert patches[1].body["status"]["conditions"][0]["observedGeneration"] == 2
 
 
 async def test_reconcile_leaves_forwarding_alone_when_it_is_on() -> None:
@@ -421,7 +431,12 @@ async def test_reconcile_configures_the_link_and_the_policy_routing() -> None:
         ipr.route.assert_any_call("replace", dst="10.65.0.0/24", oif=7)
         assert next(c for c in ipr.rule.call_args_list if c.args[0] == "add").kwargs["fwmark"] == MARK
         gw = server.get("gateways", NS, PEER)
-        assert gw is not None and gw["status"] == {"driver": "kernel", "interface": IFACE, "mtu": 1370}
+        assert gw is not None
+        assert {k: v for k, v in gw["status"].items() if k != "conditions"} == {
+            "driver": "kernel",
+            "interface": IFACE,
+            "mtu": 1370,
+        }
 
 
 async def test_reconcile_uses_the_default_mtu_without_a_route_and_the_spec_mtu_when_set() -> None:
@@ -615,6 +630,13 @@ async def test_a_gateway_without_the_peer_key_is_not_applied() -> None:
         status = connection_status(server)
         assert (status["phase"], status["reason"]) == ("Down", "ConfigurationFailed")
         assert status["message"] == agent.error
+        assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
+            ("Ready", "False", "ConfigurationFailed")
+        ]
+        gw = server.get("gateways", NS, PEER)
+        assert gw is not None
+        ((ready,),) = [gw["status"]["conditions"]]
+        assert (ready["status"], ready["reason"], ready["message"]) == ("False", "ConfigurationFailed", agent.error)
 
         def add_key(obj: dict[str, Any]) -> None:
             obj["spec"]["peerPublicKey"] = str(PEER_KEY.public_key())
@@ -821,6 +843,16 @@ async def test_publish_writes_the_connection_status_with_a_merge_patch() -> None
             "latestHandshake": _iso(NOW - 5),
             "lastProbe": _iso(NOW),
             "lastTransitionTime": _iso(NOW),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "ProbeSucceeded",
+                    "message": "peer answers across the tunnel in 0.42 ms",
+                    "lastTransitionTime": _iso(NOW),
+                    "observedGeneration": 1,
+                }
+            ],
         }
         conn = server.get("connections", NS, PEER)
         assert conn is not None and conn["spec"] == {"clusterId": PEER}  # the spec is left alone
@@ -858,6 +890,9 @@ async def test_publish_writes_again_only_on_change_or_after_the_refresh_period()
         assert (status["phase"], status["reason"]) == ("Degraded", "ProbeLoss")
         assert status["lastTransitionTime"] == _iso(NOW + 31)
         assert "rttMs" not in status  # null in a merge patch removes it
+        ready = status["conditions"][0]
+        assert (ready["status"], ready["reason"]) == ("True", "ProbeLoss"), "degraded still carries traffic"
+        assert ready["lastTransitionTime"] == _iso(NOW)
         # a second lost probe changes the message, not the phase: not written yet
         clock.now += 1
         await agent.probe()
@@ -884,6 +919,26 @@ async def test_publish_reports_down_after_enough_lost_probes() -> None:
         status = connection_status(server)
         assert (status["phase"], status["reason"]) == ("Down", "HandshakeStale")
         assert status["latestHandshake"] == _iso(NOW - HANDSHAKE_STALE_S - 60)
+        assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
+            ("Ready", "False", "HandshakeStale")
+        ]
+
+
+async def test_the_connection_condition_follows_the_generation_its_write_returns() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        server.update("connections", NS, PEER, lambda o: o["metadata"].update(generation=2))
+        clock = Clock()
+        agent, _ns = agent_for(api, [FakeDriver()], clock=clock)
+        await agent.reconcile()
+        await agent.probe()
+        await agent.publish()
+        assert connection_status(server)["conditions"][0]["observedGeneration"] == 1
+        clock.now += 1
+        await agent.probe()
+        await agent.publish()  # within the refresh period, yet written: the generation was wrong
+        assert status_patches(server) == 2
+        assert connection_status(server)["conditions"][0]["observedGeneration"] == 2
 
 
 async def test_publish_never_creates_a_missing_connection() -> None:

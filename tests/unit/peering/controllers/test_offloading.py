@@ -203,6 +203,12 @@ async def test_offload_selects_one_provider_and_reports_its_twin(world: dict[str
         "phase": "Ready",
         "message": "twin namespace team is ready",
     }
+    assert (st["conditions"][0]["type"], st["conditions"][0]["status"]) == ("Ready", "True")
+    assert {x["observedGeneration"] for x in st["conditions"]} == {1}
+    local[NS_PATH]["metadata"]["generation"] = 2  # a spec change: the status follows it
+    await c.reconcile("team")
+    st = local[NS_PATH]["status"]
+    assert st["observedGeneration"] == 2 and {x["observedGeneration"] for x in st["conditions"]} == {2}
 
 
 async def test_unreachable_provider_is_a_condition_and_a_retry(world: dict[str, FakeAPI]) -> None:

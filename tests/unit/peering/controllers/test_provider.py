@@ -77,6 +77,8 @@ async def test_a_new_tenant_is_challenged_after_the_admission_policy_is_applied(
         assert status["phase"] == "Challenged"
         assert handshake.Challenge.from_wire(status["challenge"]).consumer == CONSUMER
         assert cond.reason_of(status["conditions"], "Authentication") == "Challenged"
+        assert not cond.is_true(status["conditions"], "Ready")
+        assert cond.reason_of(status["conditions"], "Ready") == "Challenged", "the first thing missing"
         assert server.get("validatingadmissionpolicies", "", podsecurity.POLICY_NAME) is not None
         assert server.get("validatingadmissionpolicybindings", "", podsecurity.POLICY_NAME) is not None
 
@@ -143,6 +145,9 @@ async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_an
         assert status["phase"] == "Authenticated" and status["caData"] == "CA"
         assert cond.is_true(status["conditions"], "Authentication")
         assert cond.reason_of(status["conditions"], "PodSecurity") == "Enforced"
+        assert cond.is_true(status["conditions"], "Namespaces")
+        assert cond.is_true(status["conditions"], "Ready"), status["conditions"]
+        assert {c["observedGeneration"] for c in status["conditions"]} == {1}
         twin = f"team-a-{CONSUMER}"
         assert status["twinNamespaces"] == [twin] and status["namespace"] == TNS
         ns = server.get("namespaces", "", twin)
@@ -167,6 +172,8 @@ async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_an
         assert labels["pod-security.kubernetes.io/warn"] == "baseline"
         twin_status = _status(server, "twinnamespaces", TNS, "team-a")
         assert twin_status["phase"] == "Ready" and twin_status["podSecurity"]["allowHostPath"] is True
+        assert cond.is_true(twin_status["conditions"], "Ready")
+        assert {c["observedGeneration"] for c in twin_status["conditions"]} == {1}
         assert twin_status["ingressAnnotations"] == ["example.com/*"], "reflection sends only what will pass"
 
 

@@ -1,0 +1,162 @@
+"""The consumer role's Ready conditions (peering.controllers.consumer): a ForeignCluster's, summed up
+from Authentication and ProviderReachable, and a ResourceSlice's, from the provider's decision copied
+back; every condition observed at the local object's generation. Against the in-memory API server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from gpufed.apis.meta import API_VERSION
+from gpufed.apis.wire import SYSTEM_NAMESPACE, ClusterID, tenant_namespace
+from gpufed.kube import conditions as cond
+from peering.controllers.consumer import ConsumerRole
+from peering.controllers.identity import Identity
+from tests.unit.fakes import FakeApiServer, serve
+from tests.unit.peering.controllers.test_consumer_credentials import CONSUMER, PROVIDER, _handshake_done
+
+
+def _generation(server: FakeApiServer, resource: str, namespace: str, name: str, generation: int) -> None:
+    """What the API server does on a spec change: a new metadata.generation."""
+    server.update(resource, namespace, name, lambda o: o["metadata"].update(generation=generation))
+
+
+def _conditions(server: FakeApiServer, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
+    obj = server.get(resource, namespace, name)
+    assert obj is not None
+    conds: list[dict[str, Any]] = (obj.get("status") or {}).get("conditions") or []
+    return conds
+
+
+def _ready(conds: list[dict[str, Any]]) -> tuple[str, str]:
+    ready = cond.find(conds, "Ready")
+    assert ready is not None, conds
+    assert conds[0] is ready, "Ready comes first"
+    return str(ready["status"]), str(ready["reason"])
+
+
+def _observed(conds: list[dict[str, Any]]) -> set[int]:
+    return {int(c["observedGeneration"]) for c in conds}
+
+
+# ---- ForeignCluster (consumer side)
+
+
+def _consumer(api: Any, monkeypatch: pytest.MonkeyPatch, reachable: bool) -> ConsumerRole:
+    role = ConsumerRole(api, Identity(CONSUMER, "", Ed25519PrivateKey.generate()))
+
+    async def slices(_provider: Any, _credentials: Any, status: dict[str, Any], _log: Any) -> float:
+        if reachable:
+            status["conditions"] = cond.mark(status["conditions"], "ProviderReachable", True, "Reachable", "ok")
+        else:
+            status["conditions"] = cond.mark(status["conditions"], "ProviderReachable", False, "APIError", "refused")
+        return 10.0
+
+    async def no_renewal(*_args: Any) -> None:
+        return None
+
+    monkeypatch.setattr(role, "_slices", slices)
+    monkeypatch.setattr(role, "_renew", no_renewal, raising=False)  # no provider to renew with
+    return role
+
+
+@pytest.mark.parametrize(
+    ("reachable", "ready"), [(True, ("True", "Ready")), (False, ("False", "APIError"))], ids=["reachable", "not"]
+)
+async def test_a_foreign_cluster_is_ready_once_authenticated_and_its_provider_answers(
+    monkeypatch: pytest.MonkeyPatch, reachable: bool, ready: tuple[str, str]
+) -> None:
+    async with serve() as (server, api):
+        _handshake_done(server)
+        _generation(server, "foreignclusters", "", PROVIDER, 3)
+        await _consumer(api, monkeypatch, reachable).reconcile(PROVIDER)
+        conds = _conditions(server, "foreignclusters", "", PROVIDER)
+        assert _ready(conds) == ready
+        assert {"Ready", "Authentication", "ProviderReachable"} <= {c["type"] for c in conds}
+        assert _observed(conds) == {3}
+
+
+async def test_a_foreign_cluster_without_credentials_is_not_ready_for_want_of_authentication(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serve() as (server, api):
+        fc = _handshake_done(server)
+        server.update("foreignclusters", "", PROVIDER, lambda o: o["spec"].update(certificate="not a certificate"))
+        await _consumer(api, monkeypatch, True).reconcile(fc["metadata"]["name"])
+        conds = _conditions(server, "foreignclusters", "", PROVIDER)
+        assert _ready(conds) == ("False", "InvalidCertificate")
+        ready = cond.find(conds, "Ready")
+        assert ready is not None and str(ready["message"]).startswith("Authentication: ")
+        assert _observed(conds) == {1}
+
+
+# ---- ResourceSlice (consumer side: the provider's decision copied back)
+
+
+async def test_the_consumer_copies_the_decision_observed_at_its_own_slice_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One in-memory API server plays both clusters: the consumer's slice in `gpufed`, its mirror in
+    the tenant namespace."""
+    async with serve() as (server, api):
+        _handshake_done(server)
+        server.create(
+            "resourceslices",
+            {
+                "metadata": {"name": PROVIDER, "namespace": SYSTEM_NAMESPACE, "generation": 4},
+                "spec": {"providerClusterId": PROVIDER, "resources": {"nvidia.com/gpu": "1"}},
+            },
+            api_version=API_VERSION,
+        )
+        role = ConsumerRole(api, Identity(CONSUMER, "", Ed25519PrivateKey.generate()))
+
+        async def same_server(_provider: str, _secret: dict[str, Any]) -> Any:
+            return api
+
+        monkeypatch.setattr(role.remotes, "get", same_server)
+        await role.reconcile(PROVIDER)
+        local = _conditions(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)
+        assert local == [], "not decided yet: nothing copied"
+        tns = tenant_namespace(ClusterID(CONSUMER))
+        decided = cond.ready(
+            [
+                cond.condition("Authentication", True, "Authenticated", "ok", []),
+                cond.condition("Resources", True, "Granted", "1 GPU", []),
+            ],
+            ("Authentication", "Resources"),
+            1,
+        )
+
+        def provider_decides(o: dict[str, Any]) -> None:
+            o["metadata"]["generation"] = 1
+            o["status"] = {"conditions": decided, "granted": {"nvidia.com/gpu": "1"}}
+
+        server.update("resourceslices", tns, PROVIDER, provider_decides)
+        await role.reconcile(PROVIDER)
+        local = _conditions(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)
+        assert _ready(local) == ("True", "Ready")
+        assert _observed(local) == {4}, "observed at the consumer's own slice generation"
+        fc = _conditions(server, "foreignclusters", "", PROVIDER)
+        assert _ready(fc) == ("True", "Ready")
+
+
+async def test_slices_waiting_for_the_handshake_are_not_ready() -> None:
+    async with serve() as (server, api):
+        server.create(
+            "foreignclusters",
+            {"metadata": {"name": PROVIDER}, "spec": {"clusterId": PROVIDER, "roles": ["Provider"]}},
+            api_version=API_VERSION,
+        )
+        server.create(
+            "resourceslices",
+            {
+                "metadata": {"name": PROVIDER, "namespace": SYSTEM_NAMESPACE},
+                "spec": {"providerClusterId": PROVIDER, "resources": {"nvidia.com/gpu": "1"}},
+            },
+            api_version=API_VERSION,
+        )
+        await ConsumerRole(api, Identity(CONSUMER, "", Ed25519PrivateKey.generate())).reconcile(PROVIDER)
+        assert _ready(_conditions(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)) == ("False", "Pending")
+        assert _ready(_conditions(server, "foreignclusters", "", PROVIDER)) == ("False", "AuthenticationPending")
