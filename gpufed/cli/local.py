@@ -142,7 +142,15 @@ def up(
     except GpufedError as e:
         raise fail(e, e.exit_code) from None
     env = LocalEnvironment(_settings(state_dir, bin_dir, timeout), topo)
-    run_op(env.up(lambda m: log.info(m)))
+    try:
+        asyncio.run(env.up(lambda m: log.info(m)))
+    except GpufedError as e:
+        console.print(f"[bold red]error:[/] {e}")
+        console.print(
+            "what was started keeps running: fix the cause and run `gpufed local up` again to complete it, "
+            "or `gpufed local down" + (f" --state-dir {state_dir}" if state_dir else "") + "` to stop it"
+        )
+        raise typer.Exit(e.exit_code) from None
     typer.echo(f"export KUBECONFIG={env.merged_kubeconfig}   # contexts: " + ", ".join(c.name for c in topo.clusters))
 
 

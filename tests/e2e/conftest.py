@@ -198,12 +198,14 @@ def clusters(request: pytest.FixtureRequest) -> Iterator[Clusters]:
         state_dir = Path(os.environ.get("GPUFED_E2E_DIR", REPO / ".cache" / "e2e"))
         topo = default_topology(base_port=E2E_BASE_PORT, job_seconds=E2E_JOB_SECONDS)
     env = LocalEnvironment(LocalSettings(state_dir, bin_dir, build_script=build, manifests_dir=REPO / "deploy"), topo)
-    # Idempotent: with --reuse-clusters this only verifies (and completes) the running environment.
-    asyncio.run(env.up(lambda m: print(f"[clusters] {m}", flush=True)))
+    stop = not reuse and not request.config.getoption("--keep-clusters")
     try:
+        # Idempotent: with --reuse-clusters this only verifies (and completes) the running environment.
+        asyncio.run(env.up(lambda m: print(f"[clusters] {m}", flush=True)))
         yield Clusters(env)
     finally:
-        if not reuse and not request.config.getoption("--keep-clusters"):
+        # also when `up` failed half-way: what it started must not outlive the session
+        if stop:
             env.down(lambda m: print(f"[clusters] {m}", flush=True))
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -124,3 +125,18 @@ def test_a_verb_loads_its_parts_when_it_runs(tmp_path: Path) -> None:
         # a NameError or ImportError in the verb would also exit 1 under CliRunner: the exception tells
         assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (verb, res.output, res.exception)
         assert "error:" in res.stderr and res.stdout == "", (verb, res.stdout, res.stderr)
+
+
+def test_a_failed_local_up_says_how_to_complete_or_stop_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no build script and no binaries: `up` fails at once, before it builds or starts anything
+    monkeypatch.setattr("gpufed.cli.local._BUILD_SCRIPT", tmp_path / "no-build.sh")
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    state = tmp_path / "state"
+    r = runner.invoke(app, ["local", "up", "--state-dir", str(state), "--bin-dir", str(empty_bin)])
+    assert r.exit_code == 1, r.output
+    said = " ".join(r.output.split())
+    assert "missing binaries" in said, r.output
+    assert f"gpufed local down --state-dir {state}" in said, r.output
