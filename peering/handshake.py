@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -233,6 +234,22 @@ def verify(
         return Verdict(False, Refusal.REPLAYED, "this challenge was already answered once; a replay is refused")
     if now > ch.expires_at:
         return Verdict(False, Refusal.EXPIRED, f"the challenge expired at {ch.to_wire()['expiresAt']}")
+    refused = _refusal(consumer, consumer_public_pem, csr_pem, signature, lambda: payload(ch, csr_pem), "signature")
+    if refused is not None:
+        return refused
+    return Verdict(True, "Verified", f"consumer {consumer} proved possession of key {fingerprint(consumer_public_pem)}")
+
+
+def _refusal(
+    consumer: ClusterID,
+    consumer_public_pem: str,
+    csr_pem: bytes,
+    signature: bytes,
+    signed: Callable[[], bytes],
+    what: str,
+) -> Verdict | None:
+    """Why a CSR and its signature by the registered key over `signed()` (computed only once the CSR
+    passed its checks) are refused (None: they are not)."""
     problem = _check_csr(consumer, csr_pem)
     if problem:
         return Verdict(False, Refusal.BAD_CSR, problem)
@@ -243,14 +260,14 @@ def verify(
     if not isinstance(pub, Ed25519PublicKey):
         return Verdict(False, Refusal.BAD_KEY, "the registered consumer key is not an Ed25519 key")
     try:
-        pub.verify(signature, payload(ch, csr_pem))
+        pub.verify(signature, signed())
     except InvalidSignature:
         return Verdict(
             False,
             Refusal.BAD_SIGNATURE,
-            f"the signature does not verify with the consumer's key {fingerprint(consumer_public_pem)}",
+            f"the {what} does not verify with the consumer's key {fingerprint(consumer_public_pem)}",
         )
-    return Verdict(True, "Verified", f"consumer {consumer} proved possession of key {fingerprint(consumer_public_pem)}")
+    return None
 
 
 def renewal_payload(provider: ClusterID, consumer: ClusterID, csr_pem: bytes) -> bytes:
@@ -269,23 +286,16 @@ def verify_renewal(
 ) -> Verdict:
     """Whether a renewal request is genuine: the handshake's CSR checks and the signature of the
     registered identity key over `renewal_payload`."""
-    problem = _check_csr(consumer, csr_pem)
-    if problem:
-        return Verdict(False, Refusal.BAD_CSR, problem)
-    try:
-        pub = _load_public_key(consumer_public_pem)
-    except ValueError as e:
-        return Verdict(False, Refusal.BAD_KEY, f"the registered consumer key is not a PEM public key ({e})")
-    if not isinstance(pub, Ed25519PublicKey):
-        return Verdict(False, Refusal.BAD_KEY, "the registered consumer key is not an Ed25519 key")
-    try:
-        pub.verify(signature, renewal_payload(provider, consumer, csr_pem))
-    except InvalidSignature:
-        return Verdict(
-            False,
-            Refusal.BAD_SIGNATURE,
-            f"the renewal's signature does not verify with the consumer's key {fingerprint(consumer_public_pem)}",
-        )
+    refused = _refusal(
+        consumer,
+        consumer_public_pem,
+        csr_pem,
+        signature,
+        lambda: renewal_payload(provider, consumer, csr_pem),
+        "renewal's signature",
+    )
+    if refused is not None:
+        return refused
     return Verdict(True, "Verified", f"consumer {consumer} renewed with key {fingerprint(consumer_public_pem)}")
 
 
