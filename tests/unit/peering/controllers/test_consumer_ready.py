@@ -14,32 +14,9 @@ from gpufed.apis.wire import SYSTEM_NAMESPACE, ClusterID, tenant_namespace
 from gpufed.kube import conditions as cond
 from peering.controllers.consumer import ConsumerRole
 from peering.controllers.identity import Identity
-from tests.unit.fakes import FakeApiServer, serve
+from tests.unit.fakes import serve
+from tests.unit.peering.controllers.readiness import conditions_of, new_generation, observed_at, ready_of
 from tests.unit.peering.controllers.test_consumer_credentials import CONSUMER, PROVIDER, _handshake_done
-
-
-def _generation(server: FakeApiServer, resource: str, namespace: str, name: str, generation: int) -> None:
-    """What the API server does on a spec change: a new metadata.generation."""
-    server.update(resource, namespace, name, lambda o: o["metadata"].update(generation=generation))
-
-
-def _conditions(server: FakeApiServer, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
-    obj = server.get(resource, namespace, name)
-    assert obj is not None
-    conds: list[dict[str, Any]] = (obj.get("status") or {}).get("conditions") or []
-    return conds
-
-
-def _ready(conds: list[dict[str, Any]]) -> tuple[str, str]:
-    ready = cond.find(conds, "Ready")
-    assert ready is not None, conds
-    assert conds[0] is ready, "Ready comes first"
-    return str(ready["status"]), str(ready["reason"])
-
-
-def _observed(conds: list[dict[str, Any]]) -> set[int]:
-    return {int(c["observedGeneration"]) for c in conds}
-
 
 # ---- ForeignCluster (consumer side)
 
@@ -70,12 +47,12 @@ async def test_a_foreign_cluster_is_ready_once_authenticated_and_its_provider_an
 ) -> None:
     async with serve() as (server, api):
         _handshake_done(server)
-        _generation(server, "foreignclusters", "", PROVIDER, 3)
+        new_generation(server, "foreignclusters", "", PROVIDER, 3)
         await _consumer(api, monkeypatch, reachable).reconcile(PROVIDER)
-        conds = _conditions(server, "foreignclusters", "", PROVIDER)
-        assert _ready(conds) == ready
+        conds = conditions_of(server, "foreignclusters", "", PROVIDER)
+        assert ready_of(conds) == ready
         assert {"Ready", "Authentication", "ProviderReachable"} <= {c["type"] for c in conds}
-        assert _observed(conds) == {3}
+        assert observed_at(conds) == {3}
 
 
 async def test_a_foreign_cluster_without_credentials_is_not_ready_for_want_of_authentication(
@@ -85,11 +62,11 @@ async def test_a_foreign_cluster_without_credentials_is_not_ready_for_want_of_au
         fc = _handshake_done(server)
         server.update("foreignclusters", "", PROVIDER, lambda o: o["spec"].update(certificate="not a certificate"))
         await _consumer(api, monkeypatch, True).reconcile(fc["metadata"]["name"])
-        conds = _conditions(server, "foreignclusters", "", PROVIDER)
-        assert _ready(conds) == ("False", "InvalidCertificate")
+        conds = conditions_of(server, "foreignclusters", "", PROVIDER)
+        assert ready_of(conds) == ("False", "InvalidCertificate")
         ready = cond.find(conds, "Ready")
         assert ready is not None and str(ready["message"]).startswith("Authentication: ")
-        assert _observed(conds) == {1}
+        assert observed_at(conds) == {1}
 
 
 # ---- ResourceSlice (consumer side: the provider's decision copied back)
@@ -117,7 +94,7 @@ async def test_the_consumer_copies_the_decision_observed_at_its_own_slice_genera
 
         monkeypatch.setattr(role.remotes, "get", same_server)
         await role.reconcile(PROVIDER)
-        local = _conditions(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)
+        local = conditions_of(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)
         assert local == [], "not decided yet: nothing copied"
         tns = tenant_namespace(ClusterID(CONSUMER))
         decided = cond.ready(
@@ -135,11 +112,11 @@ async def test_the_consumer_copies_the_decision_observed_at_its_own_slice_genera
 
         server.update("resourceslices", tns, PROVIDER, provider_decides)
         await role.reconcile(PROVIDER)
-        local = _conditions(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)
-        assert _ready(local) == ("True", "Ready")
-        assert _observed(local) == {4}, "observed at the consumer's own slice generation"
-        fc = _conditions(server, "foreignclusters", "", PROVIDER)
-        assert _ready(fc) == ("True", "Ready")
+        local = conditions_of(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)
+        assert ready_of(local) == ("True", "Ready")
+        assert observed_at(local) == {4}, "observed at the consumer's own slice generation"
+        fc = conditions_of(server, "foreignclusters", "", PROVIDER)
+        assert ready_of(fc) == ("True", "Ready")
 
 
 async def test_slices_waiting_for_the_handshake_are_not_ready() -> None:
@@ -158,5 +135,5 @@ async def test_slices_waiting_for_the_handshake_are_not_ready() -> None:
             api_version=API_VERSION,
         )
         await ConsumerRole(api, Identity(CONSUMER, "", Ed25519PrivateKey.generate())).reconcile(PROVIDER)
-        assert _ready(_conditions(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)) == ("False", "Pending")
-        assert _ready(_conditions(server, "foreignclusters", "", PROVIDER)) == ("False", "AuthenticationPending")
+        assert ready_of(conditions_of(server, "resourceslices", SYSTEM_NAMESPACE, PROVIDER)) == ("False", "Pending")
+        assert ready_of(conditions_of(server, "foreignclusters", "", PROVIDER)) == ("False", "AuthenticationPending")

@@ -4,43 +4,18 @@ PodSecurity; every condition observed at the object's generation. Against the in
 
 from __future__ import annotations
 
-from typing import Any
-
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.kube import conditions as cond
 from peering.controllers.identity import Identity
 from peering.controllers.provider import ProviderRole
-from tests.unit.fakes import FakeApiServer, serve
+from tests.unit.fakes import serve
+from tests.unit.peering.controllers.readiness import conditions_of, new_generation, observed_at, ready_of
 from tests.unit.peering.controllers.test_provider_storage import CONSUMER, PROVIDER, SPEC, TNS, TWIN
 from tests.unit.peering.controllers.test_provider_storage import _decided as _provider_decided
 from tests.unit.peering.controllers.test_provider_storage import _role as _storage_role
 from tests.unit.peering.controllers.test_provider_storage import _slice as _provider_slice
-
-
-def _generation(server: FakeApiServer, resource: str, namespace: str, name: str, generation: int) -> None:
-    """What the API server does on a spec change: a new metadata.generation."""
-    server.update(resource, namespace, name, lambda o: o["metadata"].update(generation=generation))
-
-
-def _conditions(server: FakeApiServer, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
-    obj = server.get(resource, namespace, name)
-    assert obj is not None
-    conds: list[dict[str, Any]] = (obj.get("status") or {}).get("conditions") or []
-    return conds
-
-
-def _ready(conds: list[dict[str, Any]]) -> tuple[str, str]:
-    ready = cond.find(conds, "Ready")
-    assert ready is not None, conds
-    assert conds[0] is ready, "Ready comes first"
-    return str(ready["status"]), str(ready["reason"])
-
-
-def _observed(conds: list[dict[str, Any]]) -> set[int]:
-    return {int(c["observedGeneration"]) for c in conds}
-
 
 # ---- ResourceSlice (provider side: the decision)
 
@@ -49,12 +24,12 @@ async def test_a_granted_slice_is_ready_and_observed_at_its_generation() -> None
     async with serve() as (server, api):
         role = _storage_role(api)
         _provider_slice(server, role, {"nvidia.com/gpu": "2", "pods": "4"})
-        _generation(server, "resourceslices", TNS, PROVIDER, 2)
+        new_generation(server, "resourceslices", TNS, PROVIDER, 2)
         role._on_slice("MODIFIED", server.get("resourceslices", TNS, PROVIDER) or {})
         await role.grants.decide(SPEC, CONSUMER, [TWIN], {})
         st = _provider_decided(server, role)
-        assert _ready(st["conditions"]) == ("True", "Ready")
-        assert _observed(st["conditions"]) == {2}
+        assert ready_of(st["conditions"]) == ("True", "Ready")
+        assert observed_at(st["conditions"]) == {2}
 
 
 async def test_a_denied_slice_is_not_ready_with_the_denial_as_its_reason() -> None:
@@ -70,7 +45,7 @@ async def test_a_denied_slice_is_not_ready_with_the_denial_as_its_reason() -> No
         st = _provider_decided(server, role)
         resources = cond.find(st["conditions"], "Resources")
         assert resources is not None and resources["status"] == "False"
-        assert _ready(st["conditions"]) == ("False", resources["reason"])
+        assert ready_of(st["conditions"]) == ("False", resources["reason"])
 
 
 # ---- Tenant (provider side)
@@ -87,6 +62,6 @@ async def test_a_refused_tenant_is_not_ready_and_says_why() -> None:
             api_version=API_VERSION,
         )
         await ProviderRole(api, Identity(PROVIDER, "", Ed25519PrivateKey.generate())).reconcile("someone-else")
-        conds = _conditions(server, "tenants", "", "someone-else")
-        assert _ready(conds) == ("False", "InvalidTenant")
-        assert _observed(conds) == {2}
+        conds = conditions_of(server, "tenants", "", "someone-else")
+        assert ready_of(conds) == ("False", "InvalidTenant")
+        assert observed_at(conds) == {2}
