@@ -46,10 +46,10 @@ NAMESPACE = "drills-renewal"
 PODS = 3
 RENEWALS = 3
 #: What the controllers run with for this module.
-SHORT_LIVED = {"GPUFED_CLIENT_CERT_LIFETIME": "600", "GPUFED_CLIENT_CERT_RENEW_FRACTION": "0.1"}
+SHORT_LIVED = {"GPUFED_CLIENT_CERT_LIFETIME": "600", "GPUFED_CLIENT_CERT_RENEW_FRACTION": "0.05"}
 #: Seconds between rounds of requests.
 ROUND_S = 4.0
-#: Longest the renewals may take (3 x 60 s, the consumer's resync and the reloads on top).
+#: Longest the renewals may take (3 x 30 s, the consumer's resync and the reloads on top).
 WINDOW_S = 300.0
 CONTROLLER = "gpufed-controller"
 
@@ -143,6 +143,9 @@ def test_client_certificates_renew_without_disturbing_pods_or_requests(
     serials = [secret_serial(clusters, provider)]
     failures: list[str] = []
     requests = 0
+    # the log holds every run of this provider's virtual kubelet in the session (earlier drills peer
+    # gpu-a too): only starts after this point count
+    starts_before = len(vk_log_lines(clusters, provider, "virtual kubelet starting"))
     began = time.monotonic()
     while len(serials) <= RENEWALS and time.monotonic() - began < WINDOW_S:
         name = sorted(p["metadata"]["name"] for p in before.values())[requests % PODS]
@@ -179,7 +182,7 @@ def test_client_certificates_renew_without_disturbing_pods_or_requests(
     finally:
         seen = reloaded_serials(clusters, provider)
         print(f"\nsecret serials {serials}\nvirtual kubelet reloads {seen}", flush=True)
-    starts = vk_log_lines(clusters, provider, "virtual kubelet starting")
-    assert len(starts) == 1, f"the virtual kubelet restarted: {starts}"
+    starts = vk_log_lines(clusters, provider, "virtual kubelet starting")[starts_before:]
+    assert not starts, f"the virtual kubelet restarted during the renewals: {starts}"
     assert secret_serial(clusters, provider) == serials[-1] == seen[-1], (serials, seen)
     record("credential-renewal", took, renewals=renewed, requests=requests)
