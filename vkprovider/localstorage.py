@@ -217,7 +217,7 @@ class LocalClaims:
             return None
         if cls.get("provisioner") == STATIC_PROVISIONER:
             return await self._bind_static(key, claim, node, meta.name(cls))
-        return await self._bind_dynamic(claim, shadow, node_name, meta.name(cls))
+        return await self._bind_dynamic(key, claim, shadow, node_name, meta.name(cls))
 
     async def _bind_static(
         self, key: tuple[str, str], claim: dict[str, Any], node: Mapping[str, Any], class_name: str
@@ -238,7 +238,12 @@ class LocalClaims:
         return None
 
     async def _bind_dynamic(
-        self, claim: dict[str, Any], shadow: dict[str, Any] | None, node_name: str, class_name: str
+        self,
+        key: tuple[str, str],
+        claim: dict[str, Any],
+        shadow: dict[str, Any] | None,
+        node_name: str,
+        class_name: str,
     ) -> float | None:
         if shadow is None:
             body = shadow_claim(claim, class_name, node_name)
@@ -253,6 +258,9 @@ class LocalClaims:
             return None  # its binding arrives as an event
         volume = self.volumes.get(str((shadow.get("spec") or {}).get("volumeName") or ""))
         if volume is None or _holder(volume) != meta.uid(shadow):
+            # the shadow's volume may reach this cache after the shadow's binding: a volume event
+            # looks at the claim again
+            self._waiting.add(key)
             return None
         if not await self._hand_over(volume, claim):
             return 1.0

@@ -207,3 +207,21 @@ async def test_a_pod_kept_local_gets_one_event() -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_a_shadow_bound_before_its_volume_is_seen_is_handed_over_when_the_volume_arrives() -> None:
+    async with binder() as (api, _b):
+        api.create("storageclasses", storage_class("csi-local", "local.csi.example.com"))
+        c = api.create("persistentvolumeclaims", claim())
+        uid = c["metadata"]["uid"]
+        shadow_name = f"gpufed-local-{uid}"
+        await until(lambda: api.get("persistentvolumeclaims", "team", shadow_name) is not None)
+        shadow = got(api, "persistentvolumeclaims", "team", shadow_name)
+        # the claim's binding is seen first, its volume only later (two watches, no order between them)
+        api.update("persistentvolumeclaims", "team", shadow_name, lambda o: o["spec"].update(volumeName="pvc-9"))
+        await asyncio.sleep(0.3)
+        pv = volume("pvc-9", cls="csi-local")
+        pv["spec"]["claimRef"] = {"namespace": "team", "name": shadow_name, "uid": shadow["metadata"]["uid"]}
+        api.create("persistentvolumes", pv)
+        await until(lambda: got(api, "persistentvolumes", "", "pvc-9")["spec"]["claimRef"]["uid"] == uid)
+        await until(lambda: api.get("persistentvolumeclaims", "team", shadow_name) is None)
