@@ -38,7 +38,8 @@ from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.watch import watch
 from peering import handshake
-from peering.controllers.renewal import CSR_SIGNER, CSR_USAGES, RENEWAL_SIGNATURE_ANNOTATION
+from peering.controllers.renewal import CSR_SIGNER, RENEWAL_SIGNATURE_ANNOTATION
+from peering.controllers.tenant_handshake import client_csr_problems
 
 CSR_API = "certificates.k8s.io/v1"
 USER_PREFIX = handshake.consumer_user(ClusterID(""))
@@ -82,14 +83,7 @@ def renewal_problems(
             problems.append(f"the Tenant {consumer} is being deleted")
         if (tenant.get("status") or {}).get("phase") != "Authenticated":
             problems.append(f"the Tenant {consumer} is not Authenticated")
-    if spec.get("signerName") != CSR_SIGNER:
-        problems.append(f"signer {spec.get('signerName')!r} is not {CSR_SIGNER}")
-    usages = list(spec.get("usages") or [])
-    if sorted(usages) != sorted(CSR_USAGES) or len(set(usages)) != len(usages):
-        problems.append(f"usages must be exactly {list(CSR_USAGES)}, not {usages}")
-    seconds = spec.get("expirationSeconds")
-    if not isinstance(seconds, int) or seconds > max_seconds:
-        problems.append(f"expirationSeconds must be at most {max_seconds}, not {seconds}")
+    problems += client_csr_problems(spec, max_seconds)
     if problems or tenant is None:
         return problems
     try:

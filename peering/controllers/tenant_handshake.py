@@ -30,6 +30,7 @@ import base64
 import datetime as dt
 import hashlib
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from gpufed.apis.peering import TenantSpec
@@ -48,6 +49,24 @@ NONCES_KEPT = 32
 CSR_SIGNER = "kubernetes.io/kube-apiserver-client"
 #: The usages of a consumer's client certificate, no more and no fewer.
 CSR_USAGES = ("digital signature", "client auth")
+
+
+def client_csr_problems(spec: Mapping[str, Any], max_seconds: int) -> list[str]:
+    """What makes a CSR's spec other than a consumer client certificate gpufed approves: the signer,
+    exactly the client usages, a lifetime no longer than `max_seconds` (the handshake's and the
+    renewal's shared checks)."""
+    problems: list[str] = []
+    if spec.get("signerName") != CSR_SIGNER:
+        problems.append(f"signer {spec.get('signerName')!r} is not {CSR_SIGNER}")
+    usages = list(spec.get("usages") or [])
+    if sorted(usages) != sorted(CSR_USAGES) or len(set(usages)) != len(usages):
+        problems.append(f"usages must be exactly {list(CSR_USAGES)}, not {usages}")
+    seconds = spec.get("expirationSeconds")
+    if not isinstance(seconds, int) or seconds > max_seconds:
+        problems.append(f"expirationSeconds must be at most {max_seconds}, not {seconds}")
+    return problems
+
+
 _CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 _SELF_REVIEW_PATH = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 #: The reason of a refused certificate request (the CSR's Denied condition, the Tenant's condition and Event).
@@ -83,16 +102,9 @@ def csr_problems(
     meta = csr.get("metadata") or {}
     spec = csr.get("spec") or {}
     problems: list[str] = []
-    if spec.get("signerName") != CSR_SIGNER:
-        problems.append(f"signer {spec.get('signerName')!r} is not {CSR_SIGNER}")
+    problems += client_csr_problems(spec, max_seconds)
     if str(spec.get("username") or "") != own_user:
         problems.append(f"filed by {spec.get('username') or '(nobody)'}, not by this controller ({own_user})")
-    usages = list(spec.get("usages") or [])
-    if sorted(usages) != sorted(CSR_USAGES) or len(set(usages)) != len(usages):
-        problems.append(f"usages must be exactly {list(CSR_USAGES)}, not {usages}")
-    seconds = spec.get("expirationSeconds")
-    if not isinstance(seconds, int) or seconds > max_seconds:
-        problems.append(f"expirationSeconds must be at most {max_seconds}, not {seconds}")
     tenant_uid = (tenant.get("metadata") or {}).get("uid")
     if not tenant_uid or not any(ref.get("uid") == tenant_uid for ref in meta.get("ownerReferences") or ()):
         problems.append(f"not owned by Tenant {consumer}")
