@@ -211,6 +211,48 @@ def _profile_rows(data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+#: The offload part's verdicts per run, and how the report names them.
+OFFLOAD_VERDICTS = {
+    "ratio": "time ratio",
+    "vk_pods_per_s": "pods/s per virtual kubelet",
+    "vk_rss_mb": "virtual kubelet RSS",
+    "gpufed_requests_create": "gpufed's requests per pod per side on create",
+    "gpufed_requests_delete": "gpufed's requests per pod per side on delete",
+}
+
+
+def _request_rows(data: dict[str, Any]) -> list[str]:
+    """Requests per pod per side, actor and verb, for both arms of every run that counted them."""
+    runs = [r for r in data["runs"] if (r["virtual"].get("requests_create") or {})]
+    if not runs:
+        return []
+    lines = [
+        "### Requests per pod",
+        "",
+        "Counted from both API servers' audit logs over each burst (create: from the first create until all "
+        "pods are Running; delete: the cleanup, default grace period), divided by the pods. Writes are "
+        "what etcd pays for. *client* is the bench's own creates and deletes, the same in both arms.",
+        "",
+        "| mode | N | arm | phase | side | gpufed writes / reads | kwok writes | control plane writes | "
+        "client writes | gpufed's requests by verb |",
+        "|---|---:|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for r in runs:
+        for arm in ("baseline", "virtual"):
+            for phase in ("create", "delete"):
+                for side, a in (r[arm].get(f"requests_{phase}") or {}).items():
+                    g = a.get("gpufed") or {}
+                    verbs = ", ".join(f"{k} {v:g}" for k, v in (g.get("by_verb") or {}).items()) or "—"
+                    lines.append(
+                        f"| {_mode(r)} | {r['pods']} | {arm} | {phase} | {side} | {g.get('writes', 0):g} / "
+                        f"{g.get('reads', 0):g} | {(a.get('kwok') or {}).get('writes', 0):g} | "
+                        f"{(a.get('control-plane') or {}).get('writes', 0):g} | "
+                        f"{(a.get('client') or {}).get('writes', 0):g} | {verbs} |"
+                    )
+    lines.append("")
+    return lines
+
+
 def _offload_section(data: dict[str, Any]) -> list[str]:
     env, t, m = data["environment"], data["targets"], data["machine"]
     lines = [
@@ -241,6 +283,7 @@ def _offload_section(data: dict[str, Any]) -> list[str]:
             f"{_s(bl.get('p99'))} / {_s(vl.get('p99'))} | {_s(b['create_s'])} / {_s(v['create_s'])} |"
         )
     lines.append("")
+    lines += _request_rows(data)
     lines += _footprint_rows(data)
     lines += _growth_rows(data)
     lines += _profile_rows(data)
@@ -315,13 +358,9 @@ def _offload_summary(data: dict[str, Any]) -> list[str]:
     met: list[str] = []
     missed: list[str] = []
     for r in data["runs"]:
-        for key, label in (
-            ("ratio", "time ratio"),
-            ("vk_pods_per_s", "pods/s per virtual kubelet"),
-            ("vk_rss_mb", "virtual kubelet RSS"),
-        ):
-            v = r["verdicts"][key]
-            if v["met"] is None:
+        for key, label in OFFLOAD_VERDICTS.items():
+            v = r["verdicts"].get(key)
+            if v is None or v["met"] is None:
                 continue
             (met if v["met"] else missed).append(f"{label} at N={r['pods']} ({v['value']}; target {v['target']})")
     lines = ["### Verdict", ""]
@@ -551,7 +590,7 @@ def missed_targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, s
     off = results.get("offload")
     if off:
         for r in off.get("runs") or []:
-            for key in ("ratio", "vk_pods_per_s", "vk_rss_mb"):
+            for key in OFFLOAD_VERDICTS:
                 v = (r.get("verdicts") or {}).get(key) or {}
                 if v.get("met") is False:
                     out.append(
@@ -728,7 +767,34 @@ def _why_reflection(results: dict[str, dict[str, Any]]) -> str:
 
 #: Why a target is missed, from the profiles and measurements behind this page (bench.report keeps
 #: the words; the figures come from the results). A missed target without an entry says so.
+def _why_requests(phase: str) -> Callable[[dict[str, dict[str, Any]]], str]:
+    def why(results: dict[str, dict[str, Any]]) -> str:
+        """gpufed's requests per pod of the run that made the most, by side and verb."""
+        runs = ((results.get("offload") or {}).get("runs")) or []
+        worst = max(
+            runs,
+            key=lambda r: ((r.get("verdicts") or {}).get(f"gpufed_requests_{phase}") or {}).get("value") or 0,
+            default=None,
+        )
+        if worst is None:
+            return "No run counted its requests."
+        counts = worst["virtual"].get(f"requests_{phase}") or {}
+        parts = []
+        for side, a in counts.items():
+            verbs = ", ".join(f"{k} {v:g}" for k, v in ((a.get("gpufed") or {}).get("by_verb") or {}).items())
+            parts.append(f"on the {side}: {verbs or 'none'}")
+        return (
+            f"At N={worst['pods']} {_mode(worst)}, gpufed's requests per pod {phase} were " + "; ".join(parts) + ". "
+            "Each one beyond the twin's write and the one status report is a lookup a watch cache could answer or "
+            "an intermediate status that a debounced patch would fold into the next."
+        )
+
+    return why
+
+
 EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
+    "offload.gpufed_requests_create": _why_requests("create"),
+    "offload.gpufed_requests_delete": _why_requests("delete"),
     "offload.ratio": _why_offload_speed,
     "offload.vk_pods_per_s": lambda _r: "See offload.ratio: the baseline itself stays far below 200 pods/s here.",
     "offload.vk_rss_mb": _why_footprint,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bench import apicost, report
-from bench.apicost import AuditEvent
+from bench import apicost, audit, report
+from bench.audit import AuditEvent
 from gpufed.localenv.components import CONTROLLER
 from tests.paths import UNIT_DATA
 
@@ -51,7 +51,7 @@ def _event(
 
 
 def test_parse_recorded_lines() -> None:
-    events = apicost.parse_lines(_lines("consumer"))
+    events = audit.parse_lines(_lines("consumer"))
     assert len(events) == len(_lines("consumer")) == 8
     lease = events[1]
     assert (lease.stage, lease.verb, lease.user) == ("ResponseComplete", "get", "gpufed:virtual-kubelet")
@@ -63,7 +63,7 @@ def test_parse_recorded_lines() -> None:
     watch = events[4]
     assert (watch.stage, watch.verb, watch.resource, watch.long_running) == ("ResponseStarted", "watch", "nodes", True)
 
-    provider = apicost.parse_lines(_lines("provider"))
+    provider = audit.parse_lines(_lines("provider"))
     version = provider[0]
     # A non-resource request is named by its path.
     assert (version.resource, version.user, version.verb) == ("/version", f"gpufed:consumer:{CONSUMER_ID}", "get")
@@ -73,24 +73,24 @@ def test_parse_recorded_lines() -> None:
 
 def test_parse_skips_what_is_not_an_audit_event() -> None:
     good = _lines("consumer")[0]
-    assert apicost.parse_event(good[:100]) is None  # a line cut by rotation
-    assert apicost.parse_event("") is None
-    assert apicost.parse_event(json.dumps({"kind": "Status"})) is None
-    assert apicost.parse_lines(["", "not json", good]) == [apicost.parse_event(good)]
+    assert audit.parse_event(good[:100]) is None  # a line cut by rotation
+    assert audit.parse_event("") is None
+    assert audit.parse_event(json.dumps({"kind": "Status"})) is None
+    assert audit.parse_lines(["", "not json", good]) == [audit.parse_event(good)]
     sub = json.loads(good)
     sub["objectRef"].update(resource="nodes", subresource="status", apiGroup="")
-    ev = apicost.parse_event(json.dumps(sub))
+    ev = audit.parse_event(json.dumps(sub))
     assert ev is not None and ev.resource == "nodes/status"
     sel = json.loads(good)
     sel["requestURI"] = "/api/v1/pods?fieldSelector=spec.nodeName%3Dvn&labelSelector=a%3Db&limit=500"
-    ev = apicost.parse_event(json.dumps(sel))
+    ev = audit.parse_event(json.dumps(sel))
     assert ev is not None and ev.selectors == "labelSelector=a=b&fieldSelector=spec.nodeName=vn"
 
 
 def test_window_counts_a_watch_once_when_it_starts_and_its_end_apart() -> None:
-    events = apicost.parse_lines(_lines("consumer"))
+    events = audit.parse_lines(_lines("consumer"))
     t0 = min(e.received for e in events) - 1
-    w = apicost.count_window(events, t0, t0 + 1000)
+    w = audit.count_window(events, t0, t0 + 1000)
     ids = [e.audit_id[:8] for e in w.requests]
     # The kcm watch that started and then ended with 429 is one request (its start) and one end.
     assert ids.count("ccd485fa") == 1
@@ -98,7 +98,7 @@ def test_window_counts_a_watch_once_when_it_starts_and_its_end_apart() -> None:
     assert len(w.requests) == 7
     # Only what was received inside [t0, t1).
     lease_ts = sorted(e.received for e in events if e.user == "gpufed:virtual-kubelet")
-    w = apicost.count_window(events, lease_ts[1], lease_ts[3])
+    w = audit.count_window(events, lease_ts[1], lease_ts[3])
     assert [e.verb for e in w.requests] == ["get", "update"]
 
 
@@ -107,13 +107,13 @@ def test_window_watch_edges() -> None:
     old_end = _event(1, verb="watch", audit_id="old", at=6)  # began before the log was read: only its end
     start = _event(7, verb="watch", stage="ResponseStarted", audit_id="w")
     end = _event(7, verb="watch", audit_id="w", at=30)  # ends after the window
-    w = apicost.count_window([refused, old_end, start, end], 0, 10)
+    w = audit.count_window([refused, old_end, start, end], 0, 10)
     assert [e.audit_id for e in w.requests] == ["refused", "w"]
     assert [e.audit_id for e in w.watch_ends] == ["old"]
 
 
 def test_aggregate_attributes_by_identity() -> None:
-    events = apicost.parse_lines(_lines("provider"))
+    events = audit.parse_lines(_lines("provider"))
     t0 = min(e.received for e in events)
     out = apicost.aggregate(events, t0, t0 + 60, apicost.identities("gpu-1", CONSUMER_ID))
     assert set(out) == {apicost.C_PROVIDER_CONTROLLER, apicost.C_CONSUMER_IDENTITY}  # no other client here

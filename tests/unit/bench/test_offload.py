@@ -54,6 +54,14 @@ def _burst(n: int, seconds: float, cpu_s: float = 1.0) -> dict[str, Any]:
                                 "cpu_cores": 0.1, "wall_s": seconds, "gone": False},
         },
         "twins": n, "twins_running": n, "cleanup_s": 1.0, "logs": [],
+        "requests_create": {
+            "consumer": {"gpufed": {"writes": 1.0, "reads": 0.5,
+                                    "by_verb": {"patch pods/status": 1.0, "get pods": 0.5}}},
+            "provider": {"gpufed": {"writes": 2.0, "reads": 1.0, "by_verb": {"create pods": 1.0, "create secrets": 1.0,
+                                                                         "get secrets": 1.0}},
+                         "kwok": {"writes": 1.0, "reads": 0.0, "by_verb": {"patch pods/status": 1.0}}},
+        },
+        "requests_delete": {"provider": {"gpufed": {"writes": 1.0, "reads": 0.0, "by_verb": {"delete pods": 1.0}}}},
     }  # fmt: skip
 
 
@@ -117,6 +125,10 @@ def test_the_page_shows_every_figure_against_its_target_and_lists_what_was_misse
     # 2.5x slower than baseline, 20 pods/s, and 160 MB steady at 1000 pods: all three missed.
     assert {"offload.ratio", "offload.vk_pods_per_s", "offload.footprint_rss"} <= missed
     assert "offload.footprint_cpu" not in missed, "0.02 cores is within 0.25"
+    # gpufed's requests: 3 per pod on the provider when created (missed), 1 when deleted (met)
+    assert "offload.gpufed_requests_create" in missed and "offload.gpufed_requests_delete" not in missed
+    assert "| pre-bound | 1000 | virtual | create | provider | 2 / 1 | 1 |" in page
+    assert "on the provider: create pods 1, create secrets 1, get secrets 1" in page
     assert "## Missed targets and why" in page
     for key in missed:
         assert f"**{key}.**" in page

@@ -1,0 +1,91 @@
+"""Requests per pod, per side, per actor and per verb, counted from the API servers' audit logs.
+
+Owns: a window on the consumer's and the provider's audit logs (`Window.open` / `Window.close`) and the
+pure count of what each API server received in it, per actor (gpufed's identities, kwok, the bench's
+own client, the control plane), per verb and resource, divided by the pods of the burst; and the
+one-line summary a report prints ("gpufed: consumer 1.0 create pods/status …").
+
+Counted: every request received in the window (a watch once, when it starts), whatever its answer;
+reads and writes apart, since writes are what etcd pays for. The actor of a request is its user:
+`gpufed:*` is gpufed (the consumer's controller and virtual kubelet, the provider's controller and the
+consumer's identity there), a user naming kwok is kwok, other `system:*` users are the control plane
+(kube-scheduler, kube-controller-manager, the API server itself), anyone else is the bench's client.
+
+Does not: parse audit lines (`bench.audit`), run bursts, or judge targets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.audit import AuditEvent, AuditMark, count_window, mark, parse_lines, read_since
+
+GPUFED = "gpufed"
+KWOK = "kwok"
+CONTROL_PLANE = "control-plane"
+CLIENT = "client"
+ACTORS = (GPUFED, KWOK, CONTROL_PLANE, CLIENT)
+WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+def actor(user: str) -> str:
+    if user.startswith("gpufed:"):
+        return GPUFED
+    if "kwok" in user:
+        return KWOK
+    if user.startswith("system:"):
+        return CONTROL_PLANE
+    return CLIENT
+
+
+def per_pod(requests: Iterable[AuditEvent], pods: int) -> dict[str, Any]:
+    """What the requests cost per pod: per actor, `writes` and `reads` per pod, and `by_verb`
+    ("create pods": n per pod), largest first."""
+    by: dict[str, Counter[str]] = {a: Counter() for a in ACTORS}
+    for e in requests:
+        by[actor(e.user)][f"{e.verb} {e.resource}"] += 1
+    n = max(pods, 1)
+    out: dict[str, Any] = {}
+    for a, counts in by.items():
+        writes = sum(c for k, c in counts.items() if k.split(" ", 1)[0] in WRITES)
+        out[a] = {
+            "writes": round(writes / n, 2),
+            "reads": round((sum(counts.values()) - writes) / n, 2),
+            "by_verb": {k: round(c / n, 2) for k, c in counts.most_common() if c / n >= 0.01},
+        }
+    return out
+
+
+@dataclass
+class Window:
+    """A window opened on several audit logs (side name -> file)."""
+
+    marks: dict[str, AuditMark]
+    t0: float
+
+    @classmethod
+    def open(cls, logs: Mapping[str, Path]) -> Window:
+        return cls({side: mark(path) for side, path in logs.items()}, time.time())
+
+    def close(self, pods: int) -> dict[str, Any]:
+        """Per side, what was received since `open`, per pod (see `per_pod`)."""
+        t1 = time.time()
+        return {
+            side: per_pod(count_window(parse_lines(read_since(m)), self.t0, t1).requests, pods)
+            for side, m in self.marks.items()
+        }
+
+
+def summary(counts: Mapping[str, Any], who: str = GPUFED) -> str:
+    """`who`'s requests per pod on each side, e.g. "consumer: 1 write (patch pods/status 1), 0.1 read"."""
+    parts = []
+    for side, actors in counts.items():
+        a = actors.get(who) or {}
+        writes = ", ".join(f"{k} {v:g}" for k, v in (a.get("by_verb") or {}).items() if k.split(" ", 1)[0] in WRITES)
+        parts.append(f"{side}: {a.get('writes', 0):g} writes ({writes or 'none'}), {a.get('reads', 0):g} reads")
+    return "; ".join(parts)
