@@ -253,6 +253,9 @@ class Offer:
     total: int | None = None
     #: The grant's GPUs (the whole grant of the provider).
     granted: int = 0
+    #: The GPUs the grant's slices ask for: what the grant grows back to when the provider's own load
+    #: ends (the grant follows the provider's live capacity).
+    requested: int = 0
 
 
 def largest_group(offer: Offer, gpus: Sequence[int]) -> int:
@@ -271,10 +274,10 @@ def largest_group(offer: Offer, gpus: Sequence[int]) -> int:
 
 
 def ever(offer: Offer, gpus: Sequence[int]) -> bool:
-    """Whether the pool could hold all the pods at best: the grant and the product's GPUs all free.
-    Per provider node it cannot be known without the node sizes, so only the totals count."""
+    """Whether the pool could hold all the pods at best: the grant as asked for and the product's GPUs
+    all free. Per provider node it cannot be known without the node sizes, so only the totals count."""
     need = sum(gpus)
-    if need > offer.granted:
+    if need > max(offer.granted, offer.requested):
         return False
     return offer.total is None or need <= offer.total
 

@@ -178,6 +178,9 @@ class PoolFigures:
     #: [free GPUs, provider nodes with that many free] after the in-flight pods, fullest first (what
     #: a group of pods can be packed onto); None without a snapshot.
     free_nodes: list[list[int]] | None = None
+    #: GPUs the grant's accepted slices ask for: what `granted` grows back to once the provider's
+    #: own load lets it (a group larger than this, or than `total`, is never placed here).
+    requested: int = 0
 
     def annotation(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -210,6 +213,7 @@ def offer_of(figures: PoolFigures) -> Offer | None:
             free_nodes=free,
             total=None if figures.total is None else int(figures.total),
             granted=int(figures.granted or 0),
+            requested=int(figures.requested or 0),
         )
     except (TypeError, ValueError):
         return None
@@ -278,6 +282,7 @@ def advertise(
     snapshot: Snapshot | None,
     *,
     granted: Resources,
+    requested: Resources | None = None,
     used_all: Resources,
     used_here: Resources,
     in_flight: Sequence[Resources] = (),
@@ -286,9 +291,10 @@ def advertise(
 ) -> Advertised:
     """Capacity, allocatable, labels and figures of `pool`'s virtual node.
 
-    granted: the provider's grant (all accepted slices); used_all: requests of the consumer's
-    non-terminal pods on every pool of this provider; used_here: on this pool; in_flight: requests
-    of this pool's pods that the provider has not placed yet (already part of used_here);
+    granted: the provider's grant (all accepted slices); requested: what those slices ask for;
+    used_all: requests of the consumer's non-terminal pods on every pool of this provider; used_here:
+    on this pool; in_flight: requests of this pool's pods that the provider has not placed yet
+    (already part of used_here);
     label_allow: the consumer's allow-list of provider labels beyond the GPU ones (`label_allowed`).
     """
     headroom = {r: max(Decimal(0), granted.get(r, Decimal(0)) - used_all.get(r, Decimal(0))) for r in SLICE_RESOURCES}
@@ -332,6 +338,7 @@ def advertise(
         product=pool.product or "",
         total=total,
         granted=_gpu(granted),
+        requested=max(_gpu(granted), _gpu(requested or {})),
         in_use=_gpu(used_here),
         free=free,
         largest_placeable=int(extra.get(GPU_RESOURCE, Decimal(0))),

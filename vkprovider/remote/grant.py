@@ -47,6 +47,9 @@ class Grant:
     accepted: bool = False
     #: The StorageClasses the provider offers the consumer's claims (checked: `forge.claims.offers_from`).
     storage: tuple[StorageOffer, ...] = ()
+    #: What the accepted slices ask for: the most the grant grows back to once the provider's own
+    #: load lets it (the grant itself follows the provider's live capacity).
+    requested: Mapping[str, Decimal] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class ProviderGrant:
 
     def grant(self) -> Grant:
         granted: dict[str, Decimal] = {}
+        requested: dict[str, Decimal] = {}
         products: set[str | None] = set()
         offers: list[tuple[StorageOffer, ...]] = []
         accepted = False
@@ -133,9 +137,12 @@ class ProviderGrant:
             for r, q in (st.get("granted") or {}).items():
                 with contextlib.suppress(ValueError):
                     granted[r] = granted.get(r, Decimal(0)) + parse(q)
+            for r, q in ((sl.get("spec") or {}).get("resources") or {}).items():
+                with contextlib.suppress(ValueError):
+                    requested[r] = requested.get(r, Decimal(0)) + parse(q)
         product = next(iter(products)) if len(products) == 1 else None
         labels = filter_node_labels(self._supplied_labels(), self.node_label_allow).kept
-        return Grant(granted, product, labels, accepted, merge_offers(offers))
+        return Grant(granted, product, labels, accepted, merge_offers(offers), requested)
 
     async def health(self) -> Health:
         """Whether the provider's API answers (reused for `health_ttl_s`: every pool node asks)."""

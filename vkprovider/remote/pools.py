@@ -122,6 +122,7 @@ class PoolView:
             self.pool,
             None if self.draining else snapshot,
             granted=granted,
+            requested=None if self.draining else grant.requested,
             used_all=use.all,
             used_here=use.here,
             in_flight=use.in_flight,

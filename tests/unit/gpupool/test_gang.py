@@ -234,6 +234,15 @@ def test_a_group_larger_than_any_grant_is_refused_at_once() -> None:
     assert place([1, 1], [], product=H100).never
 
 
+def test_a_group_larger_than_a_grant_shrunk_by_the_providers_own_load_waits() -> None:
+    # the provider's own pods took 24 of 32 GPUs: the live grant is 8, the slices still ask for 32
+    shrunk = Offer("gpufed-a", "a", H100, 8, (Bucket(8, 1),), total=32, granted=8, requested=32)
+    d = place([8, 8], [shrunk])
+    assert d.node is None and not d.never and "gpufed-a: 1" in d.reason
+    # beyond what the slices ask for it is a refusal
+    assert place([8] * 5, [shrunk]).never
+
+
 @given(
     st.lists(st.tuples(st.integers(1, 8), st.integers(1, 3)), max_size=5),
     st.lists(st.integers(1, 8), min_size=1, max_size=6),

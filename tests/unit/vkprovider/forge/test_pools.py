@@ -298,13 +298,22 @@ def test_advertise_keeps_only_valid_gpu_labels_of_the_snapshot() -> None:
 
 
 def test_a_pool_node_offers_what_its_figures_say() -> None:
-    ad = advertise("a", Pool("gpufed-a", H100), snap(cap(H100, [8, 4, 4])), granted=GRANT, used_all={}, used_here={})
+    asked = {r: v * 2 for r, v in GRANT.items()}  # the provider's own load halved the grant
+    pool, snapshot = Pool("gpufed-a", H100), snap(cap(H100, [8, 4, 4]))
+    ad = advertise("a", pool, snapshot, granted=GRANT, requested=asked, used_all={}, used_here={})
     node = {"metadata": {"name": "gpufed-a", "annotations": ad.annotations}}
     figures = figures_of(node)
     assert figures == ad.figures
     offer = offer_of(figures)
     assert offer == Offer(
-        "gpufed-a", "a", H100, ad.figures.headroom, (Bucket(8, 1), Bucket(4, 2)), total=24, granted=ad.figures.granted
+        "gpufed-a",
+        "a",
+        H100,
+        ad.figures.headroom,
+        (Bucket(8, 1), Bucket(4, 2)),
+        total=24,
+        granted=ad.figures.granted,
+        requested=2 * ad.figures.granted,
     )
     assert figures_of({"metadata": {"name": "cpu-node"}}) is None
     # figures of the wrong shape (read back from an annotation, unchecked) offer nothing

@@ -14,7 +14,7 @@ def slice_(labels: dict[str, str]) -> dict[str, Any]:
     return {
         "kind": "ResourceSlice",
         "metadata": {"name": "s1", "namespace": SYSTEM_NAMESPACE},
-        "spec": {"providerClusterId": PROVIDER},
+        "spec": {"providerClusterId": PROVIDER, "resources": {"nvidia.com/gpu": "16", "cpu": "bad"}},
         "status": {
             "conditions": [{"type": "Resources", "status": "True"}],
             "granted": {"nvidia.com/gpu": "8"},
@@ -31,6 +31,9 @@ async def test_provider_node_labels_are_allow_listed_and_the_dropped_reported_on
     )
     await until(lambda: "s1" in world.provider.grants.slices, what="the slice")
     assert dict(world.provider.grant().labels) == {"nvidia.com/gpu.product": "H100"}
+    # what the slice asks for is kept beside what the provider's live capacity grants now (an
+    # unreadable quantity counts for nothing)
+    assert dict(world.provider.grant().requested) == {"nvidia.com/gpu": 16}
     await until(lambda: bool(world.events("default", "NodeLabelsDropped")), what="the Event")
     world.local.update("resourceslices", SYSTEM_NAMESPACE, "s1", lambda o: o["status"].update(granted={"cpu": "1"}))
     await until(lambda: world.provider.grants.slices["s1"]["status"]["granted"] == {"cpu": "1"}, what="the update")
