@@ -3,8 +3,12 @@
 Owns: the role's watches (nodes, running pods, PersistentVolumeClaims, PersistentVolumes,
 StorageClasses, ResourceSlices, Tenants, consumer namespaces, TwinNamespaces, and gpufed's CSRs and
 quotas) and the caches they keep (`CapacityCache`); which tenants an event re-queues (capacity
-churn re-decides every tenant, debounced; heartbeats and status-only pod updates re-decide none; a
-claim re-decides its consumer); readiness once the caches have synced; and `reconcile`,
+churn re-decides every tenant, debounced; heartbeats, status-only pod updates, a quota's usage and
+the reconcile's own status and quota writes re-decide none; a claim re-decides its consumer), and
+how much: a tenant queued by nodes and pods alone, whose last full reconcile settled less than
+`resync_s` ago with the same spec, has its grant re-decided on what that reconcile saw (`_redecide`:
+no namespace, role binding or policy is read or written), anything else gets a full reconcile;
+readiness once the caches have synced; and `reconcile`,
 level-triggered and idempotent, which for one Tenant validates its spec (phase Refused with an
 `InvalidTenant` condition otherwise), applies the admission policies before any namespace of the
 consumer exists, advances the handshake (`tenant_handshake`; consumers' later renewals of their certificates are
@@ -30,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +44,15 @@ from pydantic import ValidationError
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.peering import TENANT_READY, TenantSpec
-from gpufed.apis.wire import CONSUMER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TENANT_PREFIX, parse_cluster_id
+from gpufed.apis.wire import (
+    CONSUMER_LABEL,
+    GRANT_QUOTA,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    TENANT_PREFIX,
+    ClusterID,
+    parse_cluster_id,
+)
 from gpufed.kube import conditions as cond
 from gpufed.kube import meta, rest
 from gpufed.kube.metrics import StateGauge
@@ -84,6 +98,25 @@ def _tenant_of_namespace(namespace: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """What a tenant's last full reconcile saw and settled."""
+
+    spec: TenantSpec
+    #: The twin namespaces it opened (the grant's quotas are partitioned over them).
+    twins: list[str]
+    #: When (monotonic): a full reconcile follows `resync_s` later in any case.
+    at: float
+
+    def holds(self, spec: TenantSpec, status: Mapping[str, Any], now: float, resync_s: float) -> bool:
+        return spec == self.spec and status.get("phase") == "Authenticated" and now - self.at < resync_s
+
+
+def _written(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A status as the API server keeps it: empty maps and lists are not stored."""
+    return {k: v for k, v in status.items() if v not in ({}, [], None)}
+
+
 class ProviderRole:
     """Runs the provider reconcilers of one cluster."""
 
@@ -108,6 +141,16 @@ class ProviderRole:
         self.grants = TenantGrants(api, self.cache)
         #: Consumers' renewals of their client certificates.
         self.renewals = RenewalApprover(api, identity.cluster_id, self.settings.cert_seconds)
+        #: Tenants queued for a full reconcile; the others were queued by capacity churn alone.
+        self._full: set[str] = set()
+        #: Tenant -> what its last full reconcile saw (`_Seen`): a reconcile queued by capacity churn
+        #: alone re-decides the grant on it.
+        self._seen: dict[str, _Seen] = {}
+        #: Namespace -> whether gpufed's grant quota there is in force, as last seen.
+        self._in_force: dict[str, bool] = {}
+        #: Tenant -> (generation, deleting, labels, annotations) as last seen: its status writes (the
+        #: reconcile's own) change none of them.
+        self._tenant_gen: dict[str, tuple[int, bool, str, str]] = {}
 
     # ---- informers
 
@@ -118,12 +161,19 @@ class ProviderRole:
                 self.ready.set()
                 self._log.info("provider caches synced", tenants=len(self.tenants), nodes=len(self.cache.nodes))
             for t in self.tenants:
-                self.queue.add(t)
+                self._queue_full(t)
 
         return done
 
-    def _all_tenants(self) -> None:
+    def _queue_full(self, tenant: str, delay: float = 0.0) -> None:
+        self._full.add(tenant)
+        self.queue.add(tenant, delay)
+
+    def _all_tenants(self, *, full: bool = False) -> None:
+        """Every tenant, debounced; `full` when what changed is more than capacity (nodes and pods)."""
         for t in self.tenants:
+            if full:
+                self._full.add(t)
             self.queue.add(t, CAPACITY_DEBOUNCE_S)
 
     def _on_node(self, kind: str, obj: dict[str, Any]) -> None:
@@ -163,7 +213,7 @@ class ProviderRole:
             claims[key] = grants.claim_requests(obj)
         consumer = self.cache.ns_owner.get(key[0])
         if claims.get(key) != before and consumer in self.tenants:  # only a consumer's claims count in a grant
-            self.queue.add(consumer, CAPACITY_DEBOUNCE_S)
+            self._queue_full(consumer, CAPACITY_DEBOUNCE_S)
 
     def _on_volume(self, kind: str, obj: dict[str, Any]) -> None:
         volumes = self.cache.volumes
@@ -174,7 +224,7 @@ class ProviderRole:
         else:
             volumes[name] = storage.volume_info(obj)
         if volumes.get(name) != before:  # static volumes bound or released change what storage is free
-            self._all_tenants()
+            self._all_tenants(full=True)
 
     def _on_storage_class(self, kind: str, obj: dict[str, Any]) -> None:
         classes = self.cache.storage_classes
@@ -185,7 +235,7 @@ class ProviderRole:
         else:
             classes[name] = storage.storage_class_info(obj)
         if classes.get(name) != before:
-            self._all_tenants()
+            self._all_tenants(full=True)
 
     def _on_slice(self, kind: str, obj: dict[str, Any]) -> None:
         slices = self.cache.slices
@@ -198,7 +248,10 @@ class ProviderRole:
             slices.pop(key, None)
         else:
             slices[key] = obj
-        self.queue.add(tenant)
+        if before is None or kind == "DELETED" or meta.generation(before) != meta.generation(obj):
+            self._queue_full(tenant)
+        else:  # its status, written by the reconcile itself
+            self.queue.add(tenant)
         # Other tenants see this slice only through its grant (it reserves capacity).
         if grant_of(before) != grant_of(slices.get(key)):
             self._all_tenants()
@@ -207,14 +260,39 @@ class ProviderRole:
         name = meta.name(obj)
         if kind == "DELETED":
             self.tenants.discard(name)
+            self._tenant_gen.pop(name, None)
+            self._seen.pop(name, None)
         else:
             self.tenants.add(name)
-            self.queue.add(name)
+            m = obj.get("metadata") or {}
+            seen = (meta.generation(obj), meta.is_deleting(obj), str(m.get("labels")), str(m.get("annotations")))
+            if self._tenant_gen.get(name) != seen:
+                self._tenant_gen[name] = seen
+                self._queue_full(name)
 
     def _on_labelled(self, kind: str, obj: dict[str, Any]) -> None:
         consumer = meta.labels(obj).get(CONSUMER_LABEL)
         if consumer and consumer in self.tenants:
-            self.queue.add(consumer)
+            self._queue_full(consumer)
+
+    def _on_quota(self, kind: str, obj: dict[str, Any]) -> None:
+        """gpufed's grant quotas: their usage follows every pod and changes nothing here; what they
+        enforce (unless it is what the grant last applied), their labels, or whether they are in
+        force yet (the quota controller filled their status) does."""
+        ns = meta.namespace(obj)
+        if kind == "DELETED" or meta.name(obj) != GRANT_QUOTA:
+            self.cache.quotas.pop(ns, None)
+            self._in_force.pop(ns, None)
+            self._on_labelled(kind, obj)
+            return
+        hard = {str(k): str(v) for k, v in ((obj.get("spec") or {}).get("hard") or {}).items()}
+        seen = (hard, meta.labels(obj).get(CONSUMER_LABEL, ""))
+        in_force = bool((obj.get("status") or {}).get("hard"))
+        if self.cache.quotas.get(ns) == seen and self._in_force.get(ns) == in_force:
+            return
+        self.cache.quotas[ns] = seen
+        self._in_force[ns] = in_force
+        self._on_labelled(kind, obj)
 
     def _on_namespace(self, kind: str, obj: dict[str, Any]) -> None:
         name = meta.name(obj)
@@ -224,7 +302,7 @@ class ProviderRole:
         else:
             self.cache.ns_owner[name] = consumer
         if consumer in self.tenants:
-            self.queue.add(consumer)
+            self._queue_full(consumer)
 
     def _on_priority_class(self, kind: str, obj: dict[str, Any]) -> None:
         name = meta.name(obj)
@@ -234,12 +312,12 @@ class ProviderRole:
         elif current == name:
             self.namespaces.default_priority_class = None
         if self.namespaces.default_priority_class != current:
-            self._all_tenants()
+            self._all_tenants(full=True)
 
     def _on_twin_request(self, kind: str, obj: dict[str, Any]) -> None:
         tenant = _tenant_of_namespace(meta.namespace(obj))
         if tenant:
-            self.queue.add(tenant)
+            self._queue_full(tenant)
 
     async def run(self) -> None:
         label = {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"}
@@ -256,7 +334,7 @@ class ProviderRole:
             ("/api/v1/namespaces", self._on_namespace, "namespaces", {"labelSelector": CONSUMER_LABEL}, True),
             (rest.path(API_VERSION, "twinnamespaces"), self._on_twin_request, "twinns", None, False),
             ("/apis/certificates.k8s.io/v1/certificatesigningrequests", self._on_labelled, "csrs", label, False),
-            ("/api/v1/resourcequotas", self._on_labelled, "quotas", label, False),
+            ("/api/v1/resourcequotas", self._on_quota, "quotas", label, False),
             ("/apis/scheduling.k8s.io/v1/priorityclasses", self._on_priority_class, "priorityclasses", None, False),
         ]
         async with asyncio.TaskGroup() as tg:
@@ -295,6 +373,12 @@ class ProviderRole:
             _PHASE.set("Refused", name, ROLE)
             return None
 
+        full = name in self._full
+        self._full.discard(name)
+        seen = self._seen.get(name)
+        if not full and seen is not None and seen.holds(spec, old_status, time.monotonic(), self.settings.resync_s):
+            return await self._redecide(tenant, spec, consumer, seen, old_status, status)
+        self._seen.pop(name, None)
         requeue = self.settings.resync_s
         # Before any namespace of the consumer exists: its pods are checked from their first.
         await self.namespaces.ensure_admission_policy()
@@ -327,6 +411,10 @@ class ProviderRole:
             opening = await self.namespaces.open(consumer, plan)
             if opening is not None:
                 requeue = min(requeue, opening)
+            elif wait is None and self.grants.storage_offer(spec, consumer) == offered:
+                # Settled: until something beyond capacity changes, or the resync, churn re-decides
+                # the grant alone.
+                self._seen[name] = _Seen(spec, list(plan.ready), time.monotonic())
             RESOURCE_GRANTED.set({r: float(v) for r, v in totals.granted.items()}, consumer, ROLE)
             RESOURCE_USED.set({r: float(v) for r, v in totals.used.items()}, consumer, ROLE)
             status["conditions"] = cond.mark(
@@ -340,8 +428,29 @@ class ProviderRole:
         _PHASE.set(str(status.get("phase") or "Pending"), name, ROLE)
         return requeue
 
+    async def _redecide(
+        self,
+        tenant: dict[str, Any],
+        spec: TenantSpec,
+        consumer: ClusterID,
+        seen: _Seen,
+        old_status: dict[str, Any],
+        status: dict[str, Any],
+    ) -> float:
+        """A reconcile queued by capacity churn alone: the grant re-decided on what the last full
+        reconcile saw (its namespaces, policy and storage offer stay as they are)."""
+        offered = self.grants.storage_offer(spec, consumer)
+        totals = await self.grants.decide(spec, consumer, seen.twins, status)
+        RESOURCE_GRANTED.set({r: float(v) for r, v in totals.granted.items()}, consumer, ROLE)
+        RESOURCE_USED.set({r: float(v) for r, v in totals.used.items()}, consumer, ROLE)
+        await self._write_status(tenant, old_status, status)
+        if self.grants.storage_offer(spec, consumer) != offered:  # the twins offer other classes now
+            self._seen.pop(consumer, None)
+            return 0.0
+        return max(0.0, seen.at + self.settings.resync_s - time.monotonic())
+
     async def _write_status(self, tenant: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
         new = {**new, "conditions": cond.ready(new.get("conditions") or [], TENANT_READY, meta.generation(tenant))}
-        if old == new:
+        if _written(old) == _written(new):
             return
         await st_.write(self.api, "Tenant", "tenants", meta.name(tenant), new)

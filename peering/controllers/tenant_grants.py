@@ -100,6 +100,9 @@ class CapacityCache:
     storage_classes: dict[str, StorageClassInfo] = field(default_factory=dict)
     #: name -> every PersistentVolume.
     volumes: dict[str, VolumeInfo] = field(default_factory=dict)
+    #: namespace -> (spec.hard, consumer label) of gpufed's grant quota there, as the watch last showed
+    #: it or as last applied.
+    quotas: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
 
     def usage(self, consumer: str) -> dict[str, dict[str, Decimal]]:
         """What the consumer's pods request and its claims hold now, per namespace it owns (tenant and twins)."""
@@ -221,7 +224,10 @@ class TenantGrants:
         limits = grants.partition(grants.enforced(total_granted), {t: usage.get(t, {}) for t in twins})
         extended = {r for n in self.cache.nodes.values() for r in n.extended}
         for ns, hard in limits.items():
-            await apply_quota(self.api, ns, consumer, grants.quota_hard(hard, extended, tenant=False))
+            want = dict(grants.quota_hard(hard, extended, tenant=False))
+            if self.cache.quotas.get(ns) != (want, consumer):  # the watch shows it as wanted already
+                await apply_quota(self.api, ns, consumer, want)
+                self.cache.quotas[ns] = (want, consumer)
         used_now = total(usage.values())
         status["granted"] = _fmt(total_granted)
         status["used"] = _fmt(used_now)

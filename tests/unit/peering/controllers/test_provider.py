@@ -338,3 +338,65 @@ def test_a_slice_outside_tenant_namespaces_is_ignored(kind: str) -> None:
     role = _role(None)
     role._on_slice(kind, {"metadata": {"name": "s", "namespace": "default"}})
     assert role.cache.slices == {}
+
+
+async def test_capacity_churn_re_decides_the_grant_alone_until_something_else_changes() -> None:
+    key = Ed25519PrivateKey.generate()
+    async with serve() as (server, api):
+        role = _role(api)
+        role._on_tenant("ADDED", _tenant(server, key))
+        await role.reconcile(CONSUMER)
+        _answer(server, key)
+        await role.reconcile(CONSUMER)
+        _sign_csr(server, _status(server)["csrName"])
+        server.create(
+            "configmaps",
+            {"metadata": {"name": "kube-root-ca.crt", "namespace": SYSTEM_NAMESPACE}, "data": {"ca.crt": "CA"}},
+        )
+        server.create(
+            "twinnamespaces",
+            {"metadata": {"name": "team-a", "namespace": TNS}, "spec": {"namespace": "team-a"}},
+            api_version=API_VERSION,
+        )
+        await role.reconcile(CONSUMER)
+        _quota_controller(server)
+        for q in server.items("resourcequotas"):
+            role._on_quota("MODIFIED", q)  # what the quota watch tells the role
+        await role.reconcile(CONSUMER)  # settled: namespaces opened
+        twin = f"team-a-{CONSUMER}"
+        assert _status(server, "twinnamespaces", TNS, "team-a")["phase"] == "Ready"
+
+        # a pod of the consumer starts: the grant alone is re-decided, nothing else is read or written
+        before = len(server.requests)
+        role.cache.ns_owner[twin] = CONSUMER
+        role.cache.pods[(twin, "p")] = (twin, PodLoad("n1", {"cpu": Decimal(1)}))
+        role._on_pod("ADDED", {"metadata": {"namespace": twin, "name": "q"}, "spec": {}, "status": {}})
+        assert CONSUMER not in role._full
+        await role.reconcile(CONSUMER)
+        made = [(r.method, r.path) for r in server.requests[before:]]
+        quota_path = f"/api/v1/namespaces/{twin}/resourcequotas/{GRANT_QUOTA}"
+        assert made == [
+            ("GET", f"/apis/{API_VERSION}/tenants/{CONSUMER}"),
+            ("PATCH", quota_path),  # no grant: the twin is held at its usage
+            ("PATCH", f"/apis/{API_VERSION}/tenants/{CONSUMER}/status"),
+        ], made
+        assert _status(server)["used"]["cpu"] == "1"
+        # the quota's usage follows the pod: nothing to do
+        quota = server.get("resourcequotas", twin, GRANT_QUOTA)
+        assert quota is not None
+        role._on_quota("MODIFIED", {**quota, "status": {**quota["status"], "used": {"cpu": "1"}}})
+        assert CONSUMER not in role._full
+        # the same churn again: the quota the watch shows is what the grant wants, the status too
+        before = len(server.requests)
+        await role.reconcile(CONSUMER)
+        assert [(r.method, r.path) for r in server.requests[before:]] == [
+            ("GET", f"/apis/{API_VERSION}/tenants/{CONSUMER}")
+        ]
+        # a twin namespace changes: the next reconcile is full again (and repairs it)
+        ns = server.get("namespaces", "", twin)
+        assert ns is not None
+        role._on_namespace("MODIFIED", ns)
+        assert CONSUMER in role._full
+        before = len(server.requests)
+        await role.reconcile(CONSUMER)
+        assert any(r.path.endswith(f"/namespaces/{twin}") for r in server.requests[before:])
