@@ -6,7 +6,8 @@ adoption) in `queue`, with workers of its own, so a burst of creates never holds
 status or a deletion (a key in both lanes is still handled by one worker at a time):
 - creation of the twin for a pod bound to the node, and its status reflected back through the
   status subresource (strategic merge on the API server's current object: conditions merge by
-  type, qosClass is never sent);
+  type, qosClass is never sent); the Pending states of a twin this controller just created are held
+  back for `status_debounce_s`, so a twin that runs at once costs one status patch;
 - graceful deletion: on deletionTimestamp the twin is stopped with the pod's grace period; once it
   is gone (or terminal) the containers' terminal states are reported and the local pod is deleted
   with grace 0 and a UID precondition. A pod deleted locally at once (force delete) or a twin whose
@@ -119,6 +120,9 @@ class PodSettings:
     max_retry_s: float = 60.0
     #: Seconds between re-checks of a pod whose twin is being deleted (notifications usually come first).
     deletion_poll_s: float = 2.0
+    #: Seconds a new twin's Pending states are held back: a twin that runs within them costs one status
+    #: patch (Running) instead of one per intermediate state; one still Pending is reported after them.
+    status_debounce_s: float = 1.0
     #: Seconds a twin may stay unplaced at the provider before the pod is failed back; None: never.
     unplaced_timeout_s: float | None = DEFAULT_UNPLACED_TIMEOUT_S
 
@@ -166,6 +170,8 @@ class PodController:
         self._phases: dict[Key, str] = {}
         #: UID -> (monotonic time first seen, twin creation observed) of pods not yet seen running.
         self._offloading: dict[str, tuple[float, bool]] = {}
+        #: key -> (UID, monotonic time) of twins this controller created whose Pending status is held back.
+        self._debounced: dict[Key, tuple[str, float]] = {}
         provider.subscribe(self._notify)
 
     def _count(self, key: Key, phase: str | None) -> None:
@@ -308,6 +314,7 @@ class PodController:
                 self._log.info("removing twin of a deleted pod", namespace=namespace, pod=name)
                 await self._delete_twin(twin, 0)
             self._refusals.pop(key, None)
+            self._debounced.pop(key, None)
             return None
         meta = pod["metadata"]
         uid = meta["uid"]
@@ -330,12 +337,27 @@ class PodController:
         patch = self.provider.pod_status(pod, twin)
         if status_differs(patch, pod):
             phase = (patch.get("status") or {}).get("phase")
+            wait = self._held_back(key, uid, phase)
+            if wait is not None:
+                later = await self._check_placed(pod, twin)
+                return wait if later is None else min(wait, later)
             if phase in TERMINAL_PHASES:
                 await self._release(pod)
             await self._patch_status(pod, patch)
             if phase == "Running":
                 self._observe(uid, "running")
         return await self._check_placed(pod, twin)
+
+    def _held_back(self, key: Key, uid: str, phase: str | None) -> float | None:
+        """Seconds the Pending status of a twin created moments ago is held back; None: report it now."""
+        held = self._debounced.get(key)
+        if held is None or held[0] != uid:
+            return None
+        left = held[1] + self.settings.status_debounce_s - time.monotonic()
+        if phase in (None, "Pending") and left > 0:
+            return left
+        del self._debounced[key]
+        return None
 
     async def _release(self, pod: Mapping[str, Any]) -> None:
         if self._releasing is not None:
@@ -421,6 +443,8 @@ class PodController:
                 return None
             return float(min(self.settings.max_retry_s, 2 ** min(n, 10) * 0.5))
         self._observe(pod["metadata"]["uid"], "created")
+        if self.settings.status_debounce_s > 0:
+            self._debounced[key] = (pod["metadata"]["uid"], time.monotonic())
         if self._refusals.pop(key, None) is not None:
             await self._patch_status(pod, {"status": {"reason": None, "message": None}})
         self._log.debug("twin created", namespace=namespace, pod=name)

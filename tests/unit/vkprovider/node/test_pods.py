@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -399,3 +400,25 @@ def test_a_pod_may_ask_for_a_shorter_unplaced_timeout_only() -> None:
     for ignored in ("600", "5", "-1", "nan", "inf", "soon", ""):
         assert unplaced_timeout(pod(ignored), 120.0) == 120.0, ignored
     assert unplaced_timeout(pod("30"), None) is None, "a node that never fails back keeps never"
+
+
+async def test_a_new_twins_pending_states_are_held_back_so_one_that_runs_at_once_costs_one_patch() -> None:
+    provider = FakeProvider()
+    settings = dataclasses.replace(SETTINGS, status_debounce_s=0.5)
+    async with serve() as (server, api):
+        env = Env(server, api, provider, Recording(api, provider, NODE, settings))
+        async with running(env.controller.run()):
+            await until(env.controller.ready.is_set)
+            server.create("pods", pod("quick"))
+            server.create("pods", pod("slow"))
+            await until(lambda: provider.twin(NS, "quick") is not None and provider.twin(NS, "slow") is not None)
+            provider.set_phase(NS, "slow", "Pending")
+            provider.set_phase(NS, "quick", "Pending")
+            await asyncio.sleep(0.1)
+            assert env.status_patches("quick") == [] and env.status_patches("slow") == []
+            provider.set_phase(NS, "quick", "Running", pod_ip="10.244.1.9")
+            await until(lambda: env.status("quick").get("phase") == "Running", what="quick Running")
+            # the one still Pending is reported once the hold is over
+            await until(lambda: "containerStatuses" in env.status("slow"), what="slow reported", timeout=3)
+    assert [b["status"].get("phase") for b in env.status_patches("quick")] == ["Running"]
+    assert [b["status"].get("phase") for b in env.status_patches("slow")] == ["Pending"]
