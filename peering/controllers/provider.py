@@ -63,7 +63,7 @@ from peering.controllers import status as st_
 from peering.controllers.consumer import PEERING_PHASE, RESOURCE_GRANTED, RESOURCE_USED
 from peering.controllers.identity import Identity
 from peering.controllers.renewal_approval import RenewalApprover
-from peering.controllers.tenant_grants import CapacityCache, TenantGrants, grant_of
+from peering.controllers.tenant_grants import CapacityCache, TenantGrants, grant_of, quota_amounts
 from peering.controllers.tenant_handshake import DEFAULT_CERT_SECONDS, TenantHandshake
 from peering.controllers.tenant_namespaces import TenantNamespaces
 from peering.grants import PodLoad
@@ -250,8 +250,7 @@ class ProviderRole:
             slices[key] = obj
         if before is None or kind == "DELETED" or meta.generation(before) != meta.generation(obj):
             self._queue_full(tenant)
-        else:  # its status, written by the reconcile itself
-            self.queue.add(tenant)
+        # else its status changed, which only the reconcile itself writes (the resync repairs any other)
         # Other tenants see this slice only through its grant (it reserves capacity).
         if grant_of(before) != grant_of(slices.get(key)):
             self._all_tenants()
@@ -285,8 +284,7 @@ class ProviderRole:
             self._in_force.pop(ns, None)
             self._on_labelled(kind, obj)
             return
-        hard = {str(k): str(v) for k, v in ((obj.get("spec") or {}).get("hard") or {}).items()}
-        seen = (hard, meta.labels(obj).get(CONSUMER_LABEL, ""))
+        seen = (quota_amounts((obj.get("spec") or {}).get("hard") or {}), meta.labels(obj).get(CONSUMER_LABEL, ""))
         in_force = bool((obj.get("status") or {}).get("hard"))
         if self.cache.quotas.get(ns) == seen and self._in_force.get(ns) == in_force:
             return

@@ -100,9 +100,9 @@ class CapacityCache:
     storage_classes: dict[str, StorageClassInfo] = field(default_factory=dict)
     #: name -> every PersistentVolume.
     volumes: dict[str, VolumeInfo] = field(default_factory=dict)
-    #: namespace -> (spec.hard, consumer label) of gpufed's grant quota there, as the watch last showed
-    #: it or as last applied.
-    quotas: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
+    #: namespace -> (spec.hard as `quota_amounts`, consumer label) of gpufed's grant quota there, as
+    #: the watch last showed it or as last applied.
+    quotas: dict[str, tuple[dict[str, Decimal | str], str]] = field(default_factory=dict)
 
     def usage(self, consumer: str) -> dict[str, dict[str, Decimal]]:
         """What the consumer's pods request and its claims hold now, per namespace it owns (tenant and twins)."""
@@ -225,15 +225,27 @@ class TenantGrants:
         extended = {r for n in self.cache.nodes.values() for r in n.extended}
         for ns, hard in limits.items():
             want = dict(grants.quota_hard(hard, extended, tenant=False))
-            if self.cache.quotas.get(ns) != (want, consumer):  # the watch shows it as wanted already
+            if self.cache.quotas.get(ns) != (quota_amounts(want), consumer):  # the watch shows it as wanted
                 await apply_quota(self.api, ns, consumer, want)
-                self.cache.quotas[ns] = (want, consumer)
+                self.cache.quotas[ns] = (quota_amounts(want), consumer)
         used_now = total(usage.values())
         status["granted"] = _fmt(total_granted)
         status["used"] = _fmt(used_now)
         status["twinNamespaces"] = twins
         status["namespace"] = tns
         return TenantTotals(total_granted, used_now)
+
+
+def quota_amounts(hard: Mapping[str, Any]) -> dict[str, Decimal | str]:
+    """A quota's `hard` to compare by amount (the API server writes quantities in its own form:
+    `1024Mi` comes back as `1Gi`); what is not a quantity is compared as written."""
+    out: dict[str, Decimal | str] = {}
+    for r, q in hard.items():
+        try:
+            out[str(r)] = parse(q)
+        except ValueError:
+            out[str(r)] = str(q)
+    return out
 
 
 async def apply_quota(api: Any, namespace: str, consumer: ClusterID, hard: Mapping[str, str]) -> None:

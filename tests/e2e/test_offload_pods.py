@@ -225,7 +225,7 @@ def test_missing_configmap_is_reported_and_the_pod_starts_once_it_exists(
         return any(
             e["type"] == "Warning"
             and e["involvedObject"]["name"] == "needs-cm"
-            and e["reason"] == "ReferenceNotFound"
+            and e["reason"] in ("MandatoryConfigMapNotFound", "MandatorySecretNotFound")
             and "not found in namespace" in e["message"]
             for e in evs
         )

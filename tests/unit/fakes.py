@@ -84,7 +84,9 @@ class FakeProvider:
         self.pods[(namespace, name)] = self._new(namespace, name, origin_uid)
         self.set_phase(namespace, name, phase)
 
-    def set_phase(self, namespace: str, name: str, phase: str, pod_ip: str = "10.244.1.7") -> None:
+    def set_phase(
+        self, namespace: str, name: str, phase: str, pod_ip: str = "10.244.1.7", waiting: str = "ContainerCreating"
+    ) -> None:
         pod = self.pods[(namespace, name)]
         status: dict[str, Any] = {"phase": phase}
         if phase != "Pending":
@@ -98,7 +100,7 @@ class FakeProvider:
             code = 0 if phase == "Succeeded" else 1
             state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
         else:
-            state = {"waiting": {"reason": "ContainerCreating"}}
+            state = {"waiting": {"reason": waiting}}
         status["containerStatuses"] = [
             {"name": n, "image": "img", "imageID": "", "restartCount": 0, "ready": phase == "Running", "state": state}
             for n in names

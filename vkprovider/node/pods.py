@@ -6,8 +6,9 @@ adoption) in `queue`, with workers of its own, so a burst of creates never holds
 status or a deletion (a key in both lanes is still handled by one worker at a time):
 - creation of the twin for a pod bound to the node, and its status reflected back through the
   status subresource (strategic merge on the API server's current object: conditions merge by
-  type, qosClass is never sent); the Pending states of a twin this controller just created are held
-  back for `status_debounce_s`, so a twin that runs at once costs one status patch;
+  type, qosClass is never sent); the uneventful Pending states (`uneventful`) of a twin this
+  controller just created are held back for `status_debounce_s`, so a twin that runs within them
+  costs one status patch;
 - graceful deletion: on deletionTimestamp the twin is stopped with the pod's grace period; once it
   is gone (or terminal) the containers' terminal states are reported and the local pod is deleted
   with grace 0 and a UID precondition. A pod deleted locally at once (force delete) or a twin whose
@@ -80,6 +81,27 @@ MIN_UNPLACED_TIMEOUT_S = 10.0
 Key = tuple[str, str]
 
 
+#: Why a container of a starting pod waits when nothing is wrong.
+STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def uneventful(patch: Mapping[str, Any]) -> bool:
+    """Whether a status says only that the pod is starting: Pending, every container waiting (if at
+    all) only to be created."""
+    status = patch.get("status") or {}
+    if status.get("phase") not in (None, "Pending"):
+        return False
+    for kind in ("initContainerStatuses", "containerStatuses"):
+        for c in status.get(kind) or []:
+            state = {k: v for k, v in (c.get("state") or {}).items() if v is not None}  # None: cleared
+            if set(state) - {"waiting"}:
+                return False
+            reason = (state.get("waiting") or {}).get("reason")
+            if reason is not None and reason not in STARTING_REASONS:
+                return False
+    return True
+
+
 def unplaced_timeout(pod: Mapping[str, Any], node_timeout: float | None) -> float | None:
     """How long `pod`'s twin may stay unplaced: the node's timeout (None: never), or the pod's own
     UNPLACED_TIMEOUT_ANNOTATION when that is a number of seconds between MIN_UNPLACED_TIMEOUT_S and it."""
@@ -120,9 +142,11 @@ class PodSettings:
     max_retry_s: float = 60.0
     #: Seconds between re-checks of a pod whose twin is being deleted (notifications usually come first).
     deletion_poll_s: float = 2.0
-    #: Seconds a new twin's Pending states are held back: a twin that runs within them costs one status
-    #: patch (Running) instead of one per intermediate state; one still Pending is reported after them.
-    status_debounce_s: float = 1.0
+    #: Seconds a new twin's uneventful Pending states (containers waiting only to be created) are held
+    #: back: a twin that runs within them costs one status patch (Running) instead of one per
+    #: intermediate state; one still Pending is reported after them, and a waiting reason that says
+    #: more (ErrImagePull, CreateContainerConfigError, …) at once.
+    status_debounce_s: float = 10.0
     #: Seconds a twin may stay unplaced at the provider before the pod is failed back; None: never.
     unplaced_timeout_s: float | None = DEFAULT_UNPLACED_TIMEOUT_S
 
@@ -337,7 +361,7 @@ class PodController:
         patch = self.provider.pod_status(pod, twin)
         if status_differs(patch, pod):
             phase = (patch.get("status") or {}).get("phase")
-            wait = self._held_back(key, uid, phase)
+            wait = self._held_back(key, uid, patch)
             if wait is not None:
                 later = await self._check_placed(pod, twin)
                 return wait if later is None else min(wait, later)
@@ -348,13 +372,14 @@ class PodController:
                 self._observe(uid, "running")
         return await self._check_placed(pod, twin)
 
-    def _held_back(self, key: Key, uid: str, phase: str | None) -> float | None:
-        """Seconds the Pending status of a twin created moments ago is held back; None: report it now."""
+    def _held_back(self, key: Key, uid: str, patch: Mapping[str, Any]) -> float | None:
+        """Seconds the uneventful Pending status of a twin created moments ago is held back; None:
+        report it now."""
         held = self._debounced.get(key)
         if held is None or held[0] != uid:
             return None
         left = held[1] + self.settings.status_debounce_s - time.monotonic()
-        if phase in (None, "Pending") and left > 0:
+        if left > 0 and uneventful(patch):
             return left
         del self._debounced[key]
         return None

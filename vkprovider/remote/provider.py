@@ -492,7 +492,14 @@ class RemoteProvider:
             # The estimator's answer is authoritative only when given: an unreachable one lets the pod through.
             await self.placement.check(pod, target.gpu_product)
         for ref in forge.references(pod):
-            await self.references.copy(namespace, ref, target)
+            if not await self.references.copy(namespace, ref, target):
+                # As a kubelet says it: the pod starts without what its optional reference names.
+                self.events.offer(
+                    pod,
+                    type_="Warning",
+                    reason=f"Optional{ref.kind}NotFound",
+                    message=f'{ref.kind.lower()} "{ref.name}" not found',
+                )
         identity = await self.tokens.ensure(pod, target) if self.tokens is not None else None
         body = forge.remote_pod(pod, target, identity)
         url = rest.path("v1", "pods", namespace=target.namespace)

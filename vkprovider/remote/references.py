@@ -52,8 +52,13 @@ class ReferenceCopier:
         except KubeError as e:
             raise refusal(e, f"cannot read from provider {self.provider}") from e
 
-    async def copy(self, namespace: str, ref: Reference, target: Target) -> None:
-        """Make the copy of `ref` (of local `namespace`) exist in `target.namespace`."""
+    async def copy(self, namespace: str, ref: Reference, target: Target) -> bool:
+        """Make the copy of `ref` (of local `namespace`) exist in `target.namespace`; False when an
+        optional reference names nothing (the pod starts without it, as on a kubelet).
+
+        ProviderError with the kubelet's conventional reasons for what is missing
+        (`MandatoryConfigMapNotFound`, `MandatorySecretNotFound`), `ReferenceUnreadable`,
+        `ReferenceNotReflected`, `NameCollision`, or the provider's refusal."""
         plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
         try:
             local = await rest.get(self.local, rest.path("v1", plural, ref.name, namespace=namespace))
@@ -63,11 +68,11 @@ class ReferenceCopier:
             ) from e
         if local is None:
             if ref.optional:
-                return
+                return False
             raise ProviderError(
                 f'{ref.kind} "{ref.name}" not found in namespace {namespace}: the pod cannot start on '
                 f"{self.provider} until it exists",
-                reason="ReferenceNotFound",
+                reason=f"Mandatory{ref.kind}NotFound",
             )
         decision = reflection.policy(local, self.namespace_annotations(namespace))
         if decision.reason in ("Skipped", "NotAllowed"):  # the reflector would remove the copy again
@@ -79,11 +84,11 @@ class ReferenceCopier:
         rv = str(local["metadata"].get("resourceVersion"))
         cache_key = (target.namespace, ref.kind, ref.name)
         if self._copied.get(cache_key) == rv:
-            return
+            return True
         # The same copy the Secret/ConfigMap reflector makes (the pod cannot wait for it).
         twin = (reflection.remote_config_map if ref.kind == "ConfigMap" else reflection.remote_secret)(local, target)
         if twin is None:
-            return
+            return True
         url = rest.path("v1", plural, ref.name, namespace=target.namespace)
         existing = await self.get_remote(url)
         if existing is not None and not owned_by(existing, self.consumer):
@@ -97,3 +102,4 @@ class ReferenceCopier:
         except KubeError as e:
             raise refusal(e, f"cannot copy {ref.kind} {ref.name} to {self.provider}") from e
         self._copied[cache_key] = rv
+        return True

@@ -28,7 +28,7 @@ from gpufed.kube import conditions as cond
 from peering import handshake, podsecurity
 from peering.controllers.identity import Identity
 from peering.controllers.provider import ProviderRole
-from peering.controllers.tenant_grants import CapacityCache, grant_of, total
+from peering.controllers.tenant_grants import CapacityCache, grant_of, quota_amounts, total
 from peering.controllers.tenant_namespaces import pod_security, published
 from peering.grants import PodLoad
 from tests.unit.fakes import FakeApiServer, serve
@@ -400,3 +400,11 @@ async def test_capacity_churn_re_decides_the_grant_alone_until_something_else_ch
         before = len(server.requests)
         await role.reconcile(CONSUMER)
         assert any(r.path.endswith(f"/namespaces/{twin}") for r in server.requests[before:])
+
+
+def test_a_quota_is_compared_by_amount_as_the_api_server_rewrites_quantities() -> None:
+    assert quota_amounts({"limits.ephemeral-storage": "20480Gi", "pods": "10"}) == quota_amounts(
+        {"limits.ephemeral-storage": "20Ti", "pods": "10"}
+    )
+    assert quota_amounts({"pods": "10"}) != quota_amounts({"pods": "11"})
+    assert quota_amounts({"odd": "x"}) == {"odd": "x"}

@@ -22,7 +22,7 @@ from vkprovider.node.provider import ProviderError
 
 NODE = "gpufed-prov-a"
 NS = "team"
-SETTINGS = PodSettings(workers=4, max_retry_s=0.05, deletion_poll_s=0.05)
+SETTINGS = PodSettings(workers=4, max_retry_s=0.05, deletion_poll_s=0.05, status_debounce_s=0.0)
 
 
 @pytest.fixture(autouse=True)
@@ -404,21 +404,23 @@ def test_a_pod_may_ask_for_a_shorter_unplaced_timeout_only() -> None:
 
 async def test_a_new_twins_pending_states_are_held_back_so_one_that_runs_at_once_costs_one_patch() -> None:
     provider = FakeProvider()
-    settings = dataclasses.replace(SETTINGS, status_debounce_s=0.5)
+    settings = dataclasses.replace(SETTINGS, status_debounce_s=2.0)
     async with serve() as (server, api):
         env = Env(server, api, provider, Recording(api, provider, NODE, settings))
         async with running(env.controller.run()):
             await until(env.controller.ready.is_set)
-            server.create("pods", pod("quick"))
-            server.create("pods", pod("slow"))
-            await until(lambda: provider.twin(NS, "quick") is not None and provider.twin(NS, "slow") is not None)
+            for name in ("quick", "slow", "broken"):
+                server.create("pods", pod(name))
+            await until(lambda: all(provider.twin(NS, n) is not None for n in ("quick", "slow", "broken")))
             provider.set_phase(NS, "slow", "Pending")
             provider.set_phase(NS, "quick", "Pending")
-            await asyncio.sleep(0.1)
+            # a waiting reason that says more than "starting" is reported at once
+            provider.set_phase(NS, "broken", "Pending", waiting="ErrImagePull")
+            await until(lambda: bool(env.status_patches("broken")), what="broken reported")
             assert env.status_patches("quick") == [] and env.status_patches("slow") == []
             provider.set_phase(NS, "quick", "Running", pod_ip="10.244.1.9")
             await until(lambda: env.status("quick").get("phase") == "Running", what="quick Running")
             # the one still Pending is reported once the hold is over
-            await until(lambda: "containerStatuses" in env.status("slow"), what="slow reported", timeout=3)
+            await until(lambda: "containerStatuses" in env.status("slow"), what="slow reported", timeout=6)
     assert [b["status"].get("phase") for b in env.status_patches("quick")] == ["Running"]
     assert [b["status"].get("phase") for b in env.status_patches("slow")] == ["Pending"]

@@ -66,11 +66,15 @@ async def test_the_copy_is_the_reflectors_and_made_once_per_version(world: World
 
 
 async def test_a_missing_reference_is_refused_unless_optional(world: World) -> None:
-    await world.copier.copy("team", Reference("Secret", "absent", optional=True), TARGET)
+    # the kubelet's conventional reasons: the pod starts without an optional one, never without the other
+    assert await world.copier.copy("team", Reference("Secret", "absent", optional=True), TARGET) is False
     with pytest.raises(ProviderError) as e:
         await world.copier.copy("team", Reference("Secret", "absent", optional=False), TARGET)
-    assert e.value.reason == "ReferenceNotFound" and e.value.retry
+    assert e.value.reason == "MandatorySecretNotFound" and e.value.retry
     assert str(e.value).startswith('Secret "absent" not found in namespace team')
+    with pytest.raises(ProviderError) as e:
+        await world.copier.copy("team", Reference("ConfigMap", "absent", optional=False), TARGET)
+    assert e.value.reason == "MandatoryConfigMapNotFound"
 
 
 async def test_a_reference_the_reflector_would_remove_is_refused(world: World) -> None:
