@@ -6,7 +6,7 @@ own client, the control plane), per verb and resource, divided by the pods of th
 one-line summary a report prints ("gpufed: consumer 1.0 create pods/status …").
 
 Counted: every request received in the window (a watch once, when it starts), whatever its answer;
-reads and writes apart, since writes are what etcd pays for. The actor of a request is its user:
+writes (what etcd stores) and the rest apart. The actor of a request is its user:
 `gpufed:*` is gpufed (the consumer's controller and virtual kubelet, the provider's controller and the
 consumer's identity there), a user naming kwok is kwok, other `system:*` users are the control plane
 (kube-scheduler, kube-controller-manager, the API server itself), anyone else is the bench's client.
@@ -31,6 +31,22 @@ CONTROL_PLANE = "control-plane"
 CLIENT = "client"
 ACTORS = (GPUFED, KWOK, CONTROL_PLANE, CLIENT)
 WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+#: Creates the API server answers without storing anything (a token signed, a review decided).
+NOT_STORED = frozenset(
+    {
+        "serviceaccounts/token",
+        "tokenreviews.authentication.k8s.io",
+        "subjectaccessreviews.authorization.k8s.io",
+        "selfsubjectaccessreviews.authorization.k8s.io",
+        "localsubjectaccessreviews.authorization.k8s.io",
+    }
+)
+
+
+def stored(verb_resource: str) -> bool:
+    """Whether a request ("create pods") writes to etcd."""
+    verb, _, resource = verb_resource.partition(" ")
+    return verb in WRITES and resource not in NOT_STORED
 
 
 def actor(user: str) -> str:
@@ -44,15 +60,16 @@ def actor(user: str) -> str:
 
 
 def per_pod(requests: Iterable[AuditEvent], pods: int) -> dict[str, Any]:
-    """What the requests cost per pod: per actor, `writes` and `reads` per pod, and `by_verb`
-    ("create pods": n per pod), largest first."""
+    """What the requests cost per pod: per actor, `writes` (what etcd stores) and `reads` (everything
+    else: gets, lists, watches, token requests, reviews) per pod, and `by_verb` ("create pods": n per
+    pod), largest first."""
     by: dict[str, Counter[str]] = {a: Counter() for a in ACTORS}
     for e in requests:
         by[actor(e.user)][f"{e.verb} {e.resource}"] += 1
     n = max(pods, 1)
     out: dict[str, Any] = {}
     for a, counts in by.items():
-        writes = sum(c for k, c in counts.items() if k.split(" ", 1)[0] in WRITES)
+        writes = sum(c for k, c in counts.items() if stored(k))
         out[a] = {
             "writes": round(writes / n, 2),
             "reads": round((sum(counts.values()) - writes) / n, 2),

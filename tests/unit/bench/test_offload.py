@@ -136,14 +136,14 @@ def test_the_page_shows_every_figure_against_its_target_and_lists_what_was_misse
 
 def test_the_run_after_the_fixes_is_set_beside_the_profiled_run() -> None:
     rs = results()
-    assert "No run after the fixes is recorded yet" in report.render(rs, {})
-    after = copy.deepcopy(rs["offload"])
-    after["part"] = "offload-after"
-    after["machine"]["loadavg_at_start"] = [0.5, 0.5, 0.5]
-    for r in after["runs"]:
+    assert "No earlier profiled run is recorded" in report.render(rs, {})
+    before = copy.deepcopy(rs["offload"])
+    before["part"] = "offload-profiled"
+    rs["offload"]["machine"]["loadavg_at_start"] = [0.5, 0.5, 0.5]
+    for r in rs["offload"]["runs"]:
         r["virtual"]["all_running_s"] /= 2
         r["virtual"]["processes"]["virtual-kubelet"]["cpu_s"] /= 4
-    page = report.render({**rs, "offload-after": after}, {})
+    page = report.render({**rs, "offload-profiled": before}, {})
     assert "load average at start [1, 1, 1]" in page and "load average at start [0.5, 0.5, 0.5]" in page
     assert "| 1000 pre-bound | 50 s → 25 s | " in page, "all Running before -> after at the size both measured"
     assert "| 1000 scheduled | 50 s → 25 s | " in page

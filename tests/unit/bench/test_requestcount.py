@@ -42,13 +42,20 @@ def test_requests_are_counted_per_pod_per_actor_and_verb() -> None:
         *(ev("gpufed:virtual-kubelet", "create", "pods") for _ in range(4)),
         *(ev("gpufed:consumer:c-1", "patch", "pods/status") for _ in range(2)),
         ev("gpufed:controller", "get", "secrets"),
+        ev("gpufed:virtual-kubelet", "create", "serviceaccounts/token"),
         *(ev("system:serviceaccount:kube-system:kwok-controller", "patch", "pods/status") for _ in range(4)),
         ev("system:kube-scheduler", "create", "pods/binding"),
         ev("gpufed-local-admin", "create", "pods"),
     ]
     got = requestcount.per_pod(requests, 4)
-    assert got["gpufed"]["writes"] == 1.5 and got["gpufed"]["reads"] == 0.25
-    assert got["gpufed"]["by_verb"] == {"create pods": 1.0, "patch pods/status": 0.5, "get secrets": 0.25}
+    # a TokenRequest is signed, not stored: not a write
+    assert got["gpufed"]["writes"] == 1.5 and got["gpufed"]["reads"] == 0.5
+    assert got["gpufed"]["by_verb"] == {
+        "create pods": 1.0,
+        "patch pods/status": 0.5,
+        "get secrets": 0.25,
+        "create serviceaccounts/token": 0.25,
+    }
     assert got["kwok"]["writes"] == 1.0
     assert got["control-plane"]["by_verb"] == {"create pods/binding": 0.25}
     assert got["client"]["writes"] == 0.25
