@@ -29,6 +29,21 @@ _DECIMAL = {
 _GRAMMAR = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 
 
+#: Resources counted in bytes (beside `hugepages-*`); cpu is in cores, everything else in items.
+_BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage", "storage", "requests.storage"})
+
+
+def resource_unit(resource: str) -> str:
+    """The unit a resource's base amount counts, as kube-state-metrics names it: `core` (cpu), `byte`
+    (memory, storage, huge pages) or `integer` (pods, GPUs, other devices)."""
+    name = resource.removeprefix("requests.").removeprefix("limits.")
+    if name == "cpu":
+        return "core"
+    if name in _BYTE_RESOURCES or name.startswith("hugepages-"):
+        return "byte"
+    return "integer"
+
+
 class QuantityError(ValueError):
     """The text is not a Kubernetes quantity."""
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import platform
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import structlog
 from aiohttp import web
@@ -143,24 +143,30 @@ class StateGauge:
 
 class GaugeMap:
     """A gauge whose last label is a key of a mapping (e.g. resource -> amount): `set` exports a
-    thing's whole mapping and removes the series of keys it no longer has."""
+    thing's whole mapping and removes the series of keys it no longer has. With `unit_of`, the gauge
+    has one more label after the key, the key's unit (kube-state-metrics' `unit` convention: one
+    metric name whose series count cores, bytes and items says which in a label)."""
 
-    def __init__(self, gauge: Gauge) -> None:
+    def __init__(self, gauge: Gauge, unit_of: Callable[[str], str] | None = None) -> None:
         self.gauge = gauge
+        self.unit_of = unit_of
         self._keys: dict[tuple[str, ...], set[str]] = {}
 
+    def _labels(self, labelvalues: tuple[str, ...], key: str) -> tuple[str, ...]:
+        return (*labelvalues, key) if self.unit_of is None else (*labelvalues, key, self.unit_of(key))
+
     def set(self, values: Mapping[str, float], *labelvalues: str) -> None:
-        """`labelvalues` (all labels but the last, which is the key) now have exactly `values`."""
+        """`labelvalues` (all labels but the key's and its unit's) now have exactly `values`."""
         for gone in self._keys.get(labelvalues, set()) - values.keys():
-            self.gauge.remove(*labelvalues, gone)
+            self.gauge.remove(*self._labels(labelvalues, gone))
         self._keys[labelvalues] = set(values)
         for key, value in values.items():
-            self.gauge.labels(*labelvalues, key).set(value)
+            self.gauge.labels(*self._labels(labelvalues, key)).set(value)
 
     def remove(self, *labelvalues: str) -> None:
         """Drop every series of `labelvalues` (the thing is gone)."""
         for key in self._keys.pop(labelvalues, set()):
-            self.gauge.remove(*labelvalues, key)
+            self.gauge.remove(*self._labels(labelvalues, key))
 
 
 __all__ = ["DEFAULT_HOST", "GaugeMap", "MetricsServer", "MetricsServerError", "StateGauge", "serving"]

@@ -23,7 +23,7 @@ The identity key never leaves this process; the CSR key never leaves this cluste
 
 Metrics (shared with the provider role, which sets them with role="provider"):
 `gpufed_peering_phase{remote_cluster,role,phase}` (1 for the ForeignCluster's phase) and
-`gpufed_resource_granted` / `gpufed_resource_used{remote_cluster,role,resource}` (the sum over the
+`gpufed_resource_granted` / `gpufed_resource_used{remote_cluster,role,resource,unit}` (the sum over the
 slices for that provider of what it granted and what is used of it, as its mirrors say; base
 units), all dropped when the ForeignCluster goes; and, consumer role only, the validity of the
 stored client certificate (`peering.expiry`, kind `client`).
@@ -57,7 +57,7 @@ from gpufed.apis.peering import (
     ResourceSliceSpec,
     StorageClassOffer,
 )
-from gpufed.apis.quantity import QuantityError, parse
+from gpufed.apis.quantity import QuantityError, parse, resource_unit
 from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -100,16 +100,19 @@ PEERING_PHASE = Gauge(
 RESOURCE_GRANTED = GaugeMap(
     Gauge(
         "gpufed_resource_granted",
-        "Resources the provider granted in a peering (sum over its ResourceSlices), in base units.",
-        ["remote_cluster", "role", "resource"],
-    )
+        "Resources the provider granted in a peering (sum over its ResourceSlices), in base units (label unit).",
+        ["remote_cluster", "role", "resource", "unit"],
+    ),
+    resource_unit,
 )
 RESOURCE_USED = GaugeMap(
     Gauge(
         "gpufed_resource_used",
-        "Resources of a peering's grant in use (what the consumer's offloaded pods request), in base units.",
-        ["remote_cluster", "role", "resource"],
-    )
+        "Resources of a peering's grant in use (what the consumer's offloaded pods request), in base units "
+        "(label unit).",
+        ["remote_cluster", "role", "resource", "unit"],
+    ),
+    resource_unit,
 )
 _PHASE = StateGauge(PEERING_PHASE, PHASES)
 ROLE = "consumer"

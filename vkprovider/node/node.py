@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
-from gpufed.apis.quantity import QuantityError, parse
+from gpufed.apis.quantity import QuantityError, parse, resource_unit
 from gpufed.apis.wire import VIRTUAL_NODE_EXCLUSION_LABELS, VIRTUAL_NODE_TAINT
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
@@ -57,9 +57,10 @@ NODE_READY = Gauge("gpufed_node_ready", "Whether a virtual node is Ready (1) or 
 NODE_ALLOCATABLE = GaugeMap(
     Gauge(
         "gpufed_node_allocatable",
-        "Allocatable resources a virtual node advertises, in base units (cores, bytes, GPUs, pods).",
-        ["node", "resource"],
-    )
+        "Allocatable resources a virtual node advertises, in base units (label unit: core, byte, integer).",
+        ["node", "resource", "unit"],
+    ),
+    resource_unit,
 )
 LEASE_RENEWALS = Counter(
     "gpufed_node_lease_renewals_total",

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufed import defaults
+from gpufed.apis.quantity import resource_unit
 from gpufed.app.controller import ControllerSettings
 from gpufed.kube.metrics import GaugeMap, MetricsServer, MetricsServerError, StateGauge, serving
 from tests.unit.fakes import running, until
@@ -119,6 +120,22 @@ def test_gauge_map_exports_a_whole_mapping_and_removes_keys_that_went() -> None:
     assert _samples(registry, "gpufed_test_granted") == {("p1", "nvidia.com/gpu"): 6, ("p2", "cpu"): 1}
     granted.remove("p1")
     assert _samples(registry, "gpufed_test_granted") == {("p2", "cpu"): 1}
+
+
+def test_a_gauge_map_with_units_says_each_keys_unit_in_a_label() -> None:
+    registry = CollectorRegistry()
+    labels = ["peer", "resource", "unit"]
+    granted = GaugeMap(Gauge("gpufed_test_units", "Granted.", labels, registry=registry), resource_unit)
+    granted.set({"cpu": 4, "memory": 2**30, "nvidia.com/gpu": 8, "hugepages-2Mi": 2**21}, "p1")
+    assert _samples(registry, "gpufed_test_units") == {
+        ("p1", "cpu", "core"): 4,
+        ("p1", "memory", "byte"): 2**30,
+        ("p1", "nvidia.com/gpu", "integer"): 8,
+        ("p1", "hugepages-2Mi", "byte"): 2**21,
+    }
+    granted.set({"cpu": 2}, "p1")
+    assert _samples(registry, "gpufed_test_units") == {("p1", "cpu", "core"): 2}
+    assert resource_unit("requests.storage") == "byte" and resource_unit("pods") == "integer"
 
 
 def _outward_address() -> str | None:

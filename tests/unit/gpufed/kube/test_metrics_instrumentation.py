@@ -151,15 +151,18 @@ async def test_node_ready_allocatable_and_lease_renewals() -> None:
         async with running(controller.run()):
             await until(controller.ready.is_set, what="node registered")
             assert value("gpufed_node_ready", node=name) == 1
-            assert value("gpufed_node_allocatable", node=name, resource="nvidia.com/gpu") == 8
+            assert value("gpufed_node_allocatable", node=name, resource="nvidia.com/gpu", unit="integer") == 8
+            assert value("gpufed_node_allocatable", node=name, resource="cpu", unit="core") > 0
+            assert value("gpufed_node_allocatable", node=name, resource="memory", unit="byte") > 0
             provider.state = node_state(ready=False, gpus="2")
             controller.poke()
             await until(lambda: value("gpufed_node_ready", node=name) == 0, what="not ready")
-            assert value("gpufed_node_allocatable", node=name, resource="nvidia.com/gpu") == 2
+            assert value("gpufed_node_allocatable", node=name, resource="nvidia.com/gpu", unit="integer") == 2
             await until(lambda: renewals() >= 2, what="lease renewed")
         await controller.remove()
     assert REGISTRY.get_sample_value("gpufed_node_ready", {"node": name}) is None
-    assert REGISTRY.get_sample_value("gpufed_node_allocatable", {"node": name, "resource": "nvidia.com/gpu"}) is None
+    gone = {"node": name, "resource": "nvidia.com/gpu", "unit": "integer"}
+    assert REGISTRY.get_sample_value("gpufed_node_allocatable", gone) is None
 
 
 # ---- estimator
