@@ -5,7 +5,8 @@ certificate's notAfter falls on: `x - time()` is the time left) and
 `gpufed_credential_issued_timestamp_seconds{remote_cluster,kind}` (its notBefore; with the expiry,
 the lifetime, so an alert can say "less than a third of its lifetime left"), and the helpers that
 set and drop them. `kind` names the credential: `client` (this consumer's client certificate on
-provider `remote_cluster`).
+provider `remote_cluster`), `serving` (the serving certificate of a virtual node's kubelet API; there
+`remote_cluster` is the virtual node, named after its provider, since one provider may have several).
 
 Reads only a certificate's public validity fields; never a key.
 
@@ -21,6 +22,8 @@ from prometheus_client import Gauge
 
 #: `kind` of a consumer's client certificate on a provider.
 CLIENT = "client"
+#: `kind` of a virtual node's kubelet serving certificate.
+SERVING = "serving"
 
 CREDENTIAL_EXPIRY = Gauge(
     "gpufed_credential_expiry_timestamp_seconds",
@@ -47,4 +50,4 @@ def drop(remote_cluster: str, kind: str) -> None:
             gauge.remove(remote_cluster, kind)
 
 
-__all__ = ["CLIENT", "CREDENTIAL_EXPIRY", "CREDENTIAL_ISSUED", "drop", "export"]
+__all__ = ["CLIENT", "CREDENTIAL_EXPIRY", "CREDENTIAL_ISSUED", "SERVING", "drop", "export"]

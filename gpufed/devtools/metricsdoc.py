@@ -28,7 +28,7 @@ INSTRUMENTED: dict[str, str] = {
     "gpufed.kube.rest": "every process with --metrics-port",
     "gpufed.kube.queue": "controller, virtual-kubelet",
     "peering.controllers.consumer": "controller",
-    "peering.expiry": "controller",
+    "peering.expiry": "controller, virtual-kubelet",
     "peering.controllers.provider": "controller",
     "gpupool.estimator.server": "controller",
     "vkprovider.node.pods": "virtual-kubelet",

@@ -44,7 +44,7 @@ def test_a_fresh_peering_is_healthy_but_has_no_fabric(clusters: Clusters, ids: d
     found = checks(p)
     for name in ("install", "identity", "controller", "webhook"):
         assert found[("", name)]["status"] == "OK", found[("", name)]
-    for name in ("peering", "credentials", "grant", "virtual-nodes", "estimator"):
+    for name in ("peering", "credentials", "grant", "virtual-nodes", "serving-certificates", "estimator"):
         assert found[(provider, name)]["status"] == "OK", found[(provider, name)]
     api = found[(provider, "api")]
     assert "/version answered in" in api["finding"]

@@ -19,7 +19,10 @@ Owns:
   (what the API server itself trusts for client certificates, including its own kubelet-client
   certificate), re-read periodically. Client certificates are optional (bearer tokens work too),
   but one that is presented must verify.
-- `serving_csr_problems`: the pure check the approver applies to a CSR's content.
+- `serving_csr_problems`: the pure check the approver applies to a CSR's content;
+- the validity of the certificate being served as `gpufed_credential_expiry_timestamp_seconds` /
+  `gpufed_credential_issued_timestamp_seconds{remote_cluster=<node>,kind="serving"}` (`peering.expiry`),
+  dropped when the manager stops.
 
 Does not: approve CSRs (the controller does), authenticate requests (`auth`), or log keys.
 """
@@ -49,6 +52,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from peering import expiry
 
 SIGNER = "kubernetes.io/kubelet-serving"
 NODES_GROUP = "system:nodes"
@@ -246,12 +250,21 @@ class ServingCertManager:
         self._files_mtime: tuple[float, float] = (0.0, 0.0)
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._client_ca_loop())
-            if self.settings.source == "files":
-                tg.create_task(self._files_loop())
-            else:
-                tg.create_task(self._csr_loop())
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._client_ca_loop())
+                if self.settings.source == "files":
+                    tg.create_task(self._files_loop())
+                else:
+                    tg.create_task(self._csr_loop())
+        finally:
+            expiry.drop(self.node, expiry.SERVING)
+
+    def _install(self, cert: bytes, key: bytes) -> None:
+        """Serve `cert` from the next handshake on, and publish its validity (`peering.expiry`)."""
+        self.tls.update(cert_pem=cert, key_pem=key)
+        with contextlib.suppress(ValueError):
+            expiry.export(self.node, expiry.SERVING, x509.load_pem_x509_certificate(cert))
 
     # ---- client CA
 
@@ -288,7 +301,7 @@ class ServingCertManager:
                         await asyncio.to_thread(cert_file.read_bytes),
                         await asyncio.to_thread(key_file.read_bytes),
                     )
-                    self.tls.update(cert_pem=cert, key_pem=key)
+                    self._install(cert, key)
                     self._files_mtime = mtimes
                     self._log.info(
                         "serving certificate loaded", file=str(cert_file), expires=str(cert_lifetime(cert)[1])
@@ -316,7 +329,7 @@ class ServingCertManager:
                 delay = min(delay * 2, self.settings.max_retry_s)
                 continue
             delay = 1.0
-            self.tls.update(cert_pem=cert, key_pem=key)
+            self._install(cert, key)
             _start, end = cert_lifetime(cert)
             self._log.info(
                 "serving certificate installed", expires=end.isoformat(), renews=renew_time(cert).isoformat()

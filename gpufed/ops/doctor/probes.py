@@ -57,6 +57,7 @@ from gpufed.ops.doctor.verdicts import (
     judge_install,
     judge_mtu,
     judge_nodes,
+    judge_serving_certificates,
     judge_tunnel,
     one_line,
 )
@@ -434,7 +435,13 @@ class Probes:
             leases[name] = await get_object(
                 self.api, rest.path("coordination.k8s.io/v1", "leases", name, "kube-node-lease")
             )
-        return [judge_nodes(peer, nodes, leases, self.now, kubectl=self.s.kubectl)]
+        served: dict[str, x509.Certificate | str] = {}
+        for n in nodes:
+            served[str(n["metadata"]["name"])] = await served_certificate(n)
+        return [
+            judge_nodes(peer, nodes, leases, self.now, kubectl=self.s.kubectl),
+            judge_serving_certificates(peer, served, self.now, self.s.expiry_warning),
+        ]
 
     async def estimator(self, peer: str, link: ProviderLink) -> list[Check]:
         fix = (
@@ -564,6 +571,33 @@ class Probes:
             )
         )
         return checks
+
+
+async def served_certificate(node: Mapping[str, Any], timeout_s: float = 5.0) -> x509.Certificate | str:
+    """The certificate a node's kubelet API serves at its InternalIP and kubelet port, or why it could
+    not be read. Only the public certificate is read: the handshake verifies nothing (its validity is
+    what is judged) and nothing is sent over the connection."""
+    status = node.get("status") or {}
+    address = next((a.get("address") for a in status.get("addresses") or [] if a.get("type") == "InternalIP"), None)
+    port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+    if not address or not isinstance(port, int) or not port:
+        return "the node names no InternalIP and kubelet port"
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(address, port, ssl=ctx), timeout_s)
+    except (OSError, ssl.SSLError, TimeoutError) as e:
+        return one_line(f"its kubelet API {address}:{port} does not answer TLS from here: {e}")
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der) if der else "its kubelet API presented no certificate"
+    except ValueError as e:
+        return one_line(f"its kubelet API {address}:{port} presented an unreadable certificate: {e}")
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
 
 
 async def _tls_reachable(name: str, peer: str, endpoint: str, ca_pem: str, fix: str) -> Check:

@@ -138,13 +138,19 @@ def judge_controller(lease: Mapping[str, Any] | None, now: dt.datetime, *, answe
 
 
 def judge_certificate(
-    name: str, peer: str, cert: x509.Certificate, now: dt.datetime, warning: float, fix: str
+    name: str,
+    peer: str,
+    cert: x509.Certificate,
+    now: dt.datetime,
+    warning: float,
+    fix: str,
+    what: str = "client certificate",
 ) -> Check:
     """Expired or not yet valid: FAIL; less than the fraction `warning` of its lifetime left: WARN
     (credentials renew at two thirds of their lifetime, so with the default third left the renewal
     is late)."""
     after, before = cert.not_valid_after_utc, cert.not_valid_before_utc
-    who = f"client certificate {_cn(cert)}"
+    who = f"{what} {_cn(cert)}"
     if now >= after:
         return Check(
             name, FAIL, f"{who} expired {human((now - after).total_seconds())} ago ({after:%Y-%m-%d})", fix, peer
@@ -169,6 +175,33 @@ def judge_certificate(
             peer,
         )
     return Check(name, OK, f"{who} valid until {after:%Y-%m-%d} ({human(left.total_seconds())} left)", "", peer)
+
+
+def judge_serving_certificates(
+    peer: str, found: Mapping[str, x509.Certificate | str], now: dt.datetime, warning: float
+) -> Check:
+    """The serving certificates of the provider's virtual nodes' kubelet APIs (node -> the certificate
+    each serves, or why it could not be read from here): the worst of them decides; a node that
+    does not answer here is a WARN, since the API server may reach an address this machine cannot."""
+    fix = (
+        "a virtual kubelet renews its serving certificate at 80 % of its lifetime through a kubelet-serving "
+        "CertificateSigningRequest that gpufed's controller approves: look for denied requests "
+        "(`kubectl get csr`) and in the virtual kubelet's log"
+    )
+    if not found:
+        return Check("serving-certificates", WARN, "no virtual node to check", "", peer)
+    checks = []
+    for node, cert in sorted(found.items()):
+        if isinstance(cert, str):
+            checks.append(Check("serving-certificates", WARN, f"{node}: {cert}", fix, peer))
+        else:
+            checks.append(
+                judge_certificate("serving-certificates", peer, cert, now, warning, fix, f"{node}: serving certificate")
+            )
+    worst = max(checks, key=lambda c: RANK[c.status])
+    if worst.status == OK:
+        return Check("serving-certificates", OK, "; ".join(c.finding for c in checks), "", peer)
+    return worst
 
 
 def client_certificate(kubeconfig: Mapping[str, Any]) -> x509.Certificate | None:

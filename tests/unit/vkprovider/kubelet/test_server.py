@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufed.kube.upgrade import open_upgraded
@@ -695,3 +696,28 @@ async def _served_cert(port: int, ca: x509.Certificate) -> int:
         return x509.load_der_x509_certificate(der).serial_number
     finally:
         writer.close()
+
+
+async def test_the_served_certificates_validity_is_a_metric_while_it_is_served(tmp_path: Path) -> None:
+    ca, ca_key = make_ca("cluster-ca")
+    leaf, leaf_key = issue_leaf(ca, ca_key, cn=f"system:node:{NODE}", server=True, ips=(LOCALHOST,))
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(_pem(leaf))
+    key_file.write_bytes(_key_pem(leaf_key))
+    labels = {"remote_cluster": NODE, "kind": "serving"}
+    settings = ServingCertSettings(source="files", cert_file=cert_file, key_file=key_file, reload_s=0.05)
+    async with serve() as (_server, api):
+        tls = ServingTLS()
+        manager = ServingCertManager(api, NODE, "127.0.0.1", tls, settings)
+        task = asyncio.create_task(manager.run())
+        try:
+            await until(tls.ready.is_set, what="the certificate loaded")
+            expires = REGISTRY.get_sample_value("gpufed_credential_expiry_timestamp_seconds", labels)
+            issued = REGISTRY.get_sample_value("gpufed_credential_issued_timestamp_seconds", labels)
+            assert expires == leaf.not_valid_after_utc.timestamp()
+            assert issued == leaf.not_valid_before_utc.timestamp()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert REGISTRY.get_sample_value("gpufed_credential_expiry_timestamp_seconds", labels) is None

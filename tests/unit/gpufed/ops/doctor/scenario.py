@@ -82,6 +82,9 @@ class Scenario:
     #: None: no fabric; else (handshake seconds ago or None, phase, applied MTU).
     fabric: tuple[float | None, str, int] | None = None
     hang_provider: bool = False
+    #: Lifetime of the certificate the virtual node's kubelet API serves, and its age.
+    serving_days: int = 30
+    serving_age_days: float = 0
 
 
 @dataclass
@@ -138,8 +141,16 @@ def kubeconfig_of(server: str, user: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def populate(server: FakeApiServer, sc: Scenario, provider_url: str, webhook_url: str, webhook_ca: bytes) -> bytes:
-    """The consumer's objects; returns the stored client key (which must never be printed)."""
+def populate(
+    server: FakeApiServer,
+    sc: Scenario,
+    provider_url: str,
+    webhook_url: str,
+    webhook_ca: bytes,
+    kubelet_port: int | None = None,
+) -> bytes:
+    """The consumer's objects (the virtual node's kubelet API at 127.0.0.1:`kubelet_port`); returns the
+    stored client key (which must never be printed)."""
     for kind in KINDS:
         server.create("customresourcedefinitions", {"metadata": {"name": f"{kind.plural}.{GROUP}"}})
     for role in ("gpufed-consumer-workloads", "gpufed-consumer-control"):
@@ -200,6 +211,8 @@ def populate(server: FakeApiServer, sc: Scenario, provider_url: str, webhook_url
         {
             "metadata": {"name": NODE, "labels": {TYPE_LABEL: VIRTUAL_NODE_TYPE, REMOTE_CLUSTER_LABEL: PROVIDER}},
             "status": {
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port or 0}},
                 "conditions": [
                     {
                         "type": "Ready",
@@ -207,7 +220,7 @@ def populate(server: FakeApiServer, sc: Scenario, provider_url: str, webhook_url
                         "reason": "KubeletReady" if sc.node_ready else "ProviderUnreachable",
                         "message": "provider answers" if sc.node_ready else "the provider's API does not answer",
                     }
-                ]
+                ],
             },
         },
     )
@@ -282,6 +295,16 @@ async def environment(tmp_path: Path, sc: Scenario | None = None) -> AsyncIterat
         hook_runner, hook_port = await _site(hook, ctx)
         stack.push_async_callback(hook_runner.cleanup)
 
+        # the virtual node's kubelet API: only its serving certificate is looked at
+        issued = dt.datetime.now(dt.UTC) - dt.timedelta(days=sc.serving_age_days)
+        kubelet = servingtls.issue("127.0.0.1", days=sc.serving_days, now=issued)
+        (tmp_path / "kubelet.crt").write_bytes(kubelet.cert_pem)
+        (tmp_path / "kubelet.key").write_bytes(kubelet.key_pem)
+        kubelet_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        kubelet_ctx.load_cert_chain(tmp_path / "kubelet.crt", tmp_path / "kubelet.key")
+        kubelet_runner, kubelet_port = await _site(web.Application(), kubelet_ctx)
+        stack.push_async_callback(kubelet_runner.cleanup)
+
         hits: list[str] = []
         if sc.hang_provider:
 
@@ -304,6 +327,7 @@ async def environment(tmp_path: Path, sc: Scenario | None = None) -> AsyncIterat
             sc.provider_url or provider_url,
             f"https://127.0.0.1:{hook_port}/mutate-pods",
             material.ca_pem,
+            kubelet_port,
         )
         runner, port = await _site(_api_app(consumer, []))
         stack.push_async_callback(runner.cleanup)

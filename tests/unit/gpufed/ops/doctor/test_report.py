@@ -33,6 +33,7 @@ async def test_a_healthy_peering_is_ok_except_the_missing_fabric(tmp_path: Path)
         (PROVIDER, "api"),
         (PROVIDER, "grant"),
         (PROVIDER, "virtual-nodes"),
+        (PROVIDER, "serving-certificates"),
         (PROVIDER, "tunnel"),
         (PROVIDER, "estimator"),
     ]
@@ -46,6 +47,8 @@ async def test_a_healthy_peering_is_ok_except_the_missing_fabric(tmp_path: Path)
     )
     assert "nvidia.com/gpu 8/8" in checks["grant"].finding
     assert f"{NODE} Ready, lease renewed" in checks["virtual-nodes"].finding
+    assert checks["serving-certificates"].finding.startswith(f"{NODE}: serving certificate ")
+    assert "valid until" in checks["serving-certificates"].finding
     assert "answers over TLS verified with the caBundle" in checks["webhook"].finding
     assert "webhook answers" in checks["controller"].finding
     assert checks["tunnel"].finding == "no network fabric: pods cannot reach each other across clusters"
@@ -122,3 +125,15 @@ async def test_the_provider_side_view(tmp_path: Path) -> None:
     tunnel = next(c for c in report.checks if c.name == "tunnel")
     assert tunnel.fix.endswith(f"--remote-kubeconfig {env.kubeconfig}"), "run from the consumer, pointing at us"
     assert by_name(report)["webhook"].status == "OK"
+
+
+async def test_an_expired_serving_certificate_of_a_virtual_node_fails(tmp_path: Path) -> None:
+    async with environment(tmp_path, Scenario(serving_days=30, serving_age_days=31)) as env:
+        report = await run(env)
+    check = by_name(report)["serving-certificates"]
+    assert (
+        check.status == "FAIL"
+        and check.finding.startswith(f"{NODE}: serving certificate ")
+        and "expired" in check.finding
+    )
+    assert "kubelet-serving" in check.fix
