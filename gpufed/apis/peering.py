@@ -38,6 +38,8 @@ GRANT_RESOURCES = (*SLICE_RESOURCES, STORAGE_RESOURCE)
 #: The conditions that make each kind Ready, in the order they are settled (the first one not True
 #: gives Ready its reason). A ForeignCluster's are its consumer side's (the peer is a provider).
 FOREIGN_CLUSTER_READY = ("Authentication", "ProviderReachable")
+#: A ForeignCluster that is only a consumer of this cluster: Ready follows its Tenant's Ready here.
+CONSUMER_PEER_READY = ("TenantReady",)
 RESOURCE_SLICE_READY = ("Authentication", "Resources")
 TENANT_READY = ("Authentication", "Namespaces", "PodSecurity")
 #: The access modes of the PersistentVolume API.
@@ -99,7 +101,8 @@ class ForeignClusterStatus(Model):
     conditions: list[Condition] = conditions_field(
         FOREIGN_CLUSTER_READY,
         "For a peer that is a provider: Authentication (our credentials there), ProviderReachable (its API "
-        "answers with them) and Ready. A peer that is only a consumer is followed through its Tenant.",
+        "answers with them) and Ready. A peer that is only a consumer has TenantReady instead (the Ready "
+        "condition of its Tenant on this cluster), and Ready follows it.",
     )
     answer: Answer | None = Field(default=None, description="Provider peers: our answer to its challenge.")
     kubeconfig_secret: str = Field(

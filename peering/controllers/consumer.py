@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.peering import (
+    CONSUMER_PEER_READY,
     FOREIGN_CLUSTER_READY,
     RESOURCE_SLICE_READY,
     ForeignClusterSpec,
@@ -87,6 +88,10 @@ from peering.controllers.renewal import RENEWED_FROM_ANNOTATION, ClientRenewal, 
 DEFAULT_PENDING_POLL_S = 1.0
 #: Seconds between re-reads of settled slices (grants change with the provider's capacity).
 DEFAULT_RESYNC_S = 10.0
+#: Seconds between looks at the Tenant a consumer-only ForeignCluster reports.
+CONSUMER_PEER_POLL_S = 10.0
+#: A Tenant's phase as its consumer's ForeignCluster says it.
+_PHASE_OF_TENANT = {"Challenged": "Authenticating", "Authenticated": "Peered", "Refused": "Failed"}
 #: On the credentials Secret of a provider: the API server URL they were issued for.
 SERVER_ANNOTATION = "gpufed.io/server"
 #: Phases of a ForeignCluster with role Provider, as this role sets them.
@@ -280,7 +285,7 @@ class ConsumerRole:
             return None  # the CRD schema refuses such objects; nothing sensible to do
         if "Provider" not in spec.roles:
             await self.access.revoke(provider)
-            return None
+            return await self._consumer_peer(fc, provider)
         log = self._log.bind(remote_cluster=provider, kind="ForeignCluster", name=name)
         # Before the credentials exist and before the status says Peered (which starts the virtual
         # kubelet): it finds its Secret readable from its first try.
@@ -306,6 +311,31 @@ class ConsumerRole:
         if cond.without_times(status) != cond.without_times(old):
             await st_.write(self.api, "ForeignCluster", "foreignclusters", name, status)
         return wait
+
+    async def _consumer_peer(self, fc: dict[str, Any], consumer: ClusterID) -> float:
+        """A ForeignCluster that names a consumer of this cluster (the provider's side of a peering):
+        its status follows that consumer's Tenant (phase, and `TenantReady` from the Tenant's Ready),
+        so `kubectl wait --for=condition=Ready` works on both sides. The Tenant's own reconciler
+        decides everything; this only reports it, looked at again every `CONSUMER_PEER_POLL_S`."""
+        tenant = await rest.get(self.api, rest.path(API_VERSION, "tenants", consumer))
+        old = dict(fc.get("status") or {})
+        status = dict(old)
+        t_status = (tenant or {}).get("status") or {}
+        t_ready = cond.find(t_status.get("conditions"), "Ready")
+        if tenant is None:
+            ok, reason, message = False, "NoTenant", f"no Tenant {consumer} on this cluster: run gpufed peer"
+        elif t_ready is None:
+            ok, reason, message = False, "TenantPending", f"Tenant {consumer} has not reported Ready yet"
+        else:
+            ok = t_ready.get("status") == "True"
+            reason = str(t_ready.get("reason") or ("Ready" if ok else "TenantNotReady"))
+            message = f"Tenant {consumer}: {t_ready.get('message') or t_ready.get('status')}"
+        status["phase"] = "Peered" if ok else _PHASE_OF_TENANT.get(str(t_status.get("phase")), "Pending")
+        conds = cond.mark(list(status.get("conditions") or []), "TenantReady", ok, reason, message)
+        status["conditions"] = cond.ready(conds, CONSUMER_PEER_READY, meta.generation(fc))
+        if cond.without_times(status) != cond.without_times(old):
+            await st_.write(self.api, "ForeignCluster", "foreignclusters", meta.name(fc), status)
+        return CONSUMER_PEER_POLL_S
 
     async def _answer(
         self, fc: dict[str, Any], spec: ForeignClusterSpec, provider: ClusterID, status: dict[str, Any], log: Any

@@ -65,7 +65,7 @@ def test_cli_json_and_table_of_a_healthy_peering(tmp_path: Path, background: Bac
     res = runner.invoke(app, ["doctor", "--kubeconfig", str(env.kubeconfig)], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
     text = " ".join(res.stdout.split())
-    assert "gpufed doctor: cluster" in text and "no network fabric" in text and "WARN: 10 OK, 1 WARN, 0 FAIL" in text
+    assert "gpufed doctor: cluster" in text and "no network fabric" in text and "WARN: 11 OK, 1 WARN, 0 FAIL" in text
 
 
 def test_cli_exits_1_on_a_fail(tmp_path: Path, background: Background) -> None:

@@ -69,6 +69,40 @@ async def test_a_foreign_cluster_without_credentials_is_not_ready_for_want_of_au
         assert observed_at(conds) == {1}
 
 
+async def test_a_foreign_cluster_of_a_consumer_is_ready_when_its_tenant_is() -> None:
+    """The provider's side of a peering: its ForeignCluster names the consumer and follows its Tenant."""
+    async with serve() as (server, api):
+        fc = {"metadata": {"name": CONSUMER}, "spec": {"clusterId": CONSUMER, "roles": ["Consumer"]}}
+        server.create("foreignclusters", fc, api_version=API_VERSION)
+        new_generation(server, "foreignclusters", "", CONSUMER, 2)
+        role = ConsumerRole(api, Identity(PROVIDER, "", Ed25519PrivateKey.generate()))
+        assert await role.reconcile(CONSUMER) is not None, "looked at again until its Tenant is Ready"
+        conds = conditions_of(server, "foreignclusters", "", CONSUMER)
+        assert ready_of(conds) == ("False", "NoTenant") and observed_at(conds) == {2}
+        tenant = {
+            "metadata": {"name": CONSUMER},
+            "spec": {"consumerClusterId": CONSUMER},
+            "status": {
+                "phase": "Authenticated",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "NamespacesPending", "message": "x"}],
+            },
+        }
+        server.create("tenants", tenant, api_version=API_VERSION)
+        await role.reconcile(CONSUMER)
+        assert ready_of(conditions_of(server, "foreignclusters", "", CONSUMER)) == ("False", "NamespacesPending")
+        server.update(
+            "tenants",
+            "",
+            CONSUMER,
+            lambda t: t["status"].update(conditions=[{"type": "Ready", "status": "True", "reason": "Ready"}]),
+        )
+        await role.reconcile(CONSUMER)
+        got = server.get("foreignclusters", "", CONSUMER)
+        assert got is not None and got["status"]["phase"] == "Peered"
+        conds = conditions_of(server, "foreignclusters", "", CONSUMER)
+        assert ready_of(conds) == ("True", "Ready") and {"Ready", "TenantReady"} == {c["type"] for c in conds}
+
+
 # ---- ResourceSlice (consumer side: the provider's decision copied back)
 
 
