@@ -162,6 +162,12 @@ def test_consumer_peers_with_both_providers(clusters: Clusters) -> None:
     )
     tenant = clusters.kubectl_json("gpu-a", "get", "tenant", consumer)
     assert tenant["status"]["phase"] == "Authenticated" and tenant["status"]["granted"]["nvidia.com/gpu"] == "8"
+    # its ForeignCluster for the consumer follows the Tenant: scripts wait on it on this side too
+    clusters.kubectl(
+        "gpu-a", "wait", "--for=condition=Ready", f"foreigncluster/{consumer}", "--timeout=60s", timeout=70
+    )
+    fc_p = clusters.kubectl_json("gpu-a", "get", "foreigncluster", consumer)
+    assert fc_p["status"]["phase"] == "Peered" and condition(fc_p, "TenantReady")["status"] == "True", fc_p
     quota = clusters.kubectl_json("gpu-a", "get", "resourcequota", "-n", f"gpufed-tenant-{consumer}", "gpufed-grant")
     assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "0"
     info_p = gpufed("info", "--kubeconfig", str(clusters.kubeconfig), "--context", "gpu-a", "-o", "json")
