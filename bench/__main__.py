@@ -35,6 +35,18 @@ def _sizes_or_none(text: str) -> tuple[int, ...]:
     return () if text.strip().lower() in ("", "none", "0") else _sizes(text)
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        rates = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated pods per second, e.g. 50,100, or none") from e
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: rates must be positive")
+    return rates
+
+
 def _durations(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split(","))
@@ -86,6 +98,8 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
                 scheduled_sizes=args.scheduled_pods,
                 steady_s=args.steady,
                 profile=args.profile,
+                rates=args.paced_rates,
+                paced_s=args.paced_seconds,
             ),
             progress,
         )
@@ -147,6 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         type=_sizes_or_none,
         default=offload.DEFAULT_SCHEDULED_SIZES,
         help="offload: burst sizes through the kube-scheduler (default 500; 'none' for none)",
+    )
+    p.add_argument(
+        "--paced-rates",
+        type=_rates,
+        default=offload.DEFAULT_RATES,
+        help="offload: paced runs, pods per second (default 50,100; 'none' for none)",
+    )
+    p.add_argument(
+        "--paced-seconds",
+        type=float,
+        default=offload.DEFAULT_PACED_S,
+        help=f"offload: seconds each paced run creates pods for ({offload.DEFAULT_PACED_S:g})",
     )
     p.add_argument(
         "--steady", type=float, default=offload.STEADY_S, help="offload: seconds of footprint sampling per size (10)"

@@ -52,8 +52,8 @@ from typing import Any
 
 from bench import procstat
 from bench.audit import AuditEvent, Window, count_window, mark, parse_lines, read_since
+from bench.bursts import burst
 from bench.offload import (
-    burst,
     cluster_id,
     ensure_namespace,
     gpufed_cli,

@@ -57,7 +57,7 @@ from typing import Any
 
 from wireguard_tools import WireguardKey
 
-from bench.offload import percentile
+from bench.bursts import percentile
 from gpufed import process
 from gpufed.apis.network import (
     DEFAULT_EXTERNAL_CIDR,

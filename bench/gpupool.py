@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import gpupool_kueue, procstat
+from bench.bursts import delete_all, until
 from bench.gpupool_record import (
     GPU,
     TARGET_SPLIT_MAX,
@@ -82,14 +83,12 @@ from bench.gpupool_trace import (
 from bench.offload import (
     REPO,
     cluster_id,
-    delete_all,
     ensure_namespace,
     environment,
     gpufed_cli,
     log_findings,
     peer,
     twin_namespace,
-    until,
 )
 from gpufed.apis.wire import CAPACITY_ANNOTATION
 from gpufed.kube import rest

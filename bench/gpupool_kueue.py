@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from bench.offload import until
+from bench.bursts import until
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 

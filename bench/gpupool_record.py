@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.bursts import percentile
 from bench.gpupool_trace import TOTAL_GPUS, TraceJob, rounded, utilisation
-from bench.offload import percentile
 from gpufed.apis.wire import GANG_LABEL, POOL_ANNOTATION
 
 GPU = "nvidia.com/gpu"

@@ -24,12 +24,10 @@ Does not: tune or change the product; a missed target is reported as missed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat, requestcount
+from bench.bursts import MB, burst, delete_all, until
 from gpufed import PACKAGES, process
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client
-from gpufed.kube.watch import watch
 from gpufed.localenv.components import CONTROLLER
 from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
 from gpufed.localenv.topology import Topology
@@ -51,6 +49,8 @@ DEFAULT_STATE_DIR = REPO / ".cache" / "bench"
 DEFAULT_BASE_PORT = 16000
 DEFAULT_SIZES = (100, 1000)
 DEFAULT_SCHEDULED_SIZES = (500,)
+DEFAULT_RATES = (50.0, 100.0)
+DEFAULT_PACED_S = 30.0
 #: Seconds of steady-state sampling after each virtual burst (footprint at N pods).
 STEADY_S = 10.0
 DEFAULT_CONCURRENCY = 64
@@ -58,8 +58,6 @@ LOCAL_NS = "bench-local"
 VK_NS = "bench-vk"
 CONSUMER = "consumer"
 PROVIDER = "gpu-a"
-TOLERATION = {"key": "gpufed.io/virtual-node", "operator": "Exists", "effect": "NoExecute"}
-REQUESTS = {"cpu": "10m", "memory": "16Mi"}
 #: Pods per kwok node: each node gets a /24 of the pod CIDR, so about 250 pods fit on one.
 NODE_PODS = 260
 PROVIDER_NODE_PODS = 300
@@ -71,6 +69,9 @@ PODS_PER_NODE = 250
 #: On this shared 2-core machine: an offloaded pod costs at least one more write per side than a local
 #: one (the twin, and its status reported back), so the floor is not 1.
 TARGET_RATIO_MAX = 2.0
+#: Per-pod start latency at the median, and deleting them all, offloaded against local.
+TARGET_P50_RATIO_MAX = 2.0
+TARGET_DELETE_RATIO_MAX = 1.5
 #: gpufed's own requests per offloaded pod on each side (API server), on create and on delete.
 TARGET_GPUFED_REQUESTS_PER_POD = 2.0
 TARGET_VK_PODS_PER_S_MIN = 200.0
@@ -79,7 +80,6 @@ TARGET_VK_RSS_AT_PODS = 1000
 TARGET_VK_CPU_CORES_MAX = 0.25
 
 Progress = Callable[[str], None]
-MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,19 @@ class OffloadOptions:
     scheduled_sizes: tuple[int, ...] = DEFAULT_SCHEDULED_SIZES
     steady_s: float = STEADY_S
     profile: bool = False
+    #: Paced runs: pods per second, each for `paced_s` seconds.
+    rates: tuple[float, ...] = DEFAULT_RATES
+    paced_s: float = DEFAULT_PACED_S
+
+
+def paced_pods(rate: float, seconds: float) -> int:
+    """Pods a paced run creates."""
+    return max(1, round(rate * seconds))
+
+
+def largest_run(opts: OffloadOptions) -> int:
+    """Pods of the largest run of the plan (what the clusters and the grant are sized for)."""
+    return max((*opts.sizes, *opts.scheduled_sizes, *(paced_pods(r, opts.paced_s) for r in opts.rates)))
 
 
 def nodes_for(pods: int) -> int:
@@ -156,18 +169,6 @@ async def gpufed_cli(*args: str, limit_s: float = 300) -> tuple[int, str]:
     return done.returncode, done.stdout
 
 
-async def until(what: str, probe: Callable[[], Any], limit_s: float, interval: float = 0.5) -> Any:
-    """Poll the coroutine function `probe` until it returns something truthy."""
-    deadline = time.monotonic() + limit_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise RuntimeError(f"timed out after {limit_s:.0f}s waiting for {what} (last: {last!r})")
-
-
 async def cluster_id(api: Any) -> str:
     cm = await rest.get(api, rest.path("v1", "configmaps", IDENTITY_CONFIGMAP, namespace=SYSTEM_NAMESPACE))
     if cm is None:
@@ -191,12 +192,6 @@ async def ensure_namespace(api: Any, name: str) -> None:
         return await rest.get(api, rest.path("v1", "serviceaccounts", "default", namespace=name)) is not None
 
     await until(f"the default ServiceAccount of {name}", sa, 60)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def _log_offset(path: Path) -> int:
@@ -235,189 +230,6 @@ def log_findings(path: Path, offset: int, limit: int = 5) -> dict[str, Any]:
         "levels": dict(levels),
         "top": [{"count": c, "event": e} for e, c in events.most_common(limit)],
     }
-
-
-# ------------------------------------------------------------------------------------ bursts
-
-
-@dataclass
-class Burst:
-    """One burst's raw observations (client-side monotonic times)."""
-
-    pods: int
-    t0: float = 0.0
-    created_at_end: float = 0.0
-    create_returned: dict[str, float] | None = None
-    running_seen: dict[str, float] | None = None
-    failed: int = 0
-    create_errors: list[str] | None = None
-    timed_out: bool = False
-    usage: dict[str, procstat.ProcessUsage] | None = None
-
-    def summary(self) -> dict[str, Any]:
-        created = self.create_returned or {}
-        running = self.running_seen or {}
-        lat = [max(0.0, running[n] - created[n]) for n in running if n in created]
-        end = max(running.values()) if running else self.t0
-        all_running_s = end - self.t0 if len(running) >= self.pods else None
-        out: dict[str, Any] = {
-            "pods": self.pods,
-            "created": len(created),
-            "running": len(running),
-            "failed": self.failed,
-            "create_errors": len(self.create_errors or []),
-            "first_create_errors": (self.create_errors or [])[:3],
-            "timed_out": self.timed_out,
-            "create_s": round(self.created_at_end - self.t0, 3),
-            "all_running_s": round(all_running_s, 3) if all_running_s is not None else None,
-            "pods_per_s": round(self.pods / all_running_s, 1) if all_running_s else None,
-            "latency_s": {
-                "p50": round(percentile(lat, 50), 3),
-                "p90": round(percentile(lat, 90), 3),
-                "p99": round(percentile(lat, 99), 3),
-                "max": round(max(lat), 3),
-            }
-            if lat
-            else None,
-            # 21 evenly spaced quantiles (0, 5, ..., 100 %) for the latency plots; small enough for the JSON.
-            "latency_quantiles_s": [round(percentile(lat, q), 3) if q else round(min(lat), 3) for q in range(0, 101, 5)]
-            if lat
-            else None,
-        }
-        if self.usage:
-            out["processes"] = {
-                name: {
-                    "pid": u.pid,
-                    "rss_start_mb": round(u.rss_start_bytes / MB, 1),
-                    "rss_peak_mb": round(u.rss_peak_bytes / MB, 1),
-                    "rss_end_mb": round(u.rss_end_bytes / MB, 1),
-                    "cpu_s": round(u.cpu_end_s - u.cpu_start_s, 2),
-                    "cpu_cores": round(u.cpu_cores, 2),
-                    "wall_s": round(u.wall_s, 3),
-                    "gone": u.gone,
-                }
-                for name, u in self.usage.items()
-            }
-        return out
-
-
-def pod_body(name: str, namespace: str, node: str | None, *, tolerate: bool) -> dict[str, Any]:
-    """A bench pod; pre-bound to `node`, or left to the scheduler when `node` is None."""
-    spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": "registry.example/bench:1", "resources": {"requests": REQUESTS}}],
-    }
-    if node is not None:
-        spec["nodeName"] = node
-    if tolerate:
-        spec["tolerations"] = [dict(TOLERATION)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "gpufed-bench"}},
-        "spec": spec,
-    }
-
-
-async def burst(
-    api: Any,
-    namespace: str,
-    n: int,
-    nodes: list[str],
-    *,
-    prefix: str,
-    tolerate: bool,
-    concurrency: int,
-    sample: dict[str, int] | None = None,
-    bind: bool = True,
-) -> Burst:
-    """Create N pods (pre-bound round-robin to `nodes`, or for the scheduler when not `bind`); wait
-    until all are Running (or time out)."""
-    b = Burst(n, create_returned={}, running_seen={}, create_errors=[])
-    assert b.running_seen is not None and b.create_returned is not None and b.create_errors is not None
-    running, created, errors = b.running_seen, b.create_returned, b.create_errors
-    failed: set[str] = set()
-    synced, done = asyncio.Event(), asyncio.Event()
-
-    def on_event(kind: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        if not name.startswith(prefix) or kind == "DELETED":
-            return
-        phase = (obj.get("status") or {}).get("phase")
-        if phase == "Running" and name not in running:
-            running[name] = time.monotonic()
-            if len(running) >= n:
-                done.set()
-        elif phase == "Failed":
-            failed.add(name)
-
-    path = f"/api/v1/namespaces/{namespace}/pods"
-    watcher = asyncio.create_task(watch(api, path, on_event, what=f"pods in {namespace}", on_synced=synced.set))
-    try:
-        await asyncio.wait_for(synced.wait(), 30)
-        sem = asyncio.Semaphore(concurrency)
-        sampler = procstat.Sampler(sample) if sample else None
-
-        async def create(i: int) -> None:
-            name = f"{prefix}{i:05d}"
-            async with sem:
-                try:
-                    await rest.request(
-                        api,
-                        "POST",
-                        path,
-                        body=pod_body(name, namespace, nodes[i % len(nodes)] if bind else None, tolerate=tolerate),
-                    )
-                except KubeError as e:
-                    errors.append(str(e))
-                    return
-                created[name] = time.monotonic()
-
-        b.t0 = time.monotonic()
-        if sampler:
-            sampler.start()
-        async with asyncio.TaskGroup() as tg:
-            for i in range(n):
-                tg.create_task(create(i))
-        b.created_at_end = time.monotonic()
-        try:
-            await asyncio.wait_for(done.wait(), 60 + 1.0 * n)
-        except TimeoutError:
-            b.timed_out = True
-        if sampler:
-            b.usage = sampler.stop()
-        b.failed = len(failed)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    return b
-
-
-async def delete_all(api: Any, namespace: str, remote_api: Any = None, twin_ns: str | None = None) -> float:
-    """Delete the namespace's pods and wait until they are gone (and their twins); seconds it took."""
-    t0 = time.monotonic()
-    try:
-        # A collection delete of thousands of pods outlasts the default request timeout.
-        # Grace 0: the clean-up between bursts is not what is measured, and kwok would otherwise
-        # hold each pod (and each twin) for its 30 s grace period.
-        await rest.request(
-            api,
-            "DELETE",
-            f"/api/v1/namespaces/{namespace}/pods",
-            params={"gracePeriodSeconds": "0"},
-            request_timeout=600,
-        )
-    except KubeError as e:
-        if e.status:  # refused; no answer in time means the API server carries on deleting
-            raise
-
-    async def gone() -> bool:
-        if await rest.list_items(api, f"/api/v1/namespaces/{namespace}/pods"):
-            return False
-        return not (twin_ns and await rest.list_items(remote_api, f"/api/v1/namespaces/{twin_ns}/pods"))
-
-    await until(f"the pods of {namespace} to be deleted", gone, 600, interval=1.0)
-    return time.monotonic() - t0
 
 
 # ------------------------------------------------------------------------------------ the part
@@ -474,6 +286,20 @@ def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict
         "value": ratio,
         "target": f"<= {TARGET_RATIO_MAX}",
         "met": ratio is not None and ratio <= TARGET_RATIO_MAX,
+    }
+    bl, vl = (baseline.get("latency_s") or {}).get("p50"), (virtual.get("latency_s") or {}).get("p50")
+    p50 = round(vl / bl, 2) if bl and vl else None
+    out["p50_ratio"] = {
+        "value": p50,
+        "target": f"<= {TARGET_P50_RATIO_MAX:g}",
+        "met": p50 is not None and p50 <= TARGET_P50_RATIO_MAX,
+    }
+    bd, vd = baseline.get("cleanup_s"), virtual.get("cleanup_s")
+    deleted = round(vd / bd, 2) if bd and vd else None
+    out["delete_ratio"] = {
+        "value": deleted,
+        "target": f"<= {TARGET_DELETE_RATIO_MAX:g} (grace {baseline.get('delete_grace', 0)})",
+        "met": deleted is not None and deleted <= TARGET_DELETE_RATIO_MAX,
     }
     pps = virtual.get("pods_per_s")
     out["vk_pods_per_s"] = {
@@ -607,7 +433,7 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
     await env.up(progress)
     kc = env.merged_kubeconfig
     consumer_nodes = [node.name for node in env.topology.cluster(CONSUMER).nodes()]
-    largest = max((*opts.sizes, *opts.scheduled_sizes))
+    largest = largest_run(opts)
     async with api_client(kc, CONSUMER) as consumer, api_client(kc, PROVIDER) as provider:
         ids = {CONSUMER: await cluster_id(consumer), PROVIDER: await cluster_id(provider)}
         vnode = f"gpufed-{ids[PROVIDER]}"
@@ -637,34 +463,41 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
         footprint = [{"pods": 0, **await steady(pids(), opts.steady_s)}]
         runs: list[dict[str, Any]] = []
         profile: dict[str, Any] | None = None
-        plan = [("pre-bound", n) for n in opts.sizes] + [("scheduled", n) for n in opts.scheduled_sizes]
-        for mode, n in plan:
-            bind = mode == "pre-bound"
+        plan: list[tuple[str, int, float | None]] = [
+            *(("pre-bound", n, None) for n in opts.sizes),
+            *(("scheduled", n, None) for n in opts.scheduled_sizes),
+            *((f"paced {r:g}/s", paced_pods(r, opts.paced_s), r) for r in opts.rates),
+        ]
+        for mode, n, rate in plan:
+            bind = mode != "scheduled"
+            # pre-bound bursts are deleted with each pod's own grace period (30 s), the others at once
+            grace = None if mode == "pre-bound" else 0
             tag = f"N={n} {mode}"
             progress(f"{tag}: baseline, {n} pods on {len(consumer_nodes)} local kwok nodes")
             window = requestcount.Window.open(audit_logs)
             base = await burst(
                 consumer, LOCAL_NS, n, consumer_nodes, prefix=f"l{n}{mode[0]}-", tolerate=False,
-                concurrency=opts.concurrency, bind=bind,
+                concurrency=opts.concurrency, bind=bind, rate=rate,
             )  # fmt: skip
             baseline = base.summary()
             baseline["requests_create"] = window.close(n)
             window = requestcount.Window.open(audit_logs)
-            baseline["cleanup_s"] = round(await delete_all(consumer, LOCAL_NS), 2)
+            baseline["cleanup_s"] = round(await delete_all(consumer, LOCAL_NS, grace_s=grace), 2)
+            baseline["delete_grace"] = "default" if grace is None else grace
             baseline["requests_delete"] = window.close(n)
             progress(f"{tag}: baseline all Running in {baseline['all_running_s']}s")
 
             sample = pids()
             offsets = {vk_log: _log_offset(vk_log), ctl_log: _log_offset(ctl_log)}
             profiler = None
-            if opts.profile and bind and n == max(opts.sizes) and profile is None:
+            if opts.profile and mode == "pre-bound" and n == max(opts.sizes) and profile is None:
                 profiler = Profiler(sample["virtual-kubelet"], env.state_dir / "profiles" / f"vk-{n}.txt")
                 await profiler.start()
             progress(f"{tag}: virtual node, {n} pods on {vnode} (virtual kubelet pid {sample['virtual-kubelet']})")
             window = requestcount.Window.open(audit_logs)
             virt = await burst(
                 consumer, VK_NS, n, [vnode], prefix=f"v{n}{mode[0]}-", tolerate=True,
-                concurrency=opts.concurrency, sample=sample, bind=bind,
+                concurrency=opts.concurrency, sample=sample, bind=bind, rate=rate,
             )  # fmt: skip
             if profiler is not None:
                 profile = {"pods": n, "mode": mode, **await profiler.stop()}
@@ -678,11 +511,12 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
                 if (t.get("spec") or {}).get("nodeName") == vnode
             )  # fmt: skip
             virtual["vk_pid_after"] = procstat.find_pid("virtual-kubelet", f"--provider-cluster-id={ids[PROVIDER]}")
-            if bind and not virt.timed_out:
+            if mode == "pre-bound" and not virt.timed_out:
                 progress(f"{tag}: footprint with {n} pods Running ({opts.steady_s:.0f} s)")
                 footprint.append({"pods": n, **await steady(pids(), opts.steady_s)})
             window = requestcount.Window.open(audit_logs)
-            virtual["cleanup_s"] = round(await delete_all(consumer, VK_NS, provider, twin_ns), 2)
+            virtual["cleanup_s"] = round(await delete_all(consumer, VK_NS, provider, twin_ns, grace_s=grace), 2)
+            virtual["delete_grace"] = baseline["delete_grace"]
             virtual["requests_delete"] = window.close(n)
             progress(f"{tag}: gpufed's requests per pod on create: {requestcount.summary(virtual['requests_create'])}")
             progress(f"{tag}: gpufed's requests per pod on delete: {requestcount.summary(virtual['requests_delete'])}")
@@ -692,6 +526,7 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
                 {
                     "pods": n,
                     "mode": mode,
+                    "rate": rate,
                     "baseline": baseline,
                     "virtual": virtual,
                     "verdicts": _verdicts(n, baseline, virtual),
@@ -807,7 +642,7 @@ def environment(
 
 def run(opts: OffloadOptions, progress: Progress) -> dict[str, Any]:
     """Start the bench environment, run every size, stop the environment unless `opts.keep`."""
-    largest = max((*opts.sizes, *opts.scheduled_sizes))
+    largest = largest_run(opts)
     env = environment(opts.state_dir, opts.bin_dir, opts.base_port, nodes=nodes_for(largest), audit=True)
     try:
         return asyncio.run(_run(env, opts, progress))

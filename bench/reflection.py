@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import offload
-from bench.offload import CONSUMER, PROVIDER, VK_NS, percentile
+from bench.bursts import percentile, until
+from bench.offload import CONSUMER, PROVIDER, VK_NS
 from gpufed.kube import rest
 from gpufed.kube.client import api_client
 from gpufed.kube.watch import watch
@@ -109,7 +110,7 @@ async def _measure(
         items = await rest.list_items(provider, kind.path(twin_ns))
         return {i["metadata"]["name"] for i in items} >= set(names)
 
-    await offload.until(f"{opts.objects} {kind.plural} reflected", reflected, 120)
+    await until(f"{opts.objects} {kind.plural} reflected", reflected, 120)
     written: dict[int, float] = {}
     seen: dict[str, dict[int, float]] = {"local": {}, "remote": {}}
 

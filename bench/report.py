@@ -214,6 +214,8 @@ def _profile_rows(data: dict[str, Any]) -> list[str]:
 #: The offload part's verdicts per run, and how the report names them.
 OFFLOAD_VERDICTS = {
     "ratio": "time ratio",
+    "p50_ratio": "p50 start latency ratio",
+    "delete_ratio": "delete time ratio",
     "vk_pods_per_s": "pods/s per virtual kubelet",
     "vk_rss_mb": "virtual kubelet RSS",
     "gpufed_requests_create": "gpufed's requests per pod per side on create",
@@ -230,8 +232,10 @@ def _request_rows(data: dict[str, Any]) -> list[str]:
         "### Requests per pod",
         "",
         "Counted from both API servers' audit logs over each burst (create: from the first create until all "
-        "pods are Running; delete: the cleanup, default grace period), divided by the pods. Writes are "
-        "what etcd pays for. *client* is the bench's own creates and deletes, the same in both arms.",
+        "pods are Running; delete: the run's collection delete until every pod and twin is gone, with the "
+        "grace period its burst paragraph names), divided by the pods. Writes are what etcd stores (a "
+        "TokenRequest or a review is not). *client* is the bench's own creates and deletes, the same in "
+        "both arms.",
         "",
         "| mode | N | arm | phase | side | gpufed writes / reads | kwok writes | control plane writes | "
         "client writes | gpufed's requests by verb |",
@@ -297,7 +301,8 @@ def _offload_section(data: dict[str, Any]) -> list[str]:
             f"{v.get('twins_running')} of {v.get('twins')}. During the burst the virtual kubelet peaked at "
             f"{_s(vk.get('rss_peak_mb'), ' MB')} RSS and used {_s(vk.get('cpu_cores'), ' cores')}; the consumer "
             f"controller {_s(ctl.get('rss_peak_mb'), ' MB')} / {_s(ctl.get('cpu_cores'), ' cores')}. Deleting "
-            f"them all took {_s(r['baseline'].get('cleanup_s'))} locally and {_s(v.get('cleanup_s'))} offloaded.",
+            f"them all (grace {r['baseline'].get('delete_grace', 0)}) took {_s(r['baseline'].get('cleanup_s'))} "
+            f"locally and {_s(v.get('cleanup_s'))} offloaded.",
             "",
             *[f"- {n}" for n in _analysis(r)],
             *[f"- {n}" for n in _observations(r)],
@@ -809,7 +814,27 @@ def _why_requests(phase: str) -> Callable[[dict[str, dict[str, Any]]], str]:
     return why
 
 
+def _why_delete(results: dict[str, dict[str, Any]]) -> str:
+    runs = [
+        r for r in (results.get("offload") or {}).get("runs") or [] if (r.get("verdicts") or {}).get("delete_ratio")
+    ]
+    seen = "; ".join(
+        f"N={r['pods']} {_mode(r)} (grace {r['baseline'].get('delete_grace', 0)}): {_s(r['baseline'].get('cleanup_s'))}"
+        f" locally, {_s(r['virtual'].get('cleanup_s'))} offloaded"
+        for r in runs
+    )
+    return (
+        f"Deleting them all: {seen or '—'}. An offloaded pod is gone only once its twin is: the virtual "
+        "kubelet deletes the twin with the pod's grace period, waits for the provider to report it gone, "
+        "then removes the local pod at its UID, and the twin's token Secret is deleted with it (two provider "
+        "writes per pod against none locally), so deletes queue behind the provider's API server on the same "
+        "shared cores."
+    )
+
+
 EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
+    "offload.p50_ratio": lambda _r: "See offload.ratio: the same chain of requests sets each pod's start latency.",
+    "offload.delete_ratio": _why_delete,
     "offload.gpufed_requests_create": _why_requests("create"),
     "offload.gpufed_requests_delete": _why_requests("delete"),
     "offload.ratio": _why_offload_speed,

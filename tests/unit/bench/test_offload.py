@@ -3,6 +3,7 @@ missed-targets section of docs/benchmarks.md, and the plots drawn from a results
 
 from __future__ import annotations
 
+import argparse
 import copy
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,20 @@ def test_plots_are_drawn_from_the_results(tmp_path: Path) -> None:
     for name in ("bench-offload-latency.png", "bench-offload-scaling.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000
+
+
+def test_paced_and_latency_and_delete_verdicts() -> None:
+    from bench.__main__ import _rates
+
+    assert _rates("50,100") == (50.0, 100.0) and _rates("none") == ()
+    with pytest.raises(argparse.ArgumentTypeError):
+        _rates("-5")
+    assert offload.paced_pods(50, 30) == 1500
+    opts = offload.OffloadOptions(sizes=(100,), scheduled_sizes=(), rates=(200.0,), paced_s=60)
+    assert offload.largest_run(opts) == 12000, "the clusters are sized for the largest paced run"
+    base, virt = _burst(1000, 10), _burst(1000, 30)
+    base["cleanup_s"], virt["cleanup_s"], base["delete_grace"] = 31.0, 40.0, "default"
+    v = offload._verdicts(1000, base, virt)
+    assert v["p50_ratio"]["value"] == 3.0 and v["p50_ratio"]["met"] is False
+    assert v["delete_ratio"]["value"] == 1.29 and v["delete_ratio"]["met"] is True
+    assert "grace default" in v["delete_ratio"]["target"]
