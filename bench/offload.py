@@ -280,27 +280,17 @@ async def offload_namespace(
 
 def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    b, v = baseline.get("all_running_s"), virtual.get("all_running_s")
-    ratio = round(v / b, 2) if b and v else None
-    out["ratio"] = {
-        "value": ratio,
-        "target": f"<= {TARGET_RATIO_MAX}",
-        "met": ratio is not None and ratio <= TARGET_RATIO_MAX,
-    }
-    bl, vl = (baseline.get("latency_s") or {}).get("p50"), (virtual.get("latency_s") or {}).get("p50")
-    p50 = round(vl / bl, 2) if bl and vl else None
-    out["p50_ratio"] = {
-        "value": p50,
-        "target": f"<= {TARGET_P50_RATIO_MAX:g}",
-        "met": p50 is not None and p50 <= TARGET_P50_RATIO_MAX,
-    }
-    bd, vd = baseline.get("cleanup_s"), virtual.get("cleanup_s")
-    deleted = round(vd / bd, 2) if bd and vd else None
-    out["delete_ratio"] = {
-        "value": deleted,
-        "target": f"<= {TARGET_DELETE_RATIO_MAX:g} (grace {baseline.get('delete_grace', 0)})",
-        "met": deleted is not None and deleted <= TARGET_DELETE_RATIO_MAX,
-    }
+
+    def at_most(key: str, b: float | None, v: float | None, limit: float, note: str = "") -> None:
+        """The offloaded figure `v` against the local `b`, as a ratio of at most `limit`."""
+        ratio = round(v / b, 2) if b and v else None
+        out[key] = {"value": ratio, "target": f"<= {limit:g}{note}", "met": ratio is not None and ratio <= limit}
+
+    at_most("ratio", baseline.get("all_running_s"), virtual.get("all_running_s"), TARGET_RATIO_MAX)
+    p50 = [(arm.get("latency_s") or {}).get("p50") for arm in (baseline, virtual)]
+    at_most("p50_ratio", p50[0], p50[1], TARGET_P50_RATIO_MAX)
+    grace = f" (grace {baseline.get('delete_grace', 0)})"
+    at_most("delete_ratio", baseline.get("cleanup_s"), virtual.get("cleanup_s"), TARGET_DELETE_RATIO_MAX, grace)
     pps = virtual.get("pods_per_s")
     out["vk_pods_per_s"] = {
         "value": pps,

@@ -112,6 +112,20 @@ def _sign_csr(server: FakeApiServer, name: str) -> None:
     server.update("certificatesigningrequests", "", name, lambda c: c["status"].update(certificate=cert))
 
 
+def _signed_with_a_twin(server: FakeApiServer, csr_name: str) -> None:
+    """The consumer's certificate signed, the cluster's CA published, and a twin namespace asked for."""
+    _sign_csr(server, csr_name)
+    server.create(
+        "configmaps",
+        {"metadata": {"name": "kube-root-ca.crt", "namespace": SYSTEM_NAMESPACE}, "data": {"ca.crt": "CA"}},
+    )
+    server.create(
+        "twinnamespaces",
+        {"metadata": {"name": "team-a", "namespace": TNS}, "spec": {"namespace": "team-a"}},
+        api_version=API_VERSION,
+    )
+
+
 async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_and_quotas() -> None:
     key = Ed25519PrivateKey.generate()
     async with serve() as (server, api):
@@ -125,16 +139,7 @@ async def test_an_answered_challenge_ends_authenticated_with_namespaces_twins_an
         assert csr is not None and csr["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client"
         assert [c["type"] for c in csr["status"]["conditions"]] == ["Approved"]
         assert server.get("namespaces", "", TNS) is not None, "the tenant namespace exists before the certificate"
-        _sign_csr(server, csr_name)
-        server.create(
-            "configmaps",
-            {"metadata": {"name": "kube-root-ca.crt", "namespace": SYSTEM_NAMESPACE}, "data": {"ca.crt": "CA"}},
-        )
-        server.create(
-            "twinnamespaces",
-            {"metadata": {"name": "team-a", "namespace": TNS}, "spec": {"namespace": "team-a"}},
-            api_version=API_VERSION,
-        )
+        _signed_with_a_twin(server, csr_name)
         assert await role.reconcile(CONSUMER) == 1.0, "the quotas are not in force yet"
         # No role is bound before its namespace's quota holds, and the twin is not Ready before either.
         assert server.items("rolebindings", TNS) == [] and server.items("rolebindings", f"team-a-{CONSUMER}") == []
@@ -348,16 +353,7 @@ async def test_capacity_churn_re_decides_the_grant_alone_until_something_else_ch
         await role.reconcile(CONSUMER)
         _answer(server, key)
         await role.reconcile(CONSUMER)
-        _sign_csr(server, _status(server)["csrName"])
-        server.create(
-            "configmaps",
-            {"metadata": {"name": "kube-root-ca.crt", "namespace": SYSTEM_NAMESPACE}, "data": {"ca.crt": "CA"}},
-        )
-        server.create(
-            "twinnamespaces",
-            {"metadata": {"name": "team-a", "namespace": TNS}, "spec": {"namespace": "team-a"}},
-            api_version=API_VERSION,
-        )
+        _signed_with_a_twin(server, _status(server)["csrName"])
         await role.reconcile(CONSUMER)
         _quota_controller(server)
         for q in server.items("resourcequotas"):
