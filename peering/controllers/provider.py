@@ -279,7 +279,10 @@ class ProviderRole:
         enforce (unless it is what the grant last applied), their labels, or whether they are in
         force yet (the quota controller filled their status) does."""
         ns = meta.namespace(obj)
-        if kind == "DELETED" or meta.name(obj) != GRANT_QUOTA:
+        if meta.name(obj) != GRANT_QUOTA:
+            self._on_labelled(kind, obj)
+            return
+        if kind == "DELETED":
             self.cache.quotas.pop(ns, None)
             self._in_force.pop(ns, None)
             self._on_labelled(kind, obj)

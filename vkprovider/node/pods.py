@@ -86,10 +86,12 @@ STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 
 
 def uneventful(patch: Mapping[str, Any]) -> bool:
-    """Whether a status says only that the pod is starting: Pending, every container waiting (if at
-    all) only to be created."""
+    """Whether a status says only that the pod is starting: Pending, not unschedulable at the provider,
+    every container waiting (if at all) only to be created."""
     status = patch.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
+        return False
+    if any((c or {}).get("reason") == "Unschedulable" for c in status.get("conditions") or []):
         return False
     for kind in ("initContainerStatuses", "containerStatuses"):
         for c in status.get(kind) or []:

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from gpufed.apis.wire import GANG_LABEL
 from tests.unit.fakes import FakeApiServer, FakeProvider, running, serve, until
-from vkprovider.node.pods import Key, PodController, PodSettings, unplaced_timeout
+from vkprovider.node.pods import Key, PodController, PodSettings, uneventful, unplaced_timeout
 from vkprovider.node.provider import ProviderError
 
 NODE = "gpufed-prov-a"
@@ -424,3 +424,14 @@ async def test_a_new_twins_pending_states_are_held_back_so_one_that_runs_at_once
             await until(lambda: "containerStatuses" in env.status("slow"), what="slow reported", timeout=6)
     assert [b["status"].get("phase") for b in env.status_patches("quick")] == ["Running"]
     assert [b["status"].get("phase") for b in env.status_patches("slow")] == ["Pending"]
+
+
+def test_only_a_starting_pods_status_is_uneventful() -> None:
+    waiting = {"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}, "running": None}}
+    assert uneventful({"status": {"phase": "Pending", "containerStatuses": [waiting]}})
+    assert uneventful({"status": {"phase": "Pending"}})
+    pulling = {"name": "main", "state": {"waiting": {"reason": "ErrImagePull"}}}
+    assert not uneventful({"status": {"phase": "Pending", "containerStatuses": [pulling]}})
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    assert not uneventful({"status": {"phase": "Pending", "conditions": [unschedulable]}})
+    assert not uneventful({"status": {"phase": "Running"}})
