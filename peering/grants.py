@@ -426,7 +426,8 @@ def quota_hard(limits: Resources, extended: Iterable[str], *, tenant: bool) -> d
     (`limits`, from `partition`; claim storage and the number of claims zero where it has none, and
     always in the tenant namespace, which holds control objects only), ephemeral storage in proportion
     to its pods, zero of every other resource the provider's nodes offer (`extended`: MIG slices,
-    other devices, huge pages), and object counts (no node ports, no load balancers)."""
+    other devices, huge pages), and object counts (no node ports, no load balancers; in a twin
+    namespace one more Secret per pod slot, for the pod's service-account token)."""
     shares = {r: limits.get(r, Decimal(0)) for r in QUOTA_RESOURCES if r in limits or r in (STORAGE, CLAIMS)}
     if tenant:
         shares.update({STORAGE: Decimal(0), CLAIMS: Decimal(0)})
@@ -436,7 +437,9 @@ def quota_hard(limits: Resources, extended: Iterable[str], *, tenant: bool) -> d
     hard["limits.ephemeral-storage"] = storage
     for r in sorted(set(extended) - set(RESOURCES)):
         hard[f"requests.{r}"] = "0"
-    counts = TENANT_OBJECT_COUNTS if tenant else TWIN_OBJECT_COUNTS
+    counts = dict(TENANT_OBJECT_COUNTS if tenant else TWIN_OBJECT_COUNTS)
+    if not tenant:  # every offloaded pod brings its service-account token Secret
+        counts["count/secrets"] += int(limits.get("pods", Decimal(0)))
     hard.update({k: str(v) for k, v in counts.items()})
     return hard
 

@@ -272,7 +272,8 @@ def test_the_quota_holds_the_grant_storage_zero_of_the_rest_and_object_counts() 
     assert hard["requests.ephemeral-storage"] == hard["limits.ephemeral-storage"] == "60Gi"
     assert hard["services.nodeports"] == hard["services.loadbalancers"] == "0"
     assert hard["requests.storage"] == hard["persistentvolumeclaims"] == "0", "no storage grant: no claims"
-    assert hard["count/secrets"] == "1000" and "count/twinnamespaces.gpufed.io" not in hard
+    # reflected Secrets, and one service-account token Secret per pod slot
+    assert hard["count/secrets"] == "1003" and "count/twinnamespaces.gpufed.io" not in hard
     tenant = grants.quota_hard({r: Decimal(0) for r in grants.RESOURCES}, (), tenant=True)
     assert tenant["pods"] == "0" and tenant["limits.ephemeral-storage"] == "0"
-    assert tenant["count/twinnamespaces.gpufed.io"] == "200"
+    assert tenant["count/twinnamespaces.gpufed.io"] == "200" and tenant["count/secrets"] == "1000"
