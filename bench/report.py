@@ -828,7 +828,9 @@ def _why_delete(results: dict[str, dict[str, Any]]) -> str:
         "kubelet deletes the twin with the pod's grace period, waits for the provider to report it gone, "
         "then removes the local pod at its UID, and the twin's token Secret is deleted with it (two provider "
         "writes per pod against none locally), so deletes queue behind the provider's API server on the same "
-        "shared cores."
+        "shared cores. At 10,000 pods the virtual kubelet itself is the limit: during that delete every twin "
+        "was gone minutes before the local pods, which it removed at about 20 per second with its process at "
+        "one full core (watched with kubectl and top during the run; not profiled yet)."
     )
 
 
