@@ -19,6 +19,9 @@ Owns, per ForeignCluster with role Provider (key = the provider's ClusterID), le
   local status (its offered StorageClasses only as far as they validate, `storage_offers`), and
   deleting mirrors whose local slice is gone.
 
+A ForeignCluster that names only a consumer (this cluster is its provider) gets a status that
+reports that consumer's Tenant here (`_consumer_peer`: phase, `TenantReady`, Ready); nothing else.
+
 The identity key never leaves this process; the CSR key never leaves this cluster.
 
 Metrics (shared with the provider role, which sets them with role="provider"):
