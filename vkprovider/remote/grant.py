@@ -52,6 +52,13 @@ class Grant:
     requested: Mapping[str, Decimal] = field(default_factory=dict)
 
 
+def _add_quantities(total: dict[str, Decimal], quantities: Mapping[str, Any] | None) -> None:
+    """Add a slice's resource map to `total`; an unreadable quantity counts for nothing."""
+    for r, q in (quantities or {}).items():
+        with contextlib.suppress(ValueError):
+            total[r] = total.get(r, Decimal(0)) + parse(q)
+
+
 @dataclass(frozen=True)
 class Health:
     ready: bool
@@ -134,12 +141,8 @@ class ProviderGrant:
             accepted = True
             products.add((sl.get("spec") or {}).get("gpuProduct") or None)
             offers.append(offers_from(st.get("storageClasses")))
-            for r, q in (st.get("granted") or {}).items():
-                with contextlib.suppress(ValueError):
-                    granted[r] = granted.get(r, Decimal(0)) + parse(q)
-            for r, q in ((sl.get("spec") or {}).get("resources") or {}).items():
-                with contextlib.suppress(ValueError):
-                    requested[r] = requested.get(r, Decimal(0)) + parse(q)
+            _add_quantities(granted, st.get("granted"))
+            _add_quantities(requested, (sl.get("spec") or {}).get("resources"))
         product = next(iter(products)) if len(products) == 1 else None
         labels = filter_node_labels(self._supplied_labels(), self.node_label_allow).kept
         return Grant(granted, product, labels, accepted, merge_offers(offers), requested)

@@ -148,14 +148,19 @@ async def test_a_named_local_class_that_does_not_exist_is_said() -> None:
         assert "claimRef" not in got(api, "persistentvolumes", "", "v-1")["spec"], "the default is not used instead"
 
 
+async def _shadowed_claim(api: Any) -> tuple[str, str, dict[str, Any]]:
+    """A claim of a dynamic local class, and the shadow the binder made for it: (claim UID, shadow
+    name, shadow)."""
+    api.create("storageclasses", storage_class("csi-local", "local.csi.example.com"))
+    uid = str(api.create("persistentvolumeclaims", claim())["metadata"]["uid"])
+    shadow_name = f"gpufed-local-{uid}"
+    await until(lambda: api.get("persistentvolumeclaims", "team", shadow_name) is not None)
+    return uid, shadow_name, got(api, "persistentvolumeclaims", "team", shadow_name)
+
+
 async def test_a_dynamic_class_is_asked_through_a_shadow_claim_whose_volume_is_handed_over() -> None:
     async with binder() as (api, _b):
-        api.create("storageclasses", storage_class("csi-local", "local.csi.example.com"))
-        c = api.create("persistentvolumeclaims", claim())
-        uid = c["metadata"]["uid"]
-        shadow_name = f"gpufed-local-{uid}"
-        await until(lambda: api.get("persistentvolumeclaims", "team", shadow_name) is not None)
-        shadow = got(api, "persistentvolumeclaims", "team", shadow_name)
+        uid, shadow_name, shadow = await _shadowed_claim(api)
         assert shadow["spec"]["storageClassName"] == "csi-local"
         assert shadow["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == LOCAL
         # the class's provisioner provisions a volume for the shadow, and the binder binds them
@@ -211,12 +216,7 @@ async def test_a_pod_kept_local_gets_one_event() -> None:
 
 async def test_a_shadow_bound_before_its_volume_is_seen_is_handed_over_when_the_volume_arrives() -> None:
     async with binder() as (api, _b):
-        api.create("storageclasses", storage_class("csi-local", "local.csi.example.com"))
-        c = api.create("persistentvolumeclaims", claim())
-        uid = c["metadata"]["uid"]
-        shadow_name = f"gpufed-local-{uid}"
-        await until(lambda: api.get("persistentvolumeclaims", "team", shadow_name) is not None)
-        shadow = got(api, "persistentvolumeclaims", "team", shadow_name)
+        uid, shadow_name, shadow = await _shadowed_claim(api)
         # the claim's binding is seen first, its volume only later (two watches, no order between them)
         api.update("persistentvolumeclaims", "team", shadow_name, lambda o: o["spec"].update(volumeName="pvc-9"))
         await asyncio.sleep(0.3)
