@@ -153,6 +153,43 @@ class ProductCapacity:
 
 
 @dataclass(frozen=True)
+class Attribute:
+    """One DRA device attribute: its qualified name (`<domain>/<id>`), type and value as text."""
+
+    name: str
+    #: "string", "int", "bool" or "version" (the fields of resource.k8s.io's DeviceAttribute).
+    kind: str
+    value: str
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """Dynamic Resource Allocation devices of one kind: same node GPU product, driver, attributes and
+    capacity (per-device identities such as the UUID or index left out). Only aggregates: no node,
+    pool or device names."""
+
+    #: nvidia.com/gpu.product of the nodes the devices are on ("" without one).
+    product: str
+    #: The DRA driver that publishes them (e.g. gpu.nvidia.com).
+    driver: str
+    #: DeviceClasses of the provider that select the driver's devices.
+    device_classes: tuple[str, ...]
+    #: Sorted by name; names qualified with the driver's domain when the driver left them bare.
+    attributes: tuple[Attribute, ...]
+    #: (qualified name, quantity) sorted by name.
+    capacity: tuple[tuple[str, str], ...]
+    #: The extended resource one of the classes maps these devices to (e.g. nvidia.com/gpu; "" for
+    #: none): such devices are counted in the product's GPU figures as well.
+    extended_resource: str
+    #: Devices on counted (healthy, schedulable) nodes.
+    total: int
+    #: Of those, not allocated to any ResourceClaim.
+    free: int
+    #: Most free devices of the group on one node (what one claim can get at once).
+    largest: int = 0
+
+
+@dataclass(frozen=True)
 class Snapshot:
     #: Raised by the estimator whenever an aggregate changes (never for a heartbeat).
     revision: int
@@ -160,6 +197,8 @@ class Snapshot:
     products: tuple[ProductCapacity, ...]
     #: Unix seconds when the figures were last known to be current.
     observed_at: float
+    #: DRA device groups, by (product, driver, attributes).
+    devices: tuple[DeviceGroup, ...] = ()
 
     def product(self, name: str) -> ProductCapacity | None:
         return next((p for p in self.products if p.product == name), None)

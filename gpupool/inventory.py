@@ -42,6 +42,8 @@ from gpupool.capacity import (
     requirement,
     shape_of,
 )
+from gpupool.devices import groups
+from peering.devices import DeviceInventory
 from peering.grants import GPU_LABEL_PREFIXES, pod_requests
 
 
@@ -158,6 +160,8 @@ class Inventory:
         #: node name -> summed requests of its pods (kept for nodes not seen yet as well).
         self._used: dict[str, Resources] = {}
         self.changes = 0
+        #: DRA devices: GPUs a class maps to `nvidia.com/gpu` count on their node like device-plugin GPUs.
+        self.devices = DeviceInventory()
 
     # ---- feeding
 
@@ -215,8 +219,19 @@ class Inventory:
 
     # ---- per node
 
-    def _free(self, name: str, node: _Node) -> Resources:
-        return (node.allocatable - self._used.get(name, NO_RESOURCES)).floored()
+    def _dra(self) -> dict[str, tuple[int, int]]:
+        """node -> (DRA devices counted as GPUs, of those held by claims beyond the pods' requests)."""
+        return self.devices.extended(GPU_RESOURCE)
+
+    @staticmethod
+    def _allocatable(name: str, node: _Node, dra: Mapping[str, tuple[int, int]]) -> Resources:
+        return node.allocatable + Resources(gpus=dra.get(name, (0, 0))[0])
+
+    def _load(self, name: str, dra: Mapping[str, tuple[int, int]]) -> Resources:
+        return self._used.get(name, NO_RESOURCES) + Resources(gpus=dra.get(name, (0, 0))[1])
+
+    def _free(self, name: str, node: _Node, dra: Mapping[str, tuple[int, int]]) -> Resources:
+        return (self._allocatable(name, node, dra) - self._load(name, dra)).floored()
 
     @staticmethod
     def _matches(node: _Node, shape: PodShape) -> bool:
@@ -241,20 +256,24 @@ class Inventory:
 
     def snapshot(self, revision: int, now: float) -> Snapshot:
         aggs: dict[str, _Agg] = {}
+        dra = self._dra()
+        counted: dict[str, str] = {}
         for name, node in self._nodes.items():
             a = aggs.get(node.product)
             if a is None:
                 a = aggs[node.product] = _Agg()
             a.seen += 1
-            a.total += node.capacity_gpus
+            a.total += node.capacity_gpus + dra.get(name, (0, 0))[0]
             a.all_nvml = a.all_nvml and node.nvml
             if not node.healthy or node.untolerated(SNAPSHOT_TOLERATIONS) is not None:
                 a.unhealthy += 1
                 continue
-            used = self._used.get(name, NO_RESOURCES)
-            free = (node.allocatable - used).floored()
+            counted[name] = node.product
+            allocatable = self._allocatable(name, node, dra)
+            used = self._load(name, dra)
+            free = (allocatable - used).floored()
             a.nodes += 1
-            a.allocatable += node.allocatable.gpus
+            a.allocatable += allocatable.gpus
             a.in_use += used.gpus
             a.free += free.gpus
             a.hist[free.gpus] += 1
@@ -263,7 +282,7 @@ class Inventory:
             a.cpu += free.cpu_millis
             a.mem += free.memory_bytes
             a.pods += free.pods
-            if node.allocatable.gpus > 0:
+            if allocatable.gpus > 0:
                 mine = {k: v for k, v in node.labels.items() if k.startswith(GPU_LABEL_PREFIXES)}
                 a.labels = mine if a.labels is None else {k: v for k, v in a.labels.items() if mine.get(k) == v}
         products = []
@@ -290,7 +309,9 @@ class Inventory:
                     source=SOURCE_NVML if a.all_nvml and a.seen else SOURCE_LABELS,
                 )
             )
-        return Snapshot(revision=revision, products=tuple(products), observed_at=now)
+        return Snapshot(
+            revision=revision, products=tuple(products), observed_at=now, devices=groups(self.devices, counted.get)
+        )
 
     def can_place(self, shape: PodShape) -> Placement:
         """Whether one pod of `shape` fits on some node now, on how many, and why (not)."""
@@ -316,6 +337,7 @@ class Inventory:
         #: Among tolerated nodes with enough GPUs: most free of each other resource on one node.
         best_other = Resources()
         short_other: set[str] = set()
+        dra = self._dra()
         for name, node in self._nodes.items():
             if not self._matches(node, shape):
                 continue
@@ -328,7 +350,7 @@ class Inventory:
                 blocking[str(taint)] += 1
                 continue
             tolerated += 1
-            free = self._free(name, node)
+            free = self._free(name, node, dra)
             best_gpus = max(best_gpus, free.gpus)
             total_free_gpus += free.gpus
             if free.gpus < need.gpus:

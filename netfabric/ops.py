@@ -282,7 +282,10 @@ async def connect_peers(p: Peers, opts: NetworkOptions, report: Reporter) -> dic
             "peerPublicKey": c_pub,
         },
     )
-    report.done(f"Gateway {p.provider_id} (client) on the consumer, Gateway {p.consumer_id} (server) on the provider")
+    report.done(
+        f"Gateway.gpufed.io {p.provider_id} (client) on the consumer, Gateway.gpufed.io {p.consumer_id} (server) "
+        "on the provider"
+    )
     if opts.wait_s > 0:
         await wait_connected(p, opts.wait_s, report)
     return {
@@ -323,7 +326,7 @@ def side_objects(peer_id: str) -> list[tuple[str, str]]:
     gateway's access to them last."""
     rbac = "rbac.authorization.k8s.io/v1"
     return [
-        (_path("gateways", peer_id), "Gateway"),
+        (_path("gateways", peer_id), "Gateway.gpufed.io"),
         (_path("connections", peer_id), "Connection"),
         (_path("remotenetworks", peer_id), "RemoteNetwork"),
         (rest.path("v1", "secrets", KEY_SECRET_PREFIX + peer_id, namespace=SYSTEM_NAMESPACE), "key Secret"),
@@ -368,7 +371,7 @@ async def status(api: Any) -> list[dict[str, Any]]:
                 "mtu": (gw.get("status") or {}).get("mtu", 0),
                 "phase": st.get("phase", "Pending"),
                 "reason": st.get("reason", ""),
-                "message": st.get("message", "no gateway agent has reported yet" if gw else "no Gateway"),
+                "message": st.get("message", "no gateway agent has reported yet" if gw else "no Gateway.gpufed.io"),
                 "rttMs": st.get("rttMs"),
                 "latestHandshake": st.get("latestHandshake"),
                 "podCidr": (spec.get("real") or {}).get("podCidr", ""),

@@ -12,8 +12,8 @@ Owns:
   them, and the consumer's early check (`vkprovider.forge.podpolicy`) implements the same rules in
   Python with the same words;
 - the names of the ValidatingAdmissionPolicies (`POLICY_NAME`, `OBJECTS_POLICY_NAME`,
-  `CLAIMS_POLICY_NAME`), which the consumer recognizes in refusals, and the Ingress annotation every
-  consumer may set;
+  `CLAIMS_POLICY_NAME`, `DEVICE_CLAIMS_POLICY_NAME`), which the consumer recognizes in refusals, and
+  the Ingress annotation every consumer may set;
 - `Projection` and `namespace_metadata`: the projection of a tenant's policy onto each of its
   namespaces on the provider (tenant and twins) as labels and annotations the policies read from
   `namespaceObject` (booleans as `gpufed.io/allow-*` labels, lists as comma-separated
@@ -59,6 +59,8 @@ POLICY_NAME = "gpufed-offload-policy"
 OBJECTS_POLICY_NAME = "gpufed-consumer-objects"
 #: Name of the ValidatingAdmissionPolicy (and binding) for the PersistentVolumeClaims a consumer writes.
 CLAIMS_POLICY_NAME = "gpufed-consumer-claims"
+#: Name of the ValidatingAdmissionPolicy (and binding) for the ResourceClaims (DRA) a consumer writes.
+DEVICE_CLAIMS_POLICY_NAME = "gpufed-consumer-device-claims"
 
 ALLOW_PRIVILEGED_LABEL = "gpufed.io/allow-privileged"
 ALLOW_HOST_NAMESPACES_LABEL = "gpufed.io/allow-host-namespaces"
@@ -221,7 +223,7 @@ NODE_NAME = Rule("nodeName", "pods naming their node", fixed="the provider's sch
 RESOURCES = Rule(
     "resources",
     "resources outside the grant",
-    fixed=f"a consumer's pods may request {', '.join(GRANTED_RESOURCES)} only",
+    fixed=f"a consumer's pods may request {', '.join(GRANTED_RESOURCES)} and ResourceClaims by name only",
 )
 GPU_PRODUCTS = Rule("gpuProducts", "GPU products outside the grant", allow="Tenant spec.policy.allowedGpuProducts")
 PRIVILEGE_ESCALATION = Rule(

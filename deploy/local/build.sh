@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local cluster environment's binaries into OUT (default: <repo>/.cache/bin):
 #   gpufed-k8s (multi-call: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
-#   etcd, kwok) with one symlink per applet, wireguard-go, metrics-server (from its own module,
+#   etcd, kwok, dra-publisher) with one symlink per applet, wireguard-go, metrics-server (from its own module,
 #   metrics-server/go.mod, with the dependency versions upstream's release pins), and helm (from its
 #   own module, helm/go.mod: `make test` lints and renders the chart deploy/charts/gpufed with it), and
 #   kueue, Kueue's manager (from its own module, kueue/go.mod, with the dependency versions Kueue's
@@ -41,7 +41,7 @@ export GOTOOLCHAIN=local
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum kueue/go.mod kueue/go.sum jobset/go.mod jobset/go.sum build.sh && find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
-applets="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok"
+applets="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok dra-publisher"
 if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ] && [ -x "$out/kueue" ] && [ -x "$out/jobset" ]; then
   echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version, kueue $kueue_version, jobset $jobset_version)"
   exit 0

@@ -161,6 +161,14 @@ GPU_UNHEALTHY = "Unhealthy"
 GPU_SOURCE_ANNOTATION = "gpufed.io/gpu-source"
 #: On virtual nodes (consumer side): the pool's figures as JSON (what `gpufed pool` prints).
 POOL_ANNOTATION = "gpufed.io/gpu-pool"
+#: Dynamic Resource Allocation's API (ResourceSlices, DeviceClasses, ResourceClaims; Kubernetes >= 1.34).
+DRA_API_PATH = "/apis/resource.k8s.io/v1"
+#: The DRA driver (and DeviceClass) under which virtual nodes publish their providers' devices as
+#: resource.k8s.io ResourceSlices on the consumer.
+DRA_DRIVER = "gpu.gpufed.io"
+DRA_DEVICE_CLASS = "gpu.gpufed.io"
+#: On a consumer's ResourceClaim: the devices the provider allocated ("<provider>: <driver>/<pool>/<device>, ...").
+PROVIDER_ALLOCATION_ANNOTATION = "gpufed.io/provider-allocation"
 #: On virtual nodes of a per-product pool: the GPU product (also in nvidia.com/gpu.product).
 POOL_PRODUCT_LABEL = "gpufed.io/gpu-pool-product"
 #: On a consumer's ForeignCluster of a provider (per peering; the virtual kubelet restarts to apply):

@@ -41,6 +41,7 @@ from vkprovider.node.node import NodeController, NodeSettings
 from vkprovider.node.pods import PodController, PodSettings
 from vkprovider.node.provider import StreamingProvider
 from vkprovider.remote.capacity import FIRST_SNAPSHOT_WAIT_S, CapacityFeed
+from vkprovider.remote.devices import ClaimCache, SlicePublisher
 from vkprovider.remote.pools import PoolView, Usage
 from vkprovider.remote.provider import RemoteProvider
 
@@ -76,6 +77,14 @@ class Running:
     task: asyncio.Task[None]
 
 
+@dataclass(frozen=True)
+class DeviceSide:
+    """The consumer's DRA parts a provider's pools share: its claims, and the slice writer."""
+
+    claims: ClaimCache
+    publisher: SlicePublisher
+
+
 class PoolManager:
     def __init__(
         self,
@@ -84,8 +93,12 @@ class PoolManager:
         feed: CapacityFeed | None,
         streaming: StreamingProvider,
         settings: PoolSettings,
+        *,
+        devices: DeviceSide | None = None,
     ) -> None:
         self.api = api
+        #: Dynamic Resource Allocation on the consumer (None: it serves no resource.k8s.io/v1).
+        self.devices = devices
         self.provider = provider
         self.feed = feed
         self.streaming = streaming
@@ -105,6 +118,8 @@ class PoolManager:
         provider.slice_listeners.append(self._on_grant)
         if feed is not None:
             feed.listeners.append(self._on_capacity)
+        if devices is not None:
+            devices.claims.listeners.append(self._poke)
 
     # ---- usage and wake-ups
 
@@ -144,7 +159,16 @@ class PoolManager:
             del self._placed_at[gone]
         for gone in self._requests.keys() - seen:
             del self._requests[gone]
-        return Usage(total, here, tuple(in_flight))
+        if self.devices is None:
+            return Usage(total, here, tuple(in_flight))
+        claims = self.devices.claims
+        return Usage(
+            total,
+            here,
+            tuple(in_flight),
+            held_devices=frozenset(claims.held(node)),
+            held_all=claims.held_count(lambda pool: pool in self.pools),
+        )
 
     def _requests_of(self, pod: Mapping[str, Any]) -> Mapping[str, Decimal]:
         """`pod_requests`, parsed once per pod and spec generation (parsing quantities for every
@@ -208,7 +232,14 @@ class PoolManager:
             return
         s = self.settings
         self.provider.pool_products[pool.node] = pool.product
-        view = PoolView(self.provider, self.feed, pool, self.usage, draining=draining)
+        view = PoolView(
+            self.provider,
+            self.feed,
+            pool,
+            self.usage,
+            draining=draining,
+            publisher=self.devices.publisher if self.devices is not None else None,
+        )
         node = NodeController(
             self.api,
             view,
@@ -262,6 +293,8 @@ class PoolManager:
         if delete:
             with contextlib.suppress(KubeError):
                 await running.node.remove()
+                if self.devices is not None:
+                    await self.devices.publisher.remove(name)
             self._log.info("drained pool node removed", node=name)
 
     def _wanted(self) -> list[Pool]:
@@ -312,6 +345,9 @@ class PoolManager:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             tg.create_task(self.provider.run())
+            if self.devices is not None:
+                tg.create_task(self.devices.claims.run())
+                await self.devices.publisher.ensure_class()
             if self.feed is not None:
                 tg.create_task(self.feed.run())
                 with contextlib.suppress(TimeoutError):
@@ -330,6 +366,8 @@ class PoolManager:
 
     async def remove_nodes(self) -> None:
         """Unpeer: delete every pool node (their pods go with the peering)."""
-        for running in self.pools.values():
+        for name, running in self.pools.items():
             with contextlib.suppress(KubeError):
                 await running.node.remove()
+                if self.devices is not None:
+                    await self.devices.publisher.remove(name)

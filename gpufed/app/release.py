@@ -3,13 +3,13 @@ removing the installation removes them too.
 
 Owns: `ReleaseOwner`, which gives each of `OWNED` — the MutatingWebhookConfiguration
 `gpufed-offloading` and the ValidatingAdmissionPolicies `gpufed-offload-policy`,
-`gpufed-consumer-objects`, `gpufed-consumer-claims` with their bindings — an ownerReference to the
-ClusterRole `gpufed-controller` (`ANCHOR`: the controller's own permissions, installed with it by
-the Helm chart or `gpufed local up`). When that ClusterRole is deleted (`helm uninstall`), the API
-server's garbage collector deletes them, whether or not the controller still runs. Only objects
-labelled `app.kubernetes.io/managed-by=gpufed` are changed, and only their ownerReferences (a merge
-patch as field manager `gpufed`, guarded by the resourceVersion read); a missing object or
-ClusterRole is looked at again on the next pass.
+`gpufed-consumer-objects`, `gpufed-consumer-claims`, `gpufed-consumer-device-claims` with their
+bindings — an ownerReference to the ClusterRole `gpufed-controller` (`ANCHOR`: the controller's own
+permissions, installed with it by the Helm chart or `gpufed local up`). When that ClusterRole is
+deleted (`helm uninstall`), the API server's garbage collector deletes them, whether or not the
+controller still runs. Only objects labelled `app.kubernetes.io/managed-by=gpufed` are changed, and
+only their ownerReferences (a merge patch as field manager `gpufed`, guarded by the resourceVersion
+read); a missing object or ClusterRole is looked at again on the next pass.
 
 Invariants: the reference carries no `blockOwnerDeletion`, so setting it needs nothing on the
 ClusterRole beyond `get`; the objects' owners re-apply them with server-side apply, which keeps a
@@ -31,7 +31,7 @@ import structlog
 from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
-from peering.podsecurity import CLAIMS_POLICY_NAME, OBJECTS_POLICY_NAME, POLICY_NAME
+from peering.podsecurity import CLAIMS_POLICY_NAME, DEVICE_CLAIMS_POLICY_NAME, OBJECTS_POLICY_NAME, POLICY_NAME
 from vkprovider.webhook.server import WEBHOOK_CONFIGURATION
 
 _ADMISSION = "admissionregistration.k8s.io/v1"
@@ -44,7 +44,7 @@ OWNED: tuple[tuple[str, str, str], ...] = (
     (_ADMISSION, "mutatingwebhookconfigurations", WEBHOOK_CONFIGURATION),
     *(
         (_ADMISSION, plural, name)
-        for name in (POLICY_NAME, OBJECTS_POLICY_NAME, CLAIMS_POLICY_NAME)
+        for name in (POLICY_NAME, OBJECTS_POLICY_NAME, CLAIMS_POLICY_NAME, DEVICE_CLAIMS_POLICY_NAME)
         for plural in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
     ),
 )

@@ -51,7 +51,7 @@ from gpufed.apis.wire import (
     ClusterID,
     remote_kubeconfig_secret,
 )
-from gpufed.app.pools import PoolManager, PoolSettings
+from gpufed.app.pools import DeviceSide, PoolManager, PoolSettings
 from gpufed.defaults import METRICS_HOST as DEFAULT_METRICS_HOST
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
@@ -68,6 +68,9 @@ from vkprovider.kubelet.server import DEFAULT_STREAM_IDLE_S
 from vkprovider.kubelet.servingcert import ServingCertSettings
 from vkprovider.node.pods import PodSettings
 from vkprovider.remote.capacity import CapacityFeed
+from vkprovider.remote.devices import ClaimCache, SlicePublisher
+from vkprovider.remote.devices import served as dra_served
+from vkprovider.remote.dra_claims import ClaimOffloader
 from vkprovider.remote.events_relay import EventRelay
 from vkprovider.remote.provider import COMPONENT as PROVIDER_COMPONENT
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
@@ -377,6 +380,8 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 ReflectionSettings(consumer, settings.provider, resync_s=settings.reflection_resync_s),
                 translator,
             )
+            # Dynamic Resource Allocation: devices published on pool nodes, claims of offloaded pods.
+            devices = DeviceSide(ClaimCache(api), SlicePublisher(api)) if await dra_served(api) else None
             provider = RemoteProvider(
                 api,
                 remote_api,
@@ -387,6 +392,16 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 reflection=reflection,
                 pod_addresses=pod_addresses,
                 events=events,
+                dra=ClaimOffloader(
+                    api,
+                    remote_api,
+                    devices.claims if devices is not None else None,
+                    settings.provider,
+                    consumer,
+                    events,
+                )
+                if devices is not None
+                else None,
             )
             pools = PoolManager(
                 api,
@@ -405,6 +420,7 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                     serving_cert=settings.serving_cert,
                     stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 ),
+                devices=devices,
             )
             volumes = ClaimProvisioner(
                 api,

@@ -120,7 +120,7 @@ def controller(
         typer.Option(
             "--gateway-template",
             envvar="GPUFED_GATEWAY_TEMPLATE",
-            help="run a Deployment per Gateway from this template (in a cluster)",
+            help="run a Deployment per Gateway.gpufed.io from this template (in a cluster)",
         ),
     ] = None,
     metrics_port: MetricsPort = None,

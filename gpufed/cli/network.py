@@ -260,7 +260,10 @@ def expose(
 
 def gateway(
     name: Annotated[
-        str, typer.Option("--name", envvar="GPUFED_GATEWAY_NAME", help="the peer's cluster id (the Gateway's name)")
+        str,
+        typer.Option(
+            "--name", envvar="GPUFED_GATEWAY_NAME", help="the peer's cluster id (the name of its Gateway.gpufed.io)"
+        ),
     ],
     kubeconfig: Annotated[
         Path | None,

@@ -28,6 +28,21 @@ DEFAULT_PATH = Path("docs/reference/crds.md")
 REGENERATE = ".venv/bin/python -m gpufed.devtools.crdref"
 #: Top-level properties every object has; documented by Kubernetes, not here.
 STANDARD = ("apiVersion", "kind", "metadata")
+#: gpufed's kinds whose name another widespread kind shares (Kubernetes' own or an add-on's): that
+#: other kind, and what a bare `kubectl get <plural>` lists where both are served. The "Naming"
+#: section says how to address each, and why the kind stays.
+SHARED_KIND_NAMES: dict[str, tuple[str, str]] = {
+    "ResourceSlice": (
+        "DRA's `ResourceSlice` (`resource.k8s.io`, built in: every cluster from Kubernetes 1.34 serves it)",
+        "DRA's (a built-in group always wins)",
+    ),
+    "Gateway": (
+        "the Gateway API's `Gateway` (`gateway.networking.k8s.io`, short name `gtw`) and Istio's"
+        " (`networking.istio.io`, `gw`)",
+        "whichever group discovery lists first",
+    ),
+    "Tenant": ("Capsule's `Tenant` (`capsule.clastix.io`, `tnt`)", "whichever group discovery lists first"),
+}
 
 
 @dataclass(frozen=True)
@@ -199,6 +214,43 @@ def _md(text: str) -> str:
     return "`".join(parts).replace("|", "\\|")
 
 
+def _naming(docs: list[CrdDoc]) -> list[str]:
+    """The "Naming" section: the kinds in SHARED_KIND_NAMES, why they keep their name, how to address them."""
+    shared = [c for c in docs if c.kind in SHARED_KIND_NAMES]
+    if not shared:
+        return []
+    lines = [
+        "",
+        "## Naming",
+        "",
+        "Some of gpufed's kinds share their name with a kind that Kubernetes itself or a widespread add-on"
+        " serves (below). They keep it: gpufed's objects are stored under these kinds, and the names on the wire"
+        " (group, kind, plural) stay stable, so no stored object needs a migration and no client changes. Address"
+        " them by the qualified plural or by the short name, which is gpufed's alone: a bare plural (`kubectl get"
+        " resourceslices`) resolves to one group only, without a word about the other. ResourceSlice and Gateway"
+        " are named with their group in every command, message, Event, condition and page of gpufed that names"
+        " them: `ResourceSlice.gpufed.io gpufed/<provider-id>`, `kubectl get resourceslices.gpufed.io`.",
+        "",
+        "| gpufed's kind | shares its name with | address gpufed's | `kubectl get <plural>` alone |",
+        "|---|---|---|---|",
+    ]
+    for c in shared:
+        other, bare = SHARED_KIND_NAMES[c.kind]
+        short = "".join(f" / `kubectl get {s}`" for s in c.short_names)
+        lines.append(f"| {c.kind} | {other} | `kubectl get {c.plural}.{c.group}`{short} | {bare} |")
+    lines += [
+        "",
+        "gpufed's ResourceSlice is the negotiation: a consumer's request for resources on one provider and the"
+        " provider's decision ([peering](../peering.md#grants)). DRA's ResourceSlices are a different thing: the"
+        " devices a DRA driver publishes for a node, which the scheduler allocates to ResourceClaims; those"
+        " gpufed publishes on the consumer for its virtual nodes (driver `gpu.gpufed.io`) are DRA's kind too,"
+        " listed by `kubectl get resourceslices`, never by `rslice`. gpufed's Gateway is one peering's WireGuard"
+        " tunnel ([networking](../networking.md#the-parts)), not a traffic gateway; its Tenant is a consumer"
+        " on a provider ([peering](../peering.md#what-the-consumer-may-do-on-the-provider)).",
+    ]
+    return lines
+
+
 def render(directory: Path = CRD_DIR) -> str:
     docs = crds(directory)
     lines = [
@@ -225,6 +277,7 @@ def render(directory: Path = CRD_DIR) -> str:
         served = ", ".join(f"{c.group}/{v.name}" for v in c.versions if v.served)
         short = ", ".join(f"`{s}`" for s in c.short_names) or "—"
         lines.append(f"| [{c.kind}](#{c.kind.lower()}) | `{served}` | {c.scope} | {short} | `{c.plural}` |")
+    lines += _naming(docs)
     for c in docs:
         lines += ["", f"## {c.kind}", ""]
         if c.description:

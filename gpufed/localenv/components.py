@@ -1,12 +1,13 @@
 """What runs in each local cluster: its components, their identities and their command lines.
 
 Owns: the components in start order (embedded etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kwok, metrics-server, and Kueue and JobSet where the topology asks for them), gpufed's
-controller as one more process of the cluster, the binaries they need, the identities that get a
-kubeconfig, the ports each component listens on, where Kueue's and JobSet's configuration and
-certificate directories live in a cluster's state directory, the apiserver's optional audit policy,
-and the full command line of each component: every listener on 127.0.0.1, every certificate from the
-cluster's PKI, every kubeconfig from its state directory.
+kube-scheduler, kwok, metrics-server, and Kueue and JobSet where the topology asks for them), the DRA
+device publisher of clusters with DRA-managed nodes (`DRA_PUBLISHER`: no port, started after the
+apiserver like gpufed's controller), gpufed's controller as one more process of the cluster, the
+binaries they need, the identities that get a kubeconfig, the ports each component listens on, where
+Kueue's and JobSet's configuration and certificate directories live in a cluster's state directory,
+the apiserver's optional audit policy, and the full command line of each component: every listener on
+127.0.0.1, every certificate from the cluster's PKI, every kubeconfig from its state directory.
 
 Pure: builds argument lists from paths it is handed (`Paths`, which `LocalEnvironment` provides) and
 from the topology; does no I/O. Does not: start, watch or stop anything (`launcher`, `supervise`).
@@ -36,6 +37,12 @@ JOBSET = "jobset"
 #: JobSet's configuration file and its certificate directory (tls.crt/tls.key), in the cluster's directory.
 JOBSET_CONFIG_FILE = "jobset.yaml"
 JOBSET_CERT_DIR = "jobset-certs"
+#: The DRA device publisher (gpufed-k8s's `dra-publisher` applet): a process of the clusters with
+#: DRA-managed nodes (`has_dra`); it listens on no port. It runs as kwok's identity: it stands in for
+#: the kubelet plugin of the nodes kwok simulates.
+DRA_PUBLISHER = "dra-publisher"
+#: Its --config file (`dra.publisher_config`, JSON), in the cluster's directory.
+DRA_CONFIG_FILE = "dra-publisher.json"
 #: gpufed's own per-cluster process, started after the cluster is healthy when manifests_dir is set.
 CONTROLLER = "gpufed-controller"
 #: Identity of the virtual kubelets the controller starts (one process per virtual node).
@@ -50,6 +57,7 @@ BINARIES = (
     "metrics-server",
     KUEUE,
     JOBSET,
+    DRA_PUBLISHER,
 )
 #: The client identities that get a kubeconfig in every cluster's state directory.
 IDENTITIES = (
@@ -97,6 +105,11 @@ def components_of(spec: ClusterSpec) -> tuple[str, ...]:
     """The components of the cluster `spec`, in start order: `COMPONENTS`, then Kueue and JobSet where
     they run."""
     return (*COMPONENTS, *((KUEUE,) if spec.kueue else ()), *((JOBSET,) if spec.jobset else ()))
+
+
+def has_dra(spec: ClusterSpec) -> bool:
+    """Whether the cluster has DRA-managed nodes, and so runs `DRA_PUBLISHER`."""
+    return any(p.dra_nodes for p in spec.node_pools)
 
 
 def ports_of(ports: ClusterPorts, *, kueue: bool = False, jobset: bool = False) -> dict[str, int]:
@@ -270,6 +283,12 @@ def command(paths: Paths, spec: ClusterSpec, ports: ClusterPorts, component: str
             "--node-lease-duration-seconds=40",
             # At WARN, kwok logs five lines per resource-metrics scrape of every node without pods.
             "--v=ERROR",
+        ]
+    if component == DRA_PUBLISHER:
+        return [
+            str(paths.binary(DRA_PUBLISHER)),
+            f"--kubeconfig={paths.kubeconfig_path(spec.name, 'kwok')}",
+            f"--config={d / DRA_CONFIG_FILE}",
         ]
     if component == KUEUE:
         return kueue.args(

@@ -21,6 +21,12 @@ large CRDs (docs/local-clusters.md measures it). JobSet (clusters whose topology
 the same way, beside Kueue: its CRD and RBAC, the process, its webhooks once its `/readyz` answers; its
 manifests are read from deploy/local/jobset.
 
+DRA (clusters with DRA-managed nodes, `topology.NodePool.dra_nodes`): the `dra-publisher` applet
+starts with the controller-manager, once the apiserver is ready (it waits for its nodes itself); once
+the nodes are Ready the DeviceClass of `dra` is applied and `up` waits until the ResourceSlices hold
+every DRA node's devices, so tests start with the devices published. The controller-manager runs
+the resource-claim controller (it is on by default; the launcher sets no --controllers).
+
 With `audit` set (off by default), every kube-apiserver also writes an audit log (level Metadata, JSON
 lines, rotated) into its cluster's state directory, for counting what each client asks of it.
 
@@ -63,8 +69,19 @@ from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError, api_client, client, translating
 from gpufed.kube.times import rfc3339
-from gpufed.localenv import components, install, jobset, kubeconfig, kueue, kwokcfg, metricsserver, storage, supervise
-from gpufed.localenv.components import CONTROLLER, JOBSET, KUEUE
+from gpufed.localenv import (
+    components,
+    dra,
+    install,
+    jobset,
+    kubeconfig,
+    kueue,
+    kwokcfg,
+    metricsserver,
+    storage,
+    supervise,
+)
+from gpufed.localenv.components import CONTROLLER, DRA_PUBLISHER, JOBSET, KUEUE
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
 from gpufed.localenv.topology import ClusterSpec, Topology
 
@@ -344,6 +361,8 @@ class LocalEnvironment:
         (d / "kwok.yaml").write_text(
             kwokcfg.render(self.topology.job_seconds, logs_file, exec_dir, run_as_nobody=os.geteuid() == 0)
         )
+        if components.has_dra(spec):
+            (d / components.DRA_CONFIG_FILE).write_text(json.dumps(dra.publisher_config(spec), indent=2))
         if spec.kueue:
             self._prepare_kueue(spec, pki)
         if spec.jobset:
@@ -527,7 +546,13 @@ class LocalEnvironment:
             await self._install_crds(api)
             started += [
                 c
-                for c in ("kube-controller-manager", "kube-scheduler", "kwok", "metrics-server")
+                for c in (
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                    "kwok",
+                    "metrics-server",
+                    *((DRA_PUBLISHER,) if components.has_dra(spec) else ()),
+                )
                 if self._start(spec, c, state)
             ]
             if started:
@@ -549,12 +574,39 @@ class LocalEnvironment:
                 f"nodes of {name} to be Ready", deadline, lambda: install.nodes_ready(spec, api), alive("kwok")
             )
             await self._serve_metrics_api(spec, api, state, deadline)
+            if components.has_dra(spec):
+                await self._publish_devices(spec, api, state, deadline)
+        dra_gpus = spec.dra_gpu_total()
         progress(
-            f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs), metrics.k8s.io Available"
+            f"{name}: {spec.node_count()} nodes Ready ({spec.gpu_total()} GPUs"
+            + (f", {dra_gpus} of them DRA devices of {dra.DRIVER}" if dra_gpus else "")
+            + "), metrics.k8s.io Available"
             + ("" if started else "; was already running")
         )
         if self.settings.manifests_dir is not None:
             await self._install_gpufed(spec, state, deadline, progress)
+
+    async def _publish_devices(self, spec: ClusterSpec, api: Any, state: dict[str, Any], deadline: float) -> None:
+        """Apply the DeviceClass, then wait until the publisher's ResourceSlices hold every DRA node's devices."""
+        cls = dra.device_class()
+        await rest.apply(
+            api,
+            rest.path("resource.k8s.io/v1", "deviceclasses", cls["metadata"]["name"]),
+            cls,
+            what=f"apply DeviceClass {cls['metadata']['name']}",
+        )
+        url = rest.path("resource.k8s.io/v1", "resourceslices")
+
+        async def published() -> bool:
+            return dra.slices_published(await rest.list_items(api, url), spec)
+
+        await self._wait(
+            f"ResourceSlices of {spec.name}'s DRA nodes ({', '.join(dra.dra_nodes(spec))})",
+            deadline,
+            published,
+            lambda: self._check_alive(spec, DRA_PUBLISHER, state),
+            interval=0.2,
+        )
 
     async def _read_sources(self, module: Path, argv: Sequence[str], parse: Callable[[Path], T], what: str) -> T:
         """Upstream's manifests of `what` from the Go module it is built from (`argv`, run in `module`,
@@ -710,6 +762,10 @@ class LocalEnvironment:
                 info = cstate.get(comp, {})
                 running = supervise.alive(info.get("pid"), info.get("start_time"))
                 comps.append(ComponentStatus(comp, info.get("pid"), running, port))
+            if components.has_dra(spec):
+                info = cstate.get(DRA_PUBLISHER, {})
+                running = supervise.alive(info.get("pid"), info.get("start_time"))
+                comps.append(ComponentStatus(DRA_PUBLISHER, info.get("pid"), running, 0))
             if self.settings.manifests_dir is not None:
                 info = cstate.get(CONTROLLER, {})
                 running = supervise.alive(info.get("pid"), info.get("start_time"))
@@ -728,17 +784,20 @@ class LocalEnvironment:
         st.version = version.git_version
         st.healthy = True
         st.nodes_total = len(nodes)
+        dra_gpus = {n.name: n.pool.gpus for n in spec.nodes() if n.dra}
         for n in nodes:
             if install.node_ready(n):
                 st.nodes_ready += 1
-            st.gpus += int((n.status.allocatable or {}).get("nvidia.com/gpu", "0"))
+            # A DRA-managed node's GPUs are devices, not allocatable nvidia.com/gpu.
+            st.gpus += int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) + dra_gpus.get(n.metadata.name, 0)
 
     # ---- down
 
     def down(self, progress: Progress = lambda _m: None) -> int:
         """Stop every process of the environment and remove its state; returns how many were stopped.
 
-        Clients go first (kwok, metrics-server, Kueue, JobSet, scheduler, controller-manager, gpufed), then the
+        Clients go first (kwok, metrics-server, Kueue, JobSet, the DRA publisher, scheduler, controller-manager,
+        gpufed), then the
         apiservers, then etcd, so nobody spends its shutdown grace waiting on a dependency that is
         already gone. Processes found without a state file are stopped last.
         """
@@ -749,6 +808,7 @@ class LocalEnvironment:
             "metrics-server": 0,
             KUEUE: 0,
             JOBSET: 0,
+            DRA_PUBLISHER: 0,
             "kwok": 0,
             "kube-scheduler": 0,
             "kube-controller-manager": 0,

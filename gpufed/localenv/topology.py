@@ -3,8 +3,13 @@
 Owns: the topology model (pydantic, loadable from YAML), the default topology (a CPU-only
 `consumer` and two GPU providers `gpu-a`/`gpu-b` that share the consumer's pod and service CIDRs on
 purpose: overlapping CIDRs are the case the network fabric must solve; the consumer also runs Kueue,
-the providers do not), validation, and the deterministic assignment of loopback ports to each
+the providers do not; one node of gpu-a's H100 pool and one of gpu-b's L4 pool are DRA-managed),
+validation, and the deterministic assignment of loopback ports to each
 cluster's components.
+
+DRA-managed nodes (`NodePool.dra_nodes`, the last ones of their pool; `gpufed.localenv.dra` says
+what their driver publishes) keep every label of their pool but not `nvidia.com/gpu` in their
+capacity: their GPUs are DRA devices, and advertising both would count each GPU twice.
 
 A topology that cannot be read or is invalid raises `TopologyError` (a GpufedError: the message names
 the file and the offending field). Pure: no I/O except `load_topology` reading the file it is given.
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpufed import defaults
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
@@ -61,6 +66,12 @@ class NodePool(BaseModel):
     gpu_product: str | None = Field(default=None, alias="gpuProduct")
     gpu_memory_mib: int | None = Field(default=None, alias="gpuMemoryMiB", ge=1)
     labels: dict[str, str] = Field(default_factory=dict)
+    #: How many of the pool's nodes (the last ones) are DRA-managed: their GPUs are published as
+    #: resource.k8s.io devices (`gpufed.localenv.dra`), not as `nvidia.com/gpu` capacity. 0 to `count`;
+    #: needs `gpus` > 0. Default 0.
+    dra_nodes: int = Field(default=0, alias="draNodes", ge=0)
+    #: Set on the copy `dra_view` makes: the pool as seen from one of its DRA-managed nodes.
+    _dra_view: bool = PrivateAttr(default=False)
 
     @field_validator("name")
     @classmethod
@@ -75,7 +86,22 @@ class NodePool(BaseModel):
             raise ValueError(f"node pool {self.name!r}: gpuProduct/gpuMemoryMiB given but gpus is 0")
         if self.gpus > 0 and not self.gpu_product:
             raise ValueError(f"node pool {self.name!r}: gpus > 0 needs gpuProduct")
+        if self.dra_nodes > 0 and self.gpus == 0:
+            raise ValueError(f"node pool {self.name!r}: draNodes > 0 needs gpus > 0")
+        if self.dra_nodes > self.count:
+            raise ValueError(f"node pool {self.name!r}: draNodes {self.dra_nodes} exceeds count {self.count}")
         return self
+
+    def is_dra_node(self, index: int) -> bool:
+        """Whether the pool's node number `index` (0-based) is DRA-managed: the last `dra_nodes` are."""
+        return index >= self.count - self.dra_nodes
+
+    def dra_view(self) -> NodePool:
+        """This pool as seen from one of its DRA-managed nodes: equal labels, `capacity()` without
+        `nvidia.com/gpu` (what `ClusterSpec.nodes` hands such a node as its `pool`)."""
+        view = self.model_copy()
+        view._dra_view = True
+        return view
 
     def node_labels(self) -> dict[str, str]:
         labels = {"gpufed.io/local-pool": self.name}
@@ -89,13 +115,14 @@ class NodePool(BaseModel):
         return labels
 
     def capacity(self) -> dict[str, str]:
+        """A node's capacity (= allocatable); `nvidia.com/gpu` only on nodes that are not DRA-managed."""
         cap = {
             "cpu": self.cpu,
             "memory": self.memory,
             "ephemeral-storage": self.ephemeral_storage,
             "pods": str(self.pods),
         }
-        if self.gpus:
+        if self.gpus and not self._dra_view:
             cap[GPU_RESOURCE] = str(self.gpus)
         return cap
 
@@ -152,23 +179,34 @@ class ClusterSpec(BaseModel):
         return sum(p.count for p in self.node_pools)
 
     def nodes(self) -> list[NodeSpec]:
-        """Every node of the cluster with its pod CIDR (one /24 each, in order)."""
+        """Every node of the cluster with its pod CIDR (one /24 each, in order); a DRA-managed node's
+        `pool` is its pool's `dra_view`."""
         subnets = ipaddress.ip_network(self.pod_cidr).subnets(new_prefix=24)
         out: list[NodeSpec] = []
         for pool in self.node_pools:
+            view = pool.dra_view() if pool.dra_nodes else pool
             for i in range(pool.count):
-                out.append(NodeSpec(f"{self.name}-{pool.name}-{i}", pool, str(next(subnets))))
+                dra = pool.is_dra_node(i)
+                out.append(NodeSpec(f"{self.name}-{pool.name}-{i}", view if dra else pool, str(next(subnets)), dra))
         return out
 
     def gpu_total(self) -> int:
+        """Every GPU of the cluster, DRA-managed ones included."""
         return sum(p.count * p.gpus for p in self.node_pools)
+
+    def dra_gpu_total(self) -> int:
+        """The GPUs of the cluster's DRA-managed nodes (published as devices, not as `nvidia.com/gpu`)."""
+        return sum(p.dra_nodes * p.gpus for p in self.node_pools)
 
 
 @dataclass(frozen=True)
 class NodeSpec:
     name: str
+    #: The node's pool; for a DRA-managed node its `dra_view` (no `nvidia.com/gpu` in `capacity()`).
     pool: NodePool
     pod_cidr: str
+    #: Whether the node's GPUs are DRA devices (`NodePool.dra_nodes`).
+    dra: bool = False
 
 
 class Topology(BaseModel):
@@ -310,8 +348,9 @@ class TopologyError(GpufedError):
 
 
 def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float = DEFAULT_JOB_SECONDS) -> Topology:
-    """consumer (2 CPU nodes, Kueue, JobSet), gpu-a (4 x 8 H100), gpu-b (2 x 4 A100 + 4 x 1 L4); TopologyError
-    when `base_port` or `job_seconds` is out of range."""
+    """consumer (2 CPU nodes, Kueue, JobSet), gpu-a (4 x 8 H100, the last node DRA-managed), gpu-b (2 x 4
+    A100 + 4 x 1 L4, the last L4 node DRA-managed); TopologyError when `base_port` or `job_seconds` is out
+    of range."""
     return _validated(
         {
             "basePort": base_port,
@@ -334,6 +373,7 @@ def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float =
                             "gpus": 8,
                             "gpuProduct": "NVIDIA-H100-80GB-HBM3",
                             "gpuMemoryMiB": 81559,
+                            "draNodes": 1,
                         },
                     ],
                 },
@@ -357,6 +397,7 @@ def default_topology(*, base_port: int = DEFAULT_BASE_PORT, job_seconds: float =
                             "gpus": 1,
                             "gpuProduct": "NVIDIA-L4",
                             "gpuMemoryMiB": 23034,
+                            "draNodes": 1,
                         },
                     ],
                 },

@@ -199,7 +199,7 @@ def plan_consumer(local_id: ClusterID, peer: ClusterID, view: ConsumerView, *, d
         deletions.append(
             Deletion(
                 rest.path(API_VERSION, "resourceslices", _name(s), namespace=SYSTEM_NAMESPACE),
-                f"ResourceSlice {_name(s)}",
+                f"ResourceSlice.gpufed.io {_name(s)}",
             )
         )
     for n in view.nodes:

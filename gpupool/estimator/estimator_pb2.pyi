@@ -65,17 +65,59 @@ class ProductCapacity(_message.Message):
     source: str
     def __init__(self, product: _Optional[str] = ..., nodes: _Optional[int] = ..., unhealthy_nodes: _Optional[int] = ..., total: _Optional[int] = ..., allocatable: _Optional[int] = ..., in_use: _Optional[int] = ..., free: _Optional[int] = ..., largest_shape: _Optional[int] = ..., histogram: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., free_cpu_millis: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., free_pods: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpu_memory_mib: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
+class Attribute(_message.Message):
+    __slots__ = ("name", "kind", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class CapacityEntry(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class DeviceGroup(_message.Message):
+    __slots__ = ("product", "driver", "device_classes", "attributes", "capacity", "extended_resource", "total", "free", "largest")
+    PRODUCT_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    EXTENDED_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_FIELD_NUMBER: _ClassVar[int]
+    product: str
+    driver: str
+    device_classes: _containers.RepeatedScalarFieldContainer[str]
+    attributes: _containers.RepeatedCompositeFieldContainer[Attribute]
+    capacity: _containers.RepeatedCompositeFieldContainer[CapacityEntry]
+    extended_resource: str
+    total: int
+    free: int
+    largest: int
+    def __init__(self, product: _Optional[str] = ..., driver: _Optional[str] = ..., device_classes: _Optional[_Iterable[str]] = ..., attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., capacity: _Optional[_Iterable[_Union[CapacityEntry, _Mapping]]] = ..., extended_resource: _Optional[str] = ..., total: _Optional[int] = ..., free: _Optional[int] = ..., largest: _Optional[int] = ...) -> None: ...
+
 class Snapshot(_message.Message):
-    __slots__ = ("revision", "products", "observed_at", "heartbeat")
+    __slots__ = ("revision", "products", "observed_at", "heartbeat", "devices")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     PRODUCTS_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_AT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     revision: int
     products: _containers.RepeatedCompositeFieldContainer[ProductCapacity]
     observed_at: float
     heartbeat: bool
-    def __init__(self, revision: _Optional[int] = ..., products: _Optional[_Iterable[_Union[ProductCapacity, _Mapping]]] = ..., observed_at: _Optional[float] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceGroup]
+    def __init__(self, revision: _Optional[int] = ..., products: _Optional[_Iterable[_Union[ProductCapacity, _Mapping]]] = ..., observed_at: _Optional[float] = ..., heartbeat: _Optional[bool] = ..., devices: _Optional[_Iterable[_Union[DeviceGroup, _Mapping]]] = ...) -> None: ...
 
 class Toleration(_message.Message):
     __slots__ = ("key", "operator", "value", "effect")

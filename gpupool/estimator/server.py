@@ -1,9 +1,11 @@
 """The provider's capacity estimator: live, aggregated GPU capacity over gRPC with mutual TLS.
 
 Owns:
-- the inventory: watches of the cluster's Nodes and Pods (all namespaces) feeding a
-  `gpupool.inventory.Inventory`; after each effective change (debounced by `debounce_s`) a new
-  snapshot is computed and, when any aggregate differs, published under the next revision;
+- the inventory: watches of the cluster's Nodes and Pods (all namespaces), and where the cluster
+  serves resource.k8s.io/v1 its ResourceSlices, DeviceClasses and ResourceClaims (DRA devices,
+  `gpupool.devices`), feeding a `gpupool.inventory.Inventory`; after each effective change
+  (debounced by `debounce_s`) a new snapshot is computed and, when any aggregate differs,
+  published under the next revision;
 - the service `gpufed.estimator.v1.Estimator` (estimator.proto): GetCapacity, CanPlace,
   MaxReplicas, and Watch (the current snapshot at once, then one per published revision, and a
   heartbeat — the same figures with a fresh `observed_at` — after `heartbeat_s` without one);
@@ -54,6 +56,7 @@ from prometheus_client import Counter, Gauge
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
+    DRA_API_PATH,
     ESTIMATOR_CONFIGMAP,
     ESTIMATOR_TLS_SECRET,
     MANAGED_BY,
@@ -258,8 +261,33 @@ class EstimatorServer:
             self.inventory.set_pod(obj)
         self._touch()
 
+    def _on_slice(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.inventory.devices.delete_slice(str(obj["metadata"]["name"]))
+        else:
+            self.inventory.devices.set_slice(obj)
+        self._touch()
+
+    def _on_class(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.inventory.devices.delete_class(str(obj["metadata"]["name"]))
+        else:
+            self.inventory.devices.set_class(obj)
+        self._touch()
+
+    def _on_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        if kind == "DELETED":
+            self.inventory.devices.delete_claim(str(meta.get("namespace") or ""), str(meta["name"]))
+        else:
+            self.inventory.devices.set_claim(obj)
+        self._touch()
+
+    def _changes(self) -> int:
+        return self.inventory.changes + self.inventory.devices.changes
+
     def _touch(self) -> None:
-        if self.inventory.changes != self._seen_changes:
+        if self._changes() != self._seen_changes:
             self._dirty.set()
 
     def _on_tenant(self, kind: str, obj: dict[str, Any]) -> None:
@@ -348,11 +376,11 @@ class EstimatorServer:
 
     def refresh(self) -> Snapshot:
         """Recompute the snapshot; a new revision only when an aggregate changed."""
-        self._seen_changes = self.inventory.changes
+        self._seen_changes = self._changes()
         current = self.snapshot
         revision = current.revision if current is not None else 0
         snap = self.inventory.snapshot(revision + 1, self.clock())
-        if current is None or snap.products != current.products:
+        if current is None or (snap.products, snap.devices) != (current.products, current.devices):
             self.snapshot = snap
             published, self._published = self._published, asyncio.Event()
             published.set()
@@ -471,11 +499,24 @@ class EstimatorServer:
         listen = join_endpoint(self.settings.host or "0.0.0.0", self.settings.port)  # noqa: S104 -- no host: every interface
         ca_ns, ca_name = CLIENT_CA_CONFIGMAP
         server: grpc.aio.Server | None = None
+        watches: list[tuple[str, Callable[[str, dict[str, Any]], None], str, dict[str, str] | None]] = [
+            ("/api/v1/nodes", self._on_node, "nodes", None),
+            ("/api/v1/pods", self._on_pod, "pods", None),
+        ]
+        if await rest.get(self.api, DRA_API_PATH, what="DRA API discovery") is not None:
+            for plural, on_event in (
+                ("resourceslices", self._on_slice),
+                ("deviceclasses", self._on_class),
+                ("resourceclaims", self._on_claim),
+            ):
+                self._synced[plural] = asyncio.Event()
+                watches.append((f"{DRA_API_PATH}/{plural}", on_event, plural, None))
+        else:
+            self._log.info("the cluster serves no resource.k8s.io/v1: DRA devices are not estimated")
         try:
             async with asyncio.TaskGroup() as tg:
                 for path_, handler, what, params in (
-                    ("/api/v1/nodes", self._on_node, "nodes", None),
-                    ("/api/v1/pods", self._on_pod, "pods", None),
+                    *watches,
                     (rest.path(API_VERSION, "tenants"), self._on_tenant, "tenants", None),
                     (
                         rest.path("v1", "configmaps", namespace=ca_ns),

@@ -9,7 +9,16 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from gpupool.capacity import Bucket, Placement, PodShape, ProductCapacity, Snapshot, Toleration
+from gpupool.capacity import (
+    Attribute,
+    Bucket,
+    DeviceGroup,
+    Placement,
+    PodShape,
+    ProductCapacity,
+    Snapshot,
+    Toleration,
+)
 from gpupool.estimator import estimator_pb2 as pb
 
 SERVICE = "gpufed.estimator.v1.Estimator"
@@ -61,12 +70,41 @@ def product_from_pb(m: pb.ProductCapacity) -> ProductCapacity:
     )
 
 
+def group_to_pb(g: DeviceGroup) -> pb.DeviceGroup:
+    return pb.DeviceGroup(
+        product=g.product,
+        driver=g.driver,
+        device_classes=list(g.device_classes),
+        attributes=[pb.Attribute(name=a.name, kind=a.kind, value=a.value) for a in g.attributes],
+        capacity=[pb.CapacityEntry(name=n, value=v) for n, v in g.capacity],
+        extended_resource=g.extended_resource,
+        total=g.total,
+        free=g.free,
+        largest=g.largest,
+    )
+
+
+def group_from_pb(m: pb.DeviceGroup) -> DeviceGroup:
+    return DeviceGroup(
+        product=m.product,
+        driver=m.driver,
+        device_classes=tuple(m.device_classes),
+        attributes=tuple(Attribute(a.name, a.kind, a.value) for a in m.attributes),
+        capacity=tuple((c.name, c.value) for c in m.capacity),
+        extended_resource=m.extended_resource,
+        total=m.total,
+        free=m.free,
+        largest=m.largest,
+    )
+
+
 def snapshot_to_pb(s: Snapshot, *, heartbeat: bool = False) -> pb.Snapshot:
     return pb.Snapshot(
         revision=s.revision,
         products=[product_to_pb(p) for p in s.products],
         observed_at=s.observed_at,
         heartbeat=heartbeat,
+        devices=[group_to_pb(g) for g in s.devices],
     )
 
 
@@ -75,6 +113,7 @@ def snapshot_from_pb(m: pb.Snapshot) -> Snapshot:
         revision=m.revision,
         products=tuple(product_from_pb(p) for p in m.products),
         observed_at=m.observed_at,
+        devices=tuple(group_from_pb(g) for g in m.devices),
     )
 
 

@@ -234,12 +234,12 @@ class GatewayAgent:
     async def read(self) -> Inputs:
         gw = await rest.get(self.api, self._path("gateways", self.s.name))
         if gw is None:
-            raise GatewayDeletedError(f"Gateway {self.s.namespace}/{self.s.name} not found")
+            raise GatewayDeletedError(f"Gateway.gpufed.io {self.s.namespace}/{self.s.name} not found")
         self._gateway_generation = meta.generation(gw)
         if self._gateway_ready is None:  # a restarted agent keeps the transition time
             found = cond.find((gw.get("status") or {}).get("conditions"), cond.READY)
             self._gateway_ready = dict(found) if found else None
-        spec: GatewaySpec = _spec(gw, GatewaySpec, f"Gateway {self.s.name}")
+        spec: GatewaySpec = _spec(gw, GatewaySpec, f"Gateway.gpufed.io {self.s.namespace}/{self.s.name}")
         network: NetworkConfigSpec = _spec(
             await rest.get(self.api, self._path("networkconfigs", NETWORK_CONFIG)),
             NetworkConfigSpec,

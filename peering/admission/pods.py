@@ -322,20 +322,20 @@ def _checks() -> list[_Check]:
         f"(c.?resources.?requests.orValue({{}}).filter(r, !(r in {granted})) + "
         f"c.?resources.?limits.orValue({{}}).filter(r, !(r in {granted})))"
     )
-    claims = "c.?resources.?claims.orValue([]).map(x, 'claim ' + x.name)"
     pod_res = (
         f"(object.spec.?resources.?requests.orValue({{}}).filter(r, !(r in {granted})) + "
         f"object.spec.?resources.?limits.orValue({{}}).filter(r, !(r in {granted})))"
     )
-    pod_claims = "object.spec.?resourceClaims.orValue([])"
+    # ResourceClaims by name only: the twin claims the consumer creates, which the device-claims
+    # policy and the grant's quota hold; a template would let a pod make claims of its own.
+    pod_claims = "object.spec.?resourceClaims.orValue([]).filter(x, !has(x.resourceClaimName))"
     out.append(
         _Check(
             RESOURCES,
-            f"{pod_res}.size() == 0 && {pod_claims}.size() == 0 && "
-            + _containers_ok(f"({names} + {claims}).size() > 0"),
+            f"{pod_res}.size() == 0 && {pod_claims}.size() == 0 && " + _containers_ok(f"{names}.size() > 0"),
             f"({pod_res}.size() > 0 ? ['spec.resources ' + {pod_res}.join(',')] : []) + "
             f"{pod_claims}.map(x, 'spec.resourceClaims ' + x.name) + "
-            + _containers_where(f"({names} + {claims}).size() > 0", f"'resources ' + ({names} + {claims}).join(',')"),
+            + _containers_where(f"{names}.size() > 0", f"'resources ' + {names}.join(',')"),
             spec,
         )
     )

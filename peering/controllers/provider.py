@@ -46,6 +46,7 @@ from gpufed.apis.meta import API_VERSION
 from gpufed.apis.peering import TENANT_READY, TenantSpec
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
+    DRA_API_PATH,
     GRANT_QUOTA,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -129,6 +130,8 @@ class ProviderRole:
         self.tenants: set[str] = set()
         self.ready = asyncio.Event()
         self._synced: set[str] = set()
+        #: The caches that must be listed before grants are decided (DRA's too where it is served).
+        self._gates = set(_GATES)
         self._log = structlog.get_logger().bind(cluster=identity.cluster_id, role="provider")
         self.namespaces = TenantNamespaces(api, self._log)
         self.handshake = TenantHandshake(
@@ -157,7 +160,7 @@ class ProviderRole:
     def _synced_cb(self, what: str) -> Any:
         def done() -> None:
             self._synced.add(what)
-            if self._synced >= _GATES and not self.ready.is_set():
+            if self._synced >= self._gates and not self.ready.is_set():
                 self.ready.set()
                 self._log.info("provider caches synced", tenants=len(self.tenants), nodes=len(self.cache.nodes))
             for t in self.tenants:
@@ -201,6 +204,23 @@ class ProviderRole:
             except ValueError:
                 return  # a request the apiserver accepted but we cannot parse is ignored, not fatal
         if pods.get(key) != before:  # status updates of a bound pod change nothing a grant depends on
+            self._all_tenants()
+
+    def _on_device_object(self, kind: str, obj: dict[str, Any]) -> None:
+        """A DRA ResourceSlice, DeviceClass or ResourceClaim: GPUs on DRA nodes and what claims hold."""
+        devices = self.cache.devices
+        before = devices.changes
+        plural = {"ResourceSlice": "slice", "DeviceClass": "class", "ResourceClaim": "claim"}.get(str(obj.get("kind")))
+        if plural == "slice":
+            devices.delete_slice(meta.name(obj)) if kind == "DELETED" else devices.set_slice(obj)
+        elif plural == "class":
+            devices.delete_class(meta.name(obj)) if kind == "DELETED" else devices.set_class(obj)
+        elif plural == "claim":
+            if kind == "DELETED":
+                devices.delete_claim(meta.namespace(obj), meta.name(obj))
+            else:
+                devices.set_claim(obj)
+        if devices.changes != before:
             self._all_tenants()
 
     def _on_claim(self, kind: str, obj: dict[str, Any]) -> None:
@@ -338,6 +358,10 @@ class ProviderRole:
             ("/api/v1/resourcequotas", self._on_quota, "quotas", label, False),
             ("/apis/scheduling.k8s.io/v1/priorityclasses", self._on_priority_class, "priorityclasses", None, False),
         ]
+        if await rest.get(self.api, DRA_API_PATH, what="DRA API discovery") is not None:
+            for plural in ("resourceslices", "deviceclasses", "resourceclaims"):
+                self._gates.add(f"dra-{plural}")
+                informers.append((f"{DRA_API_PATH}/{plural}", self._on_device_object, f"dra-{plural}", None, True))
         async with asyncio.TaskGroup() as tg:
             for path_, handler, what, params, gates in informers:
                 synced = self._synced_cb(what) if gates else None

@@ -27,13 +27,14 @@ watch (the provider role fills the cache). The arithmetic of a decision is `peer
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpufed.apis.peering import RESOURCE_SLICE_READY, ResourceSliceSpec, StorageClassOffer, TenantSpec
+from gpufed.apis.pool import GPU_RESOURCE
 from gpufed.apis.quantity import format_quantity, parse
 from gpufed.apis.wire import (
     CONSUMER_LABEL,
@@ -49,6 +50,7 @@ from gpufed.kube import conditions as cond
 from gpufed.kube import events, meta, rest
 from peering import grants, storage
 from peering.controllers import status as st_
+from peering.devices import DeviceInventory
 from peering.grants import NodeInfo, PodLoad
 from peering.storage import StorageClassInfo, VolumeInfo
 
@@ -103,9 +105,31 @@ class CapacityCache:
     #: namespace -> (spec.hard as `quota_amounts`, consumer label) of gpufed's grant quota there, as
     #: the watch last showed it or as last applied.
     quotas: dict[str, tuple[dict[str, Decimal | str], str]] = field(default_factory=dict)
+    #: DRA devices: GPUs a DeviceClass maps to nvidia.com/gpu are node capacity, and what claims hold
+    #: of them is load (the pods' requests do not show it).
+    devices: DeviceInventory = field(default_factory=DeviceInventory)
+
+    def capacity_nodes(self) -> list[NodeInfo]:
+        """The nodes, each with its DRA devices that count as GPUs added to its allocatable GPUs."""
+        dra = self.devices.extended(GPU_RESOURCE)
+        out = []
+        for n in self.nodes.values():
+            extra = dra.get(n.name, (0, 0))[0]
+            if extra:
+                gpus = n.allocatable.get(GPU_RESOURCE, Decimal(0)) + extra
+                n = replace(n, allocatable={**n.allocatable, GPU_RESOURCE: gpus})
+            out.append(n)
+        return out
+
+    def loads(self) -> list[PodLoad]:
+        """Every bound pod's requests, and per node the DRA GPUs claims hold beyond them."""
+        dra = self.devices.extended(GPU_RESOURCE)
+        held = [PodLoad(node, {GPU_RESOURCE: Decimal(h)}) for node, (_n, h) in sorted(dra.items()) if h]
+        return [load for _ns, load in self.pods.values()] + held
 
     def usage(self, consumer: str) -> dict[str, dict[str, Decimal]]:
-        """What the consumer's pods request and its claims hold now, per namespace it owns (tenant and twins)."""
+        """What the consumer's pods request and its claims (volumes, and DRA devices that count as
+        GPUs) hold now, per namespace it owns (tenant and twins)."""
         out: dict[str, dict[str, Decimal]] = {}
         for ns, load in self.pods.values():
             if self.ns_owner.get(ns) == consumer:
@@ -113,6 +137,9 @@ class CapacityCache:
         for (ns, _name), held in self.claims.items():
             if self.ns_owner.get(ns) == consumer:
                 out[ns] = grants.add(out.get(ns, {}), held)
+        for ns, devices in self.devices.held_by_namespace(GPU_RESOURCE).items():
+            if self.ns_owner.get(ns) == consumer:
+                out[ns] = grants.add(out.get(ns, {}), {GPU_RESOURCE: Decimal(devices)})
         return out
 
     def grant_shares(self) -> dict[tuple[str, str], grants.OtherGrant]:
@@ -177,7 +204,8 @@ class TenantGrants:
         usage = self.cache.usage(consumer)
         remaining = total(usage.values())
         shares = self.cache.grant_shares()
-        pods = [load for _ns, load in self.cache.pods.values()]
+        pods = self.cache.loads()
+        nodes = self.cache.capacity_nodes()
         total_granted: dict[str, Decimal] = {}
         for s in slices:
             old = dict(s.get("status") or {})
@@ -193,7 +221,7 @@ class TenantGrants:
                 remaining = {r: v - own.get(r, Decimal(0)) for r, v in remaining.items()}
                 decision = grants.decide(
                     request,
-                    nodes=self.cache.nodes.values(),
+                    nodes=nodes,
                     pods=pods,
                     own_usage=own,
                     others=[g for key, g in shares.items() if key != (tns, meta.name(s))],
@@ -203,7 +231,7 @@ class TenantGrants:
                 res = cond.condition("Resources", decision.accepted, decision.reason, decision.message, conds)
                 granted = dict(decision.granted)
                 used = own
-                st["nodeLabels"] = grants.shared_gpu_labels(self.cache.nodes.values(), sspec.gpu_product)
+                st["nodeLabels"] = grants.shared_gpu_labels(nodes, sspec.gpu_product)
             except (ValidationError, ValueError) as e:
                 res = cond.condition("Resources", False, "InvalidSlice", f"the slice is invalid: {str(e)[:400]}", conds)
                 granted, used = {}, {}

@@ -66,6 +66,7 @@ from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from peering import grants, handshake, podsecurity
 from peering.admission.claims import claims_binding, claims_policy
+from peering.admission.devices import device_claims_binding, device_claims_policy
 from peering.admission.objects import objects_binding, objects_policy
 from peering.admission.pods import admission_binding, admission_policy
 from peering.controllers import status as st_
@@ -140,6 +141,11 @@ class TenantNamespaces:
             (podsecurity.POLICY_NAME, admission_policy(), admission_binding()),
             (podsecurity.OBJECTS_POLICY_NAME, objects_policy(handshake.CONSUMER_GROUP), objects_binding()),
             (podsecurity.CLAIMS_POLICY_NAME, claims_policy(handshake.CONSUMER_GROUP), claims_binding()),
+            (
+                podsecurity.DEVICE_CLAIMS_POLICY_NAME,
+                device_claims_policy(handshake.CONSUMER_GROUP),
+                device_claims_binding(),
+            ),
         ):
             await rest.apply(self.api, rest.path(_ADMISSION_GROUP, "validatingadmissionpolicies", name), policy)
             await rest.apply(self.api, rest.path(_ADMISSION_GROUP, "validatingadmissionpolicybindings", name), binding)

@@ -445,7 +445,7 @@ async def _leftovers(p: Peers) -> list[tuple[Any, str, str]]:
                 (
                     p.consumer_api,
                     rest.path(API_VERSION, "resourceslices", n, namespace=SYSTEM_NAMESPACE),
-                    f"consumer: ResourceSlice {n}",
+                    f"consumer: ResourceSlice.gpufed.io {n}",
                 )
             )
     # Virtual nodes of the provider (their virtual kubelets delete them when the ForeignCluster goes;

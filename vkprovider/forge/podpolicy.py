@@ -243,11 +243,12 @@ def _gpufed(found: _Found, pod: Mapping[str, Any], policy: OffloadPodSecurity, *
     if pod_res:
         found.add(ps.RESOURCES, f"spec.resources {','.join(pod_res)}")
     for claim in spec.get("resourceClaims") or []:
-        found.add(ps.RESOURCES, f"spec.resourceClaims {claim.get('name')}")
+        # A twin names its twin claim; the local pod's template becomes such a claim when offloaded.
+        if not claim.get("resourceClaimName") and not (local and claim.get("resourceClaimTemplateName")):
+            found.add(ps.RESOURCES, f"spec.resourceClaims {claim.get('name')}")
 
     def resources(c: Mapping[str, Any]) -> str | None:
-        r = c.get("resources") or {}
-        names = _resources(r) + [f"claim {x.get('name')}" for x in r.get("claims") or []]
+        names = _resources(c.get("resources") or {})
         return f"resources {','.join(names)}" if names else None
 
     found.each_container(ps.RESOURCES, spec, resources)

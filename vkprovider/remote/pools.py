@@ -7,6 +7,11 @@ allocatable, labels and figures from `forge.pools.advertise` over the live capac
 grant (its labels already allow-listed by the provider view), and what the consumer's pods hold —
 `usage`, supplied by whoever sees every pool's pods).
 
+With a `publisher` (the consumer serves Dynamic Resource Allocation), each node-state read also
+publishes the node's ResourceSlice (`forge.devices.offer`): the devices consumer claims hold there,
+and as many more of the provider's free devices as one more pod could get GPUs; held devices count
+against the grant's headroom like pods' GPU requests.
+
 A draining pool (one that is no longer wanted, e.g. its product left the provider, but still has
 pods) advertises only what its pods hold: nothing new is scheduled there.
 
@@ -21,10 +26,18 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import structlog
+
+from gpufed.apis.pool import GPU_RESOURCE
+from gpufed.apis.quantity import parse
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
+from gpufed.kube.client import KubeError
+from gpupool.capacity import Snapshot
+from vkprovider.forge.devices import kinds_for, offer
 from vkprovider.forge.pools import Pool, advertise
 from vkprovider.node.provider import NodeState, Notify, Twin
 from vkprovider.remote.capacity import CapacityFeed
+from vkprovider.remote.devices import SlicePublisher
 from vkprovider.remote.provider import RemoteProvider, origin_node
 
 Resources = Mapping[str, Decimal]
@@ -40,6 +53,10 @@ class Usage:
     here: Resources = field(default_factory=dict)
     #: This pool's pods the provider has not placed yet (one entry per pod; part of `here`).
     in_flight: tuple[Resources, ...] = ()
+    #: gpufed DRA devices consumer claims hold on this pool node (by device name).
+    held_devices: frozenset[str] = frozenset()
+    #: gpufed DRA devices consumer claims hold on every pool node of the provider (each one GPU).
+    held_all: int = 0
 
 
 class PoolView:
@@ -59,13 +76,16 @@ class PoolView:
         usage: Callable[[str], Usage],
         *,
         draining: bool = False,
+        publisher: SlicePublisher | None = None,
     ) -> None:
         self.provider = provider
         self.feed = feed
         self.pool = pool
         self.usage = usage
         self.draining = draining
+        self.publisher = publisher
         self.ready = provider.ready
+        self._log = structlog.get_logger().bind(node=pool.node)
         self._subscribers: list[Notify] = []
 
     def _mine(self, twin: Twin | None) -> Twin | None:
@@ -107,6 +127,23 @@ class PoolView:
 
     # ---- NodeProvider
 
+    async def _publish(self, snapshot: Snapshot | None, use: Usage, allocatable: str | None) -> None:
+        """The node's DRA devices: those claims hold, and as many more as one more pod could get."""
+        assert self.publisher is not None
+        budget = 0
+        if allocatable is not None and not self.draining:
+            budget = max(0, int(parse(allocatable)) - int(use.here.get(GPU_RESOURCE, Decimal(0))))
+        kinds = kinds_for(
+            snapshot.devices if snapshot is not None and not self.draining else (),
+            self.pool.product,
+            self.provider.settings.provider,
+        )
+        devices = offer(self.pool.node, kinds, held=use.held_devices, budget=budget)
+        try:
+            await self.publisher.publish(self.pool.node, devices)
+        except KubeError as e:
+            self._log.warning("devices not published", error=str(e))
+
     async def node_state(self) -> NodeState:
         health = await self.provider.health()
         grant = self.provider.grant()
@@ -117,19 +154,25 @@ class PoolView:
         if self.draining:
             granted = {r: min(v, use.all.get(r, Decimal(0))) for r, v in granted.items()}
             why = "pool is draining"
+        # Devices consumer claims hold are GPUs of the grant too (the pods' requests do not show them).
+        used_all = dict(use.all)
+        if use.held_all:
+            used_all[GPU_RESOURCE] = used_all.get(GPU_RESOURCE, Decimal(0)) + use.held_all
         ad = advertise(
             self.provider.settings.provider,
             self.pool,
             None if self.draining else snapshot,
             granted=granted,
             requested=None if self.draining else grant.requested,
-            used_all=use.all,
+            used_all=used_all,
             used_here=use.here,
             in_flight=use.in_flight,
             static_reason=why,
             label_allow=self.provider.settings.node_label_allow,
         )
         provider = self.provider.settings.provider
+        if self.publisher is not None:
+            await self._publish(snapshot, use, ad.allocatable.get(GPU_RESOURCE))
         labels = {
             **(dict(grant.labels) if self.pool.product in (None, grant.gpu_product) else {}),
             **ad.labels,

@@ -76,10 +76,12 @@ from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
 from vkprovider.forge import podpolicy
 from vkprovider.forge import pods as forge
+from vkprovider.forge.dra_claims import twin_pod_claims
 from vkprovider.forge.meta import Target, is_dns_subdomain, owned_by
 from vkprovider.node.provider import NOT_FOUND, Notify, ProviderError, Twin
 from vkprovider.remote.addresses import TwinAddresses
 from vkprovider.remote.claims import DEFAULT_CLAIM_GRACE_S, TwinNamespaceClaims
+from vkprovider.remote.dra_claims import ClaimOffloader
 from vkprovider.remote.events_relay import EventRelay, RelayLimits
 from vkprovider.remote.grant import Grant, Health, ProviderGrant
 from vkprovider.remote.offloaded import OffloadedNamespaces
@@ -184,8 +186,11 @@ class RemoteProvider:
         reflection: NamespaceReflection | None = None,
         pod_addresses: PodAddresses | None = None,
         events: EventRelay | None = None,
+        dra: ClaimOffloader | None = None,
     ) -> None:
         self.local = local_api
+        #: The twins of offloaded pods' ResourceClaims (None: the consumer serves no DRA API).
+        self.dra = dra
         self.remote = remote_api
         self.settings = settings
         self.translator = translator or Identity()
@@ -421,7 +426,16 @@ class RemoteProvider:
                 del self._twins[key]
         else:
             self._twins[key] = obj
+            if self.dra is not None and (obj.get("spec") or {}).get("resourceClaims") and self._tg is not None:
+                self._tg.create_task(self._report_allocation(local_ns, obj))
         self._notify(*key)
+
+    async def _report_allocation(self, local_ns: str, twin: Mapping[str, Any]) -> None:
+        assert self.dra is not None
+        try:
+            await self.dra.report(local_ns, twin)
+        except KubeError as e:
+            self._log.warning("provider allocation not shown", pod=twin["metadata"]["name"], error=str(e))
 
     def _twin_of(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Twin:
         meta = pod["metadata"]
@@ -500,14 +514,20 @@ class RemoteProvider:
                     reason=f"Optional{ref.kind}NotFound",
                     message=f'{ref.kind.lower()} "{ref.name}" not found',
                 )
+        claims = await self.dra.plan(pod, target) if self.dra is not None else []
         identity = await self.tokens.ensure(pod, target) if self.tokens is not None else None
         body = forge.remote_pod(pod, target, identity)
+        if claims:
+            body["spec"]["resourceClaims"] = twin_pod_claims(pod, {e: c["metadata"]["name"] for e, c in claims})
         url = rest.path("v1", "pods", namespace=target.namespace)
         try:
             created = await rest.create(self.remote, url, body, what=f"create twin {target.namespace}/{name}")
         except KubeError as e:
             if e.conflict:
                 await self._adopt(pod, target)
+                adopted = self._twins.get((namespace, name))
+                if claims and adopted is not None and self.dra is not None:
+                    await self.dra.ensure(adopted, claims)
                 return
             refused = refusal(e, f"the provider {self.settings.provider} refused the pod")
             if refused.reason in (podpolicy.REASON, ADMISSION_REFUSED):
@@ -515,6 +535,8 @@ class RemoteProvider:
             raise refused from e
         # Seen at once: the next reconcile must not create it again before the watch reports it.
         self._twins.setdefault((namespace, name), created)
+        if claims and self.dra is not None:
+            await self.dra.ensure(created, claims)
 
     def _check_pod_security(self, pod: Mapping[str, Any]) -> None:
         """Refuse early, with the provider's reason, a pod its published offload policy refuses."""

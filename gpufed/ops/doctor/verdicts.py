@@ -264,7 +264,7 @@ def judge_grant(
         return Check(
             name,
             FAIL,
-            f"no ResourceSlice for this peering ({where}): nothing is granted",
+            f"no ResourceSlice.gpufed.io for this peering ({where}): nothing is granted",
             f"ask for resources: {peer_cmd} --gpus N",
             peer,
         )
@@ -391,7 +391,7 @@ def judge_tunnel(
             peer,
         )
     if gateway is None or connection is None:
-        missing = "Gateway" if gateway is None else "Connection"
+        missing = "Gateway.gpufed.io" if gateway is None else "Connection"
         return Check(
             "tunnel",
             FAIL,

@@ -373,7 +373,7 @@ async def test_disconnect_removes_everything_on_both_sides_and_is_idempotent() -
         assert set(removed) == {
             f"{side}: {what} {peer}"
             for side, peer in (("consumer", PROVIDER), ("provider", CONSUMER))
-            for what in ("Gateway", "Connection", "RemoteNetwork", "key Secret", "RoleBinding", "Role")
+            for what in ("Gateway.gpufed.io", "Connection", "RemoteNetwork", "key Secret", "RoleBinding", "Role")
         }
         for server in (s.consumer, s.provider):
             for kind in ("gateways", "connections", "remotenetworks", "secrets", "roles", "rolebindings"):
@@ -484,8 +484,8 @@ async def test_status_rows_are_sorted_and_name_a_missing_gateway() -> None:
         )
         rows = await ops.status(s.peers.consumer_api)
         assert [r["cluster"] for r in rows] == ["aaa-first", PROVIDER]
-        assert rows[0]["message"] == "no Gateway" and rows[0]["role"] == ""
-        assert rows[1]["message"] == "no Gateway"
+        assert rows[0]["message"] == "no Gateway.gpufed.io" and rows[0]["role"] == ""
+        assert rows[1]["message"] == "no Gateway.gpufed.io"
         assert await ops.status(s.peers.provider_api) != []
 
 

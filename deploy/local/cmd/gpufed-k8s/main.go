@@ -2,12 +2,14 @@
 //
 // It links, from ONE pinned Kubernetes release, kube-apiserver, kube-controller-manager,
 // kube-scheduler and kubectl, plus an embedded etcd (go.etcd.io/etcd/server/v3/embed at the
-// version that release requires) and kwok. Linking them into one binary costs one link instead of
+// version that release requires), kwok, and dra-publisher (dra.go: a DRA device publisher for kwok
+// GPU nodes, built on k8s.io/dynamic-resource-allocation/resourceslice). Linking them into one binary costs one link instead of
 // six and shares every common package on disk. The applet is chosen by the name the binary is
 // invoked as (symlinks such as bin/kubectl -> gpufed-k8s) or by the first argument
 // ("gpufed-k8s kubectl get nodes").
 //
-// It owns nothing but dispatch and the small etcd front-end; all behaviour is upstream's.
+// It owns nothing but dispatch, the small etcd front-end and the DRA publisher's glue; all other
+// behaviour is upstream's.
 package main
 
 import (
@@ -65,6 +67,8 @@ var applets = map[string]func(args []string) int{
 	"kubectl": runKubectl,
 	"etcd":    runEtcd,
 	"kwok":    runKwok,
+	// dra-publisher: see dra.go.
+	"dra-publisher": runDRAPublisher,
 }
 
 func main() {

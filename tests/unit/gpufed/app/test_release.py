@@ -63,7 +63,12 @@ async def test_nothing_changes_without_the_cluster_role() -> None:
 def test_owned_names_are_the_ones_the_controller_creates() -> None:
     names = {(plural, name) for _, plural, name in OWNED}
     assert ("mutatingwebhookconfigurations", "gpufed-offloading") in names
-    for policy in ("gpufed-offload-policy", "gpufed-consumer-objects", "gpufed-consumer-claims"):
+    for policy in (
+        "gpufed-offload-policy",
+        "gpufed-consumer-objects",
+        "gpufed-consumer-claims",
+        "gpufed-consumer-device-claims",
+    ):
         assert ("validatingadmissionpolicies", policy) in names
         assert ("validatingadmissionpolicybindings", policy) in names
     assert owned_refs({"metadata": {"ownerReferences": [{"uid": "u"}]}}, {**_role("u")}) is None

@@ -79,3 +79,14 @@ def test_the_crd_reference_does_not_depend_on_the_working_directory(monkeypatch:
     expected = crdref.render(REPO / crdref.CRD_DIR)
     monkeypatch.chdir(REPO / "docs")
     assert crdref.render(REPO / crdref.CRD_DIR) == expected
+
+
+def test_the_crd_reference_says_how_to_address_kinds_whose_name_is_shared() -> None:
+    page = crdref.render(REPO / crdref.CRD_DIR)
+    naming = page.split("\n## Naming\n", 1)[1].split("\n## ", 1)[0]
+    assert "| ResourceSlice | DRA's `ResourceSlice` (`resource.k8s.io`" in naming
+    assert "`kubectl get resourceslices.gpufed.io` / `kubectl get rslice`" in naming
+    assert "`kubectl get gateways.gpufed.io` / `kubectl get gfgw`" in naming
+    assert "no stored object needs a migration" in naming
+    # every kind named there is one of gpufed's
+    assert set(crdref.SHARED_KIND_NAMES) <= {c.kind for c in crdref.crds(REPO / crdref.CRD_DIR)}

@@ -118,6 +118,15 @@ def test_kueue_runs_on_the_consumer_of_the_default_topology_only() -> None:
         ({"nodePools": [{"name": "x", "count": 0}]}, "greater than or equal to 1"),
         ({"nodePools": [{"name": "x", "count": 1}, {"name": "x", "count": 1}]}, "unique"),
         ({"nodePools": [{"name": "x", "count": 1, "colour": "red"}]}, "Extra inputs"),
+        ({"nodePools": [{"name": "x", "count": 1, "draNodes": 1}]}, "draNodes > 0 needs gpus > 0"),
+        (
+            {"nodePools": [{"name": "x", "count": 2, "gpus": 1, "gpuProduct": "NVIDIA-L4", "draNodes": 3}]},
+            "draNodes 3 exceeds count 2",
+        ),
+        (
+            {"nodePools": [{"name": "x", "count": 2, "gpus": 1, "gpuProduct": "NVIDIA-L4", "draNodes": -1}]},
+            "greater than or equal to 0",
+        ),
     ],
 )
 def test_invalid_clusters_are_refused_with_a_reason(patch: dict[str, object], message: str) -> None:
@@ -164,3 +173,41 @@ def test_load_topology_errors_name_the_file(tmp_path: Path) -> None:
 def test_an_out_of_range_default_topology_is_a_topology_error() -> None:
     with pytest.raises(TopologyError, match="basePort"):
         default_topology(base_port=65000)
+
+
+def test_the_default_topology_has_one_dra_node_on_each_provider() -> None:
+    topo = default_topology()
+    dra = {c.name: [n.name for n in c.nodes() if n.dra] for c in topo.clusters}
+    assert dra == {"consumer": [], "gpu-a": ["gpu-a-h100-3"], "gpu-b": ["gpu-b-l4-3"]}
+    # names and counts are unchanged; every GPU is still counted, the DRA ones apart
+    assert [n.name for n in topo.cluster("gpu-a").nodes()] == [f"gpu-a-h100-{i}" for i in range(4)]
+    assert topo.cluster("gpu-a").gpu_total() == 32 and topo.cluster("gpu-a").dra_gpu_total() == 8
+    assert topo.cluster("gpu-b").gpu_total() == 12 and topo.cluster("gpu-b").dra_gpu_total() == 1
+
+
+def test_dra_nodes_are_the_last_of_their_pool_and_do_not_advertise_gpus() -> None:
+    topo = Topology.model_validate(
+        {
+            "clusters": [
+                {
+                    "name": "c",
+                    "nodePools": [
+                        {"name": "p", "count": 3, "gpus": 4, "gpuProduct": "NVIDIA-L4", "draNodes": 2},
+                        {"name": "q", "count": 1, "gpus": 2, "gpuProduct": "NVIDIA-L4"},
+                    ],
+                }
+            ]
+        }
+    )
+    nodes = topo.cluster("c").nodes()
+    assert [(n.name, n.dra) for n in nodes] == [("c-p-0", False), ("c-p-1", True), ("c-p-2", True), ("c-q-0", False)]
+    plain, dra_node = nodes[0], nodes[1]
+    # a DRA node keeps every label and CPU/memory, but not nvidia.com/gpu (that would count its GPUs twice)
+    assert dra_node.pool.node_labels() == plain.pool.node_labels()
+    assert dra_node.pool.node_labels()[GPU_PRODUCT_LABEL] == "NVIDIA-L4"
+    assert GPU_RESOURCE not in dra_node.pool.capacity()
+    assert {k: v for k, v in plain.pool.capacity().items() if k != GPU_RESOURCE} == dra_node.pool.capacity()
+    assert plain.pool.capacity()[GPU_RESOURCE] == "4" and nodes[3].pool.capacity()[GPU_RESOURCE] == "2"
+    # the pool itself is untouched: the recorded topology says draNodes, not a changed capacity
+    assert topo.cluster("c").node_pools[0].capacity()[GPU_RESOURCE] == "4"
+    assert topo.model_dump(mode="json", by_alias=True)["clusters"][0]["nodePools"][0]["draNodes"] == 2

@@ -84,12 +84,12 @@ def test_the_consumer_plan_removes_the_fabric_fails_pods_back_then_removes_the_p
     plan = fu.plan_consumer(CONSUMER, PROVIDER, _consumer_view(), delete_volumes=False)
     assert fu.refusal(plan, delete_volumes=False) is None
     assert plan.describe() == [
-        f"Gateway {PROVIDER}",
+        f"Gateway.gpufed.io {PROVIDER}",
         f"Connection {PROVIDER}",
         "pod team-a/runs (failed back: ProviderGone)",
         "pod team-a/going (being deleted: deleted at once)",
         f"ForeignCluster {PROVIDER}",
-        f"ResourceSlice {PROVIDER}",
+        f"ResourceSlice.gpufed.io {PROVIDER}",
         f"virtual node {NODE}",
         f"Secret gpufed/gpufed-remote-{PROVIDER}",
     ]
@@ -138,7 +138,7 @@ def test_the_provider_plan_removes_tenant_foreign_cluster_csrs_and_namespaces() 
     plan = fu.plan_provider(PROVIDER, CONSUMER, view)
     assert fu.refusal(plan, delete_volumes=False) is None
     assert plan.describe() == [
-        f"Gateway {CONSUMER}",
+        f"Gateway.gpufed.io {CONSUMER}",
         f"Tenant {CONSUMER}",
         f"ForeignCluster {CONSUMER}",
         "CertificateSigningRequest csr-1",

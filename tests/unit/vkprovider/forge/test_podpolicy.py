@@ -252,7 +252,12 @@ TABLE: dict[str, tuple[dict[str, Any], OffloadPodSecurity, list[str]]] = {
         DEFAULT,
         ["resources"],
     ),
-    "a resource claim": (pod({"resourceClaims": [{"name": "gpu", "resourceClaimName": "x"}]}), DEFAULT, ["resources"]),
+    "a resource claim by name": (pod({"resourceClaims": [{"name": "gpu", "resourceClaimName": "x"}]}), DEFAULT, []),
+    "a resource claim template in a twin": (
+        pod({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "x"}]}),
+        DEFAULT,
+        ["resources"],
+    ),
     "granted resources": (
         pod(resources={"requests": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi", "nvidia.com/gpu": "1"}}),
         DEFAULT,
