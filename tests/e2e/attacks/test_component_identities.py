@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
 from gpufed.apis.meta import API_VERSION
-from gpufed.apis.wire import TYPE_LABEL, VIRTUAL_NODE_TYPE, ClusterID
+from gpufed.apis.wire import PROVIDER_ALLOCATION_ANNOTATION, TYPE_LABEL, VIRTUAL_NODE_TYPE, ClusterID
 from gpufed.localenv.components import CONTROLLER, VIRTUAL_KUBELET
 from peering import handshake
 from peering.controllers.tenant_handshake import CSR_REJECTED, CSR_SIGNER, CSR_USAGES
@@ -490,3 +490,59 @@ def test_network_flood_of_unknown_tokens_makes_a_bounded_number_of_token_reviews
         f"{made:.0f} TokenReviews for {flood} unknown tokens in {elapsed:.1f}s (budget {budget:.0f})"
     )
     assert statuses.count(429) >= flood - budget - 5, statuses
+
+
+# ---------------------------------------------------------------- DRA
+
+
+def test_component_virtual_kubelet_cannot_publish_devices_of_another_driver(clusters: Clusters) -> None:
+    node = real_node(clusters, C)["metadata"]["name"]
+    forged: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"gpufed-atk-{secrets.token_hex(3)}"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+    refused_by_policy(as_virtual_kubelet(clusters, "create", "-f", "-", input_text=json.dumps(forged)))
+    forged["spec"]["driver"] = "gpu.gpufed.io"  # its own driver, but for a real node
+    refused_by_policy(as_virtual_kubelet(clusters, "create", "-f", "-", input_text=json.dumps(forged)))
+
+
+def test_component_virtual_kubelet_cannot_write_a_device_class_of_its_choosing(clusters: Clusters) -> None:
+    grab: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.gpufed.io"},
+        "spec": {"selectors": [{"cel": {"expression": "true"}}]},
+    }
+    apply = ("apply", "--server-side", "--force-conflicts", "-f", "-")
+    refused_by_policy(as_virtual_kubelet(clusters, *apply, input_text=json.dumps(grab)))
+    grab["metadata"]["name"] = f"atk-{secrets.token_hex(3)}"
+    refused_by_policy(as_virtual_kubelet(clusters, "create", "-f", "-", input_text=json.dumps(grab)))
+
+
+def test_component_virtual_kubelet_may_only_annotate_a_claim_with_the_providers_allocation(clusters: Clusters) -> None:
+    name = f"atk-{secrets.token_hex(3)}"
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "labels": {"team": "a"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufed.io"}}]}},
+    }
+    clusters.create(C, claim)
+    try:
+        path = ("patch", "resourceclaims.resource.k8s.io", name, "-n", "default", "--type=merge", "-p")
+        ours = json.dumps({"metadata": {"annotations": {PROVIDER_ALLOCATION_ANNOTATION: "p: d/p/x"}}})
+        p = as_virtual_kubelet(clusters, *path, ours)
+        assert p.returncode == 0, p.stderr
+        for other in ({"labels": {"team": "b"}}, {"annotations": {"else": "x"}}, {"finalizers": ["atk/hold"]}):
+            refused_by_policy(as_virtual_kubelet(clusters, *path, json.dumps({"metadata": other})))
+        after = clusters.kubectl_json(C, "get", "resourceclaims.resource.k8s.io", name, "-n", "default")
+        assert after["metadata"]["labels"] == {"team": "a"} and "finalizers" not in after["metadata"]
+    finally:
+        clusters.kubectl(C, "delete", "resourceclaims.resource.k8s.io", name, "-n", "default", check=False)
