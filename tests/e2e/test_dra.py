@@ -308,3 +308,38 @@ def test_published_devices_follow_the_providers_own_load(clusters: Clusters, ids
     finally:
         clusters.kubectl("gpu-a", "delete", "pod", own, "-n", "default", "--grace-period=0", "--wait=true")
     eventually("offered again once the load ends", lambda: len(published(clusters, node_a(ids))) == 8, timeout=30)
+
+
+def test_pods_asking_nvidia_gpu_fill_every_gpu_including_the_dra_managed_ones(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    """4 pods x 8 GPUs take gpu-a's whole grant of 32: three device-plugin nodes and the DRA node
+    (the provider's scheduler makes a claim for the pod's nvidia.com/gpu there); no GPU is counted twice."""
+    for i in range(4):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"full-{i}", "namespace": namespace},
+            "spec": {
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                "containers": [
+                    {"name": "main", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+                ],
+            },
+        }
+        clusters.create("consumer", pod)
+    try:
+        eventually(
+            "all four run", lambda: all(running(clusters, namespace, f"full-{i}") for i in range(4)), timeout=120
+        )
+        twin = twin_namespace(namespace, ids["consumer"])
+        twins = clusters.kubectl_json("gpu-a", "get", "pods", "-n", twin)["items"]
+        on = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in twins if p["metadata"]["name"].startswith("full-")}
+        assert sorted(on.values()) == [f"gpu-a-h100-{i}" for i in range(4)], on
+        dra_pod = next(p for p in twins if p["spec"].get("nodeName") == H100_DRA_NODE)
+        assert dra_pod["status"].get("extendedResourceClaimStatus"), dra_pod["status"]
+        eventually("the pool node offers no device while they run", lambda: published(clusters, node_a(ids)) == [])
+    finally:
+        for i in range(4):
+            clusters.kubectl("consumer", "delete", "pod", f"full-{i}", "-n", namespace, "--wait=false", check=False)
+    eventually("every device offered again", lambda: len(published(clusters, node_a(ids))) == 8, timeout=90)
