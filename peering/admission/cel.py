@@ -48,6 +48,46 @@ def namespace_variables() -> list[dict[str, str]]:
     ]
 
 
+def rule(expression: str, message_expression: str, message: str) -> dict[str, str]:
+    """One validation of a consumer policy: refused as Forbidden, with a sentence saying why."""
+    return {
+        "expression": expression,
+        "messageExpression": message_expression,
+        "message": message,
+        "reason": "Forbidden",
+    }
+
+
+def consumer_policy(
+    name: str,
+    consumer_group: str,
+    resource_rules: list[dict[str, Any]],
+    validations: list[dict[str, str]],
+    variables: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A ValidatingAdmissionPolicy that holds writes by members of `consumer_group` (and nobody
+    else: the provider's controllers and administrators are not matched) to `validations`."""
+    spec: dict[str, Any] = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": resource_rules},
+        "matchConditions": [
+            {
+                "name": "consumer",
+                "expression": f"request.userInfo.?groups.orValue([]).exists(g, g == {literal(consumer_group)})",
+            }
+        ],
+    }
+    if variables:
+        spec["variables"] = variables
+    spec["validations"] = validations
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "spec": spec,
+    }
+
+
 def binding(name: str) -> dict[str, Any]:
     """Binds the policy `name` to every namespace a consumer has on this provider (tenant and twins)."""
     return {

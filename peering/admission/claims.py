@@ -22,12 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpufed.apis.wire import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     OFFERED_STORAGE_ACCESS_MODES_ANNOTATION,
     OFFERED_STORAGE_CLASSES_ANNOTATION,
 )
-from peering.admission.cel import binding, csv_list, literal, namespace_variables
+from peering.admission.cel import binding, consumer_policy, csv_list, namespace_variables, rule
 from peering.podsecurity import CLAIMS_POLICY_NAME
 
 #: Where a refusal sends the consumer: the storage grant it asks for and the provider's policy.
@@ -41,57 +39,48 @@ _NONE_OFFERED = "variables.storageClasses.size() == 0"
 _OFFERED = "variables.storageClasses.join(', ')"
 
 
-def _rule(expression: str, message_expression: str, message: str) -> dict[str, str]:
-    return {
-        "expression": expression,
-        "messageExpression": message_expression,
-        "message": message,
-        "reason": "Forbidden",
-    }
-
-
 def _claims_validations() -> list[dict[str, str]]:
     """The validations; those about the class each hold when an earlier one already refuses the
     claim, so that a refusal names one cause."""
     mode_ok = f"({_CLASS} + ':' + m) in variables.storageModes"
     return [
-        _rule(
+        rule(
             f"!({_NONE_OFFERED})",
             f"'PersistentVolumeClaims are refused in namespace ' + request.namespace + ': this consumer has no "
             f"storage grant here (no StorageClass is offered); {GRANT_HINT}'",
             f"PersistentVolumeClaims are refused: this consumer has no storage grant here; {GRANT_HINT}",
         ),
-        _rule(
+        rule(
             f"{_NONE_OFFERED} || {_CLASS} != ''",
             f"'a claim must name one of the offered StorageClasses in spec.storageClassName (offered: ' + {_OFFERED} "
             "+ ')'",
             "a claim must name one of the offered StorageClasses in spec.storageClassName",
         ),
-        _rule(
+        rule(
             f"{_NONE_OFFERED} || {_CLASS} == '' || {_CLASS} in variables.storageClasses",
             f"'StorageClass ' + {_CLASS} + ' is not offered to this consumer in namespace ' + request.namespace + "
             f"' (offered: ' + {_OFFERED} + '); {GRANT_HINT}'",
             f"the claim's StorageClass is not offered to this consumer; {GRANT_HINT}",
         ),
-        _rule(
+        rule(
             f"!({_CLASS} in variables.storageClasses) || {_MODES}.all(m, {mode_ok})",
             f"'access modes ' + {_MODES}.filter(m, !({mode_ok})).join(', ') + ' are not offered for StorageClass ' + "
             f"{_CLASS} + ' (offered: ' + variables.storageModes.filter(p, p.startsWith({_CLASS} + ':'))"
             f".map(p, p.substring({_CLASS}.size() + 1)).join(', ') + ')'",
             "an access mode that is not offered for the claim's StorageClass is refused",
         ),
-        _rule(
+        rule(
             f"{_VOLUME} == {_KEPT_VOLUME}",
             f"'spec.volumeName ' + {_VOLUME} + ' is refused: a claim of a consumer may not choose its "
             "PersistentVolume (the provider binds or provisions one)'",
             "spec.volumeName is refused: a claim of a consumer may not choose its PersistentVolume",
         ),
-        _rule(
+        rule(
             "!has(object.spec.selector)",
             "'spec.selector is refused: a claim of a consumer may not pick PersistentVolumes by their labels'",
             "spec.selector is refused: a claim of a consumer may not pick PersistentVolumes by their labels",
         ),
-        _rule(
+        rule(
             "!has(object.spec.dataSource) && !has(object.spec.dataSourceRef)",
             "'spec.dataSource and spec.dataSourceRef are refused (' + "
             "(has(object.spec.dataSourceRef) ? object.spec.dataSourceRef : object.spec.dataSource).kind + ' ' + "
@@ -106,36 +95,24 @@ def _claims_validations() -> list[dict[str, str]]:
 def claims_policy(consumer_group: str) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy for the PersistentVolumeClaims a consumer identity (a member of
     `consumer_group`) writes into its namespaces."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": CLAIMS_POLICY_NAME, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["persistentvolumeclaims"],
-                    }
-                ]
-            },
-            "matchConditions": [
-                {
-                    "name": "consumer",
-                    "expression": f"request.userInfo.?groups.orValue([]).exists(g, g == {literal(consumer_group)})",
-                }
-            ],
-            "variables": [
-                *namespace_variables(),
-                {"name": "storageClasses", "expression": csv_list(OFFERED_STORAGE_CLASSES_ANNOTATION)},
-                {"name": "storageModes", "expression": csv_list(OFFERED_STORAGE_ACCESS_MODES_ANNOTATION)},
-            ],
-            "validations": _claims_validations(),
-        },
-    }
+    return consumer_policy(
+        CLAIMS_POLICY_NAME,
+        consumer_group,
+        [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["persistentvolumeclaims"],
+            }
+        ],
+        _claims_validations(),
+        [
+            *namespace_variables(),
+            {"name": "storageClasses", "expression": csv_list(OFFERED_STORAGE_CLASSES_ANNOTATION)},
+            {"name": "storageModes", "expression": csv_list(OFFERED_STORAGE_ACCESS_MODES_ANNOTATION)},
+        ],
+    )
 
 
 def claims_binding() -> dict[str, Any]:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL
-from peering.admission.cel import binding, literal
+from peering.admission.cel import binding, consumer_policy, rule
 from peering.podsecurity import DEVICE_CLAIMS_POLICY_NAME
 
 #: Most devices one request of a consumer's claim may ask for (a whole node's GPUs).
@@ -29,40 +28,31 @@ MAX_DEVICES_PER_REQUEST = 16
 _REQUESTS = "object.spec.devices.?requests.orValue([])"
 
 
-def _rule(expression: str, message_expression: str, message: str) -> dict[str, str]:
-    return {
-        "expression": expression,
-        "messageExpression": message_expression,
-        "message": message,
-        "reason": "Forbidden",
-    }
-
-
 def _validations() -> list[dict[str, str]]:
     prefix = "'ResourceClaim ' + request.namespace + '/' + request.name + ': '"
     return [
-        _rule(
+        rule(
             f"{_REQUESTS}.all(r, has(r.exactly))",
             f"{prefix} + 'requests ' + {_REQUESTS}.filter(r, !has(r.exactly)).map(r, r.name).join(', ') + "
             "' are prioritized lists (firstAvailable), which a consumer may not use'",
             "a consumer's claim may not use prioritized lists (firstAvailable)",
         ),
-        _rule(
+        rule(
             f"{_REQUESTS}.all(r, !has(r.exactly) || !r.exactly.?adminAccess.orValue(false))",
             f"{prefix} + 'admin access is refused: it reaches devices that other pods hold'",
             "a consumer's claim may not ask for admin access",
         ),
-        _rule(
+        rule(
             f"{_REQUESTS}.all(r, !has(r.exactly) || r.exactly.?allocationMode.orValue('ExactCount') == 'ExactCount')",
             f"{prefix} + 'allocationMode All is refused: a consumer asks for a number of devices'",
             "a consumer's claim may not ask for all devices",
         ),
-        _rule(
+        rule(
             f"{_REQUESTS}.all(r, !has(r.exactly) || r.exactly.?count.orValue(1) <= {MAX_DEVICES_PER_REQUEST})",
             f"{prefix} + 'a request may ask for at most {MAX_DEVICES_PER_REQUEST} devices'",
             f"a consumer's claim may ask for at most {MAX_DEVICES_PER_REQUEST} devices per request",
         ),
-        _rule(
+        rule(
             "object.spec.devices.?config.orValue([]).size() == 0",
             f"{prefix} + 'driver configuration (spec.devices.config) is refused: only the provider configures its "
             "drivers'",
@@ -73,31 +63,19 @@ def _validations() -> list[dict[str, str]]:
 
 def device_claims_policy(consumer_group: str) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy for the ResourceClaims a member of `consumer_group` writes."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": DEVICE_CLAIMS_POLICY_NAME, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["resource.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["resourceclaims"],
-                    }
-                ]
-            },
-            "matchConditions": [
-                {
-                    "name": "consumer",
-                    "expression": f"request.userInfo.?groups.orValue([]).exists(g, g == {literal(consumer_group)})",
-                }
-            ],
-            "validations": _validations(),
-        },
-    }
+    return consumer_policy(
+        DEVICE_CLAIMS_POLICY_NAME,
+        consumer_group,
+        [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["resourceclaims"],
+            }
+        ],
+        _validations(),
+    )
 
 
 def device_claims_binding() -> dict[str, Any]:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL
-from peering.admission.cel import binding, csv_list, literal, namespace_variables
+from peering.admission.cel import binding, consumer_policy, csv_list, literal, namespace_variables
 from peering.podsecurity import (
     ENDPOINT_CIDRS_ANNOTATION,
     INGRESS_ANNOTATIONS_ANNOTATION,
@@ -137,44 +136,32 @@ def objects_policy(consumer_group: str) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy for the Services, EndpointSlices and Ingresses a consumer identity
     (a member of `consumer_group`) writes into its namespaces."""
     operations = ["CREATE", "UPDATE"]
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": OBJECTS_POLICY_NAME, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["services"]},
-                    {
-                        "apiGroups": ["discovery.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": operations,
-                        "resources": ["endpointslices"],
-                    },
-                    {
-                        "apiGroups": ["networking.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": operations,
-                        "resources": ["ingresses"],
-                    },
-                ]
+    return consumer_policy(
+        OBJECTS_POLICY_NAME,
+        consumer_group,
+        [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["services"]},
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": operations,
+                "resources": ["endpointslices"],
             },
-            "matchConditions": [
-                {
-                    "name": "consumer",
-                    "expression": f"request.userInfo.?groups.orValue([]).exists(g, g == {literal(consumer_group)})",
-                }
-            ],
-            "variables": [
-                *namespace_variables(),
-                {"name": "endpointCidrs", "expression": csv_list(ENDPOINT_CIDRS_ANNOTATION)},
-                {"name": "ingressHosts", "expression": csv_list(INGRESS_HOSTS_ANNOTATION)},
-                {"name": "ingressAnnotations", "expression": csv_list(INGRESS_ANNOTATIONS_ANNOTATION)},
-            ],
-            "validations": _objects_validations(),
-        },
-    }
+            {
+                "apiGroups": ["networking.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": operations,
+                "resources": ["ingresses"],
+            },
+        ],
+        _objects_validations(),
+        [
+            *namespace_variables(),
+            {"name": "endpointCidrs", "expression": csv_list(ENDPOINT_CIDRS_ANNOTATION)},
+            {"name": "ingressHosts", "expression": csv_list(INGRESS_HOSTS_ANNOTATION)},
+            {"name": "ingressAnnotations", "expression": csv_list(INGRESS_ANNOTATIONS_ANNOTATION)},
+        ],
+    )
 
 
 def objects_binding() -> dict[str, Any]:
