@@ -347,7 +347,6 @@ class PoolManager:
             tg.create_task(self.provider.run())
             if self.devices is not None:
                 tg.create_task(self.devices.claims.run())
-                await self.devices.publisher.ensure_class()
             if self.feed is not None:
                 tg.create_task(self.feed.run())
                 with contextlib.suppress(TimeoutError):

@@ -16,7 +16,7 @@ import pytest
 
 from gpufed.apis.wire import ClusterID
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import gpufed, out, peered_session
+from tests.e2e.helpers import eventually, gpufed, out, peered_session
 
 pytestmark = pytest.mark.e2e
 
@@ -39,9 +39,16 @@ def checks(p: subprocess.CompletedProcess[str]) -> dict[tuple[str, str], dict[st
 
 def test_a_fresh_peering_is_healthy_but_has_no_fabric(clusters: Clusters, ids: dict[str, ClusterID]) -> None:
     provider = ids["gpu-a"]
-    p = doctor(clusters, "consumer", "-o", "json")
-    assert p.returncode == 0, out(p)
-    found = checks(p)
+
+    def served() -> dict[tuple[str, str], dict[str, Any]] | None:
+        # The virtual node's kubelet API listens once its serving certificate is signed, which may
+        # come a moment after `gpufed peer` returns (doctor says so as a WARN meanwhile).
+        p = doctor(clusters, "consumer", "-o", "json")
+        assert p.returncode == 0, out(p)
+        found = checks(p)
+        return found if found[(provider, "serving-certificates")]["status"] == "OK" else None
+
+    found = eventually("the virtual node's kubelet API serving", served, timeout=60)
     for name in ("install", "identity", "controller", "webhook"):
         assert found[("", name)]["status"] == "OK", found[("", name)]
     for name in ("peering", "credentials", "grant", "virtual-nodes", "serving-certificates", "estimator"):

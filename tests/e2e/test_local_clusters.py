@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from gpufed.localenv import kwokcfg
+from gpufed.localenv import dra, kwokcfg
 from tests.e2e.conftest import Clusters
 
 EXPECTED_VERSION = re.search(
@@ -55,14 +55,22 @@ async def test_every_cluster_is_healthy_and_runs_the_pinned_version(clusters: Cl
     assert all(s.healthy and s.nodes_ready == s.nodes_total for s in statuses), statuses
 
 
-async def test_gpu_nodes_are_ready_with_capacity_and_labels(api: dict[str, Any]) -> None:
+async def test_gpu_nodes_are_ready_with_capacity_and_labels(clusters: Clusters, api: dict[str, Any]) -> None:
+    """Device-plugin GPUs in capacity; the DRA-managed nodes (gpu-a-h100-3, gpu-b-l4-3) carry the same
+    labels, no nvidia.com/gpu, and their GPUs as DRA devices of gpu.nvidia.com."""
     expected = {
         "consumer": {None: (2, 0)},
         "gpu-a": {"NVIDIA-H100-80GB-HBM3": (4, 8)},
         "gpu-b": {"NVIDIA-A100-SXM4-40GB": (2, 4), "NVIDIA-L4": (4, 1)},
     }
+    dra_nodes = {"gpu-a-h100-3", "gpu-b-l4-3"}
     for name, c in api.items():
         nodes = (await client.CoreV1Api(c).list_node()).items
+        devices = {
+            s["spec"]["nodeName"]: len(s["spec"].get("devices") or [])
+            for s in clusters.kubectl_json(name, "get", "resourceslices.resource.k8s.io")["items"]
+            if s["spec"]["driver"] == dra.DRIVER
+        }
         seen: dict[str | None, list[int]] = {}
         for n in nodes:
             ready = [cond.status for cond in n.status.conditions if cond.type == "Ready"]
@@ -70,12 +78,15 @@ async def test_gpu_nodes_are_ready_with_capacity_and_labels(api: dict[str, Any])
             product = n.metadata.labels.get(GPU_PRODUCT_LABEL)
             gpus = int(n.status.capacity.get(GPU_RESOURCE, "0"))
             assert int(n.status.allocatable.get(GPU_RESOURCE, "0")) == gpus
+            if n.metadata.name in dra_nodes:
+                assert gpus == 0, n.metadata.name  # DRA manages them: advertising both would count them twice
+                gpus = devices.get(n.metadata.name, 0)
             if product == "NVIDIA-H100-80GB-HBM3":
                 assert n.metadata.labels["nvidia.com/gpu.memory"] == "81559"
             assert n.spec.pod_cidr and n.spec.pod_cidr.startswith("10.244."), "pod CIDRs overlap on purpose"
             seen.setdefault(product, []).append(gpus)
         assert {p: (len(g), g[0]) for p, g in seen.items()} == expected[name]
-        assert all(len(set(g)) == 1 for g in seen.values())
+        assert all(len(set(g)) == 1 for g in seen.values()), seen
 
 
 def test_job_with_two_gpus_is_scheduled_and_completes(clusters: Clusters, namespace: str) -> None:

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpufed.apis.wire import CONSUMER_LABEL
+from gpufed.localenv import dra
 from peering import handshake
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import cluster_id, eventually, gpufed, leftovers, out, peer, unpeer
@@ -240,8 +241,11 @@ def test_partial_and_denied_grants_say_why(clusters: Clusters) -> None:
 
 
 def _free_gpus(clusters: Clusters, context: str) -> int:
+    """Device-plugin GPUs and DRA devices of gpu.nvidia.com (its class maps nvidia.com/gpu), less requests."""
     nodes = clusters.kubectl_json(context, "get", "nodes")["items"]
     total = sum(int(n["status"]["allocatable"].get("nvidia.com/gpu", "0")) for n in nodes)
+    slices = clusters.kubectl_json(context, "get", "resourceslices.resource.k8s.io")["items"]
+    total += sum(len(s["spec"].get("devices") or []) for s in slices if s["spec"]["driver"] == dra.DRIVER)
     pods = clusters.kubectl_json(
         context, "get", "pods", "-A", "--field-selector=status.phase!=Succeeded,status.phase!=Failed"
     )["items"]

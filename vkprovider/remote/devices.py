@@ -5,8 +5,8 @@ Owns:
   keeping which devices of gpufed's driver each pool node's claims hold (so a republished slice keeps
   them and the node's GPU figures count them once), and the claims themselves for the offloading
   path; listeners are called on every change that moves a held device;
-- `SlicePublisher`: applies the consumer's DeviceClass `gpu.gpufed.io` once, and server-side applies
-  the ResourceSlice of a pool node (`forge.devices`) when its
+- `SlicePublisher`: applies the consumer's DeviceClass `gpu.gpufed.io` before its first slice, and
+  server-side applies the ResourceSlice of a pool node (`forge.devices`) when its
   devices change, bumping the pool's generation, and deletes it when the node goes.
 
 `served` discovery: a consumer that serves no resource.k8s.io/v1 gets neither (`served()`).
@@ -89,17 +89,28 @@ class SlicePublisher:
     def __init__(self, api: Any) -> None:
         self.api = api
         self._last: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self._class_applied = False
         self._log = structlog.get_logger().bind(kind="ResourceSlice")
 
     def _path(self, node: str = "") -> str:
         return f"{DRA_API_PATH}/resourceslices" + (f"/{rest.segment(node)}" if node else "")
 
     async def ensure_class(self) -> None:
-        """The DeviceClass consumer claims name (server-side applied: idempotent)."""
+        """The DeviceClass consumer claims name (server-side applied: idempotent; every virtual kubelet
+        of the consumer applies the same object, so a lost race is no failure)."""
+        if self._class_applied:
+            return
         cls = device_class()
-        await rest.apply(self.api, f"{DRA_API_PATH}/deviceclasses/{cls['metadata']['name']}", cls, what="deviceclass")
+        path = f"{DRA_API_PATH}/deviceclasses/{cls['metadata']['name']}"
+        try:
+            await rest.apply(self.api, path, cls, what="deviceclass")
+        except KubeError as e:
+            if not e.conflict:
+                raise
+        self._class_applied = True
 
     async def publish(self, node: str, devices: Sequence[dict[str, Any]]) -> None:
+        await self.ensure_class()
         last = self._last.get(node)
         if last is not None and last[1] == list(devices):
             return

@@ -131,11 +131,23 @@ def test_a_prioritized_list_is_refused(clusters: Clusters, ids: dict[str, Cluste
 def test_more_devices_than_the_grant_are_refused_by_the_quota(
     clusters: Clusters, ids: dict[str, ClusterID], twin: str
 ) -> None:
-    ok = claim(f"fits-{secrets.token_hex(2)}", twin, {"count": GRANTED_GPUS})
+    # The namespace's share of the grant (split over the consumer's twin namespaces, so it may grow
+    # while other twin namespaces go): a legitimate claim takes it, and one more than the whole grant
+    # leaves is refused whatever the share is by then.
+    quota = clusters.kubectl_json("gpu-a", "get", "resourcequota", "gpufed-grant", "-n", twin)
+    share = int(quota["spec"]["hard"]["requests.nvidia.com/gpu"])
+    assert 0 < share <= GRANTED_GPUS, quota["spec"]["hard"]
+    ok = claim(f"fits-{secrets.token_hex(2)}", twin, {"count": share})
     p = clusters.kubectl("gpu-a", "create", "-f", "-", *as_consumer(ids), input_text=json.dumps(ok), check=False)
     assert p.returncode == 0, p.stderr  # a legitimate claim, the whole grant
     try:
-        refused(clusters, ids, claim("beyond", twin, {"count": 1}), "exceeded quota", "requests.nvidia.com/gpu")
+        refused(
+            clusters,
+            ids,
+            claim("beyond", twin, {"count": GRANTED_GPUS - share + 1}),
+            "exceeded quota",
+            "requests.nvidia.com/gpu",
+        )
     finally:
         clusters.kubectl("gpu-a", "delete", "resourceclaims.resource.k8s.io", ok["metadata"]["name"], "-n", twin)
 
