@@ -293,7 +293,8 @@ class PoolManager:
         if delete:
             with contextlib.suppress(KubeError):
                 await running.node.remove()
-                if self.devices is not None:
+            if self.devices is not None:
+                with contextlib.suppress(KubeError):
                     await self.devices.publisher.remove(name)
             self._log.info("drained pool node removed", node=name)
 
@@ -368,5 +369,6 @@ class PoolManager:
         for name, running in self.pools.items():
             with contextlib.suppress(KubeError):
                 await running.node.remove()
-                if self.devices is not None:
+            if self.devices is not None:
+                with contextlib.suppress(KubeError):
                     await self.devices.publisher.remove(name)

@@ -381,7 +381,11 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 translator,
             )
             # Dynamic Resource Allocation: devices published on pool nodes, claims of offloaded pods.
-            devices = DeviceSide(ClaimCache(api), SlicePublisher(api)) if await dra_served(api) else None
+            devices = (
+                DeviceSide(ClaimCache(api), SlicePublisher(api, (rest.owner_ref(fc),)))
+                if await dra_served(api)
+                else None
+            )
             provider = RemoteProvider(
                 api,
                 remote_api,

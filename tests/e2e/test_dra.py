@@ -143,6 +143,9 @@ def test_pool_nodes_publish_the_providers_devices_under_gpufeds_driver(
     }
     assert not any("uuid" in k or "index" in k for k in attributes), attributes  # no device identities cross
     assert a[0]["capacity"]["gpu.nvidia.com/memory"] == {"value": "81559Mi"}
+    owners = clusters.kubectl_json("consumer", "get", "resourceslices.resource.k8s.io", node_a(ids))["metadata"]
+    # owned by the peering's ForeignCluster (as the node is): unpeering deletes it with the node
+    assert [(o["kind"], o["name"]) for o in owners["ownerReferences"]] == [("ForeignCluster", ids["gpu-a"])]
     l4 = eventually("gpu-b's DRA L4 published on the L4 pool", lambda: published(clusters, node_l4(ids)))
     assert [d["attributes"]["gpu.nvidia.com/productName"]["string"] for d in l4] == ["NVIDIA-L4"]
     # A100s are not DRA-managed: their pool offers no device

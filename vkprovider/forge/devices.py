@@ -174,12 +174,21 @@ def _index(name: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-def slice_manifest(node: str, devices: Sequence[Mapping[str, Any]], generation: int) -> dict[str, Any]:
-    """The ResourceSlice (resource.k8s.io/v1) of `node`: one slice, one pool named after the node."""
+def slice_manifest(
+    node: str,
+    devices: Sequence[Mapping[str, Any]],
+    generation: int,
+    owners: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The ResourceSlice (resource.k8s.io/v1) of `node`: one slice, one pool named after the node;
+    `owners`: its ownerReferences (the peering's ForeignCluster, which owns the node too)."""
+    meta: dict[str, Any] = {"name": node, "labels": {MANAGED_BY_LABEL: MANAGED_BY}}
+    if owners:
+        meta["ownerReferences"] = [dict(o) for o in owners]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": node, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "metadata": meta,
         "spec": {
             "driver": DRA_DRIVER,
             "nodeName": node,

@@ -86,8 +86,10 @@ class ClaimCache:
 class SlicePublisher:
     """Publishes pool nodes' ResourceSlices; remembers what it last wrote per node."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, owner_references: Sequence[Mapping[str, Any]] = ()) -> None:
         self.api = api
+        #: The slices' owners (the peering's ForeignCluster): unpeering deletes them with the nodes.
+        self.owner_references = tuple(owner_references)
         self._last: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self._class_applied = False
         self._log = structlog.get_logger().bind(kind="ResourceSlice")
@@ -121,7 +123,10 @@ class SlicePublisher:
             generation = last[0]
         generation += 1
         await rest.apply(
-            self.api, self._path(node), slice_manifest(node, devices, generation), what=f"resourceslice {node}"
+            self.api,
+            self._path(node),
+            slice_manifest(node, devices, generation, self.owner_references),
+            what=f"resourceslice {node}",
         )
         self._last[node] = (generation, list(devices))
         self._log.info("devices published", node=node, devices=len(devices), generation=generation)

@@ -96,6 +96,9 @@ def test_the_slice_the_class_and_the_reverse_lookup() -> None:
     assert s["spec"]["driver"] == DRA_DRIVER
     assert s["spec"]["nodeName"] == s["spec"]["pool"]["name"] == "gpufed-p"
     assert s["spec"]["pool"]["generation"] == 4
+    assert "ownerReferences" not in s["metadata"]
+    owner = {"apiVersion": "gpufed.io/v1alpha1", "kind": "ForeignCluster", "name": "p", "uid": "u"}
+    assert slice_manifest("gpufed-p", devices, 4, [owner])["metadata"]["ownerReferences"] == [owner]
     assert device_class_of(s, devices[0]["name"]) == "gpu.nvidia.com"
     assert device_class_of(s, "nope") is None
     assert device_class_of(None, devices[0]["name"]) is None
