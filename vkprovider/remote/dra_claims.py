@@ -132,6 +132,10 @@ class ClaimOffloader:
                     what=f"own twin claim {ns}/{name}",
                 )
 
+    def forget(self, twin_uid: str) -> None:
+        """The twin pod is gone: nothing more to report for it."""
+        self._reported.discard(twin_uid)
+
     async def report(self, local_ns: str, twin_pod: Mapping[str, Any]) -> None:
         """Show the provider's allocation on the consumer's claims (of `local_ns`) once the twin is
         scheduled; a twin claim has the name of the consumer claim it stands for."""

@@ -424,6 +424,8 @@ class RemoteProvider:
             current = self._twins.get(key)
             if current is not None and current["metadata"].get("uid") == obj["metadata"].get("uid"):
                 del self._twins[key]
+            if self.dra is not None:
+                self.dra.forget(str(obj["metadata"].get("uid") or ""))
         else:
             self._twins[key] = obj
             if self.dra is not None and (obj.get("spec") or {}).get("resourceClaims") and self._tg is not None:
