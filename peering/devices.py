@@ -125,6 +125,8 @@ class DeviceInventory:
         #: (namespace, name) -> (devices held, made for an extended-resource request)
         self._claims: dict[tuple[str, str], tuple[frozenset[DeviceID], bool]] = {}
         self.changes = 0
+        #: resource -> (changes when computed, `extended(resource)`)
+        self._extended: dict[str, tuple[int, dict[str, tuple[int, int]]]] = {}
 
     # ---- feeding
 
@@ -212,7 +214,15 @@ class DeviceInventory:
 
     def extended(self, resource: str) -> dict[str, tuple[int, int]]:
         """node -> (devices that count as `resource`, of those held by claims not made for a pod's
-        extended-resource request)."""
+        extended-resource request). Kept until the next change: placement asks it for every pod."""
+        memo = self._extended.get(resource)
+        if memo is not None and memo[0] == self.changes:
+            return memo[1]
+        out = self._count_extended(resource)
+        self._extended[resource] = (self.changes, out)
+        return out
+
+    def _count_extended(self, resource: str) -> dict[str, tuple[int, int]]:
         drivers = {d for d, r in self._mapped().items() if r == resource}
         _every, explicit = self._held()
         out: dict[str, tuple[int, int]] = {}
