@@ -25,8 +25,12 @@ what an estimate cannot know):
 - gpufed's own virtual nodes (`gpufed.io/type=virtual-node`) are not this cluster's capacity
   (they are other providers' GPUs) and are ignored, so pools never chain.
 
+DRA: a device a DeviceClass maps to `nvidia.com/gpu` counts as a GPU of its node, and one a claim
+holds beyond the pods' requests as load (`peering.devices`); `DeviceGroup` aggregates the devices
+themselves, per product, driver, attributes and capacity.
+
 Does not: evaluate node affinity beyond the GPU product, pod (anti-)affinity, topology spread,
-ports, volumes or DRA claims; predict preemption; talk to anyone.
+ports, volumes or DRA claims' selectors; predict preemption; talk to anyone.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The live GPU capacity of one cluster: `Inventory`, an incremental model of its nodes and pods (pure).
 
-Owns: `Inventory`, fed with watch events (`set_node`/`delete_node`, `set_pod`/`delete_pod`). Per node
-it keeps the facts placement depends on (labels, taints, readiness, cordon, GPU health, allocatable)
-and the summed requests of the non-terminal pods bound to it, so every answer is one pass over the
-nodes: the `Snapshot` per GPU product, and `can_place`/`max_replicas` — whether one pod of a shape
-fits on some node now, and how many do, with a sentence that says why (e.g. "no node of
+Owns: `Inventory`, fed with watch events (`set_node`/`delete_node`, `set_pod`/`delete_pod`, and DRA
+objects through `devices`, a `peering.devices.DeviceInventory`). Per node it keeps the facts
+placement depends on (labels, taints, readiness, cordon, GPU health, allocatable, DRA GPUs) and the
+summed requests of the non-terminal pods bound to it, so every answer is one pass over the nodes:
+the `Snapshot` per GPU product, and `can_place`/`max_replicas` — whether one pod of a shape fits on
+some node now, and how many do, with a sentence that says why (e.g. "no node of
 NVIDIA-H100-80GB-HBM3 has 4 free GPUs (largest free on one node: 2; 8 free in total)"). The rules it
 applies are those `gpupool.capacity` states.
 
