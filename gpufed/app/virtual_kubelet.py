@@ -44,6 +44,7 @@ import yaml
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
     CAPACITY_ANNOTATION,
+    DRA_API_PATH,
     GPU_POOLS_ANNOTATION,
     IDENTITY_CONFIGMAP,
     NODE_LABELS_ANNOTATION,
@@ -69,7 +70,6 @@ from vkprovider.kubelet.servingcert import ServingCertSettings
 from vkprovider.node.pods import PodSettings
 from vkprovider.remote.capacity import CapacityFeed
 from vkprovider.remote.devices import ClaimCache, SlicePublisher
-from vkprovider.remote.devices import served as dra_served
 from vkprovider.remote.dra_claims import ClaimOffloader
 from vkprovider.remote.events_relay import EventRelay
 from vkprovider.remote.provider import COMPONENT as PROVIDER_COMPONENT
@@ -383,7 +383,7 @@ async def _run(settings: VirtualKubeletSettings) -> None:
             # Dynamic Resource Allocation: devices published on pool nodes, claims of offloaded pods.
             devices = (
                 DeviceSide(ClaimCache(api), SlicePublisher(api, (rest.owner_ref(fc),)))
-                if await dra_served(api)
+                if await rest.serves(api, DRA_API_PATH)
                 else None
             )
             provider = RemoteProvider(

@@ -182,6 +182,11 @@ async def get(api: Any, url_path: str, *, what: str = "") -> dict[str, Any] | No
         raise
 
 
+async def serves(api: Any, group_version_path: str) -> bool:
+    """Whether the API server serves a group version (`/apis/resource.k8s.io/v1`): discovery answers it."""
+    return await get(api, group_version_path, what=f"discovery of {group_version_path}") is not None
+
+
 async def list_with_version(
     api: Any, url_path: str, *, params: Mapping[str, str] | None = None
 ) -> tuple[list[dict[str, Any]], str]:

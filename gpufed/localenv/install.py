@@ -38,6 +38,7 @@ _EXTRA_KINDS = {
     "MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", False),
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
     "StorageClass": ("storageclasses", False),
+    "DeviceClass": ("deviceclasses", False),
     "PersistentVolume": ("persistentvolumes", False),
 }
 
@@ -51,7 +52,7 @@ async def _apply_one(api: Any, obj: dict[str, Any]) -> None:
 
 async def apply(api: Any, docs: list[dict[str, Any]]) -> None:
     """Server-side apply, in order, of the objects the launcher itself installs (RBAC, Service,
-    APIService, webhook configurations, StorageClass, PersistentVolumes)."""
+    APIService, webhook configurations, StorageClass, PersistentVolumes, DeviceClass)."""
     for obj in docs:
         await _apply_one(api, obj)
 

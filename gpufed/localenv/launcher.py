@@ -56,7 +56,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,7 +67,7 @@ from gpufed import process
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
-from gpufed.kube.client import KubeError, api_client, client, translating
+from gpufed.kube.client import KubeError, api_client
 from gpufed.kube.times import rfc3339
 from gpufed.localenv import (
     components,
@@ -81,8 +81,10 @@ from gpufed.localenv import (
     storage,
     supervise,
 )
+from gpufed.localenv import status as cluster_status
 from gpufed.localenv.components import CONTROLLER, DRA_PUBLISHER, JOBSET, KUEUE
 from gpufed.localenv.pki import ClusterPKI, ensure_pki
+from gpufed.localenv.status import ClusterStatus
 from gpufed.localenv.topology import ClusterSpec, Topology
 
 #: Seconds to wait for a cluster to become healthy before giving up.
@@ -129,26 +131,6 @@ class LocalSettings:
     #: JobSet's Go module (deploy/local/jobset), where its manifests are found (None: next to
     #: `build_script`, else deploy/local/jobset of this checkout).
     jobset_module: Path | None = None
-
-
-@dataclass
-class ComponentStatus:
-    name: str
-    pid: int | None
-    running: bool
-    port: int
-
-
-@dataclass
-class ClusterStatus:
-    name: str
-    apiserver: str
-    healthy: bool
-    version: str
-    nodes_ready: int
-    nodes_total: int
-    gpus: int
-    components: list[ComponentStatus] = field(default_factory=list)
 
 
 class LocalEnvironment:
@@ -588,13 +570,7 @@ class LocalEnvironment:
 
     async def _publish_devices(self, spec: ClusterSpec, api: Any, state: dict[str, Any], deadline: float) -> None:
         """Apply the DeviceClass, then wait until the publisher's ResourceSlices hold every DRA node's devices."""
-        cls = dra.device_class()
-        await rest.apply(
-            api,
-            rest.path("resource.k8s.io/v1", "deviceclasses", cls["metadata"]["name"]),
-            cls,
-            what=f"apply DeviceClass {cls['metadata']['name']}",
-        )
+        await install.apply(api, [dra.device_class()])
         url = rest.path("resource.k8s.io/v1", "resourceslices")
 
         async def published() -> bool:
@@ -753,43 +729,19 @@ class LocalEnvironment:
         state = self._load_state()
         out = []
         for spec in self.topology.clusters:
-            ports = self.topology.ports(spec.name)
-            comps = []
+            listening = components.ports_of(self.topology.ports(spec.name), kueue=spec.kueue, jobset=spec.jobset)
+            procs = [(comp, listening[comp]) for comp in components.components_of(spec)]
+            procs += [(DRA_PUBLISHER, 0)] if components.has_dra(spec) else []
+            procs += [(CONTROLLER, 0)] if self.settings.manifests_dir is not None else []
             cstate = state.get("clusters", {}).get(spec.name, {}).get("components", {})
-            listening = components.ports_of(ports, kueue=spec.kueue, jobset=spec.jobset)
-            for comp in components.components_of(spec):
-                port = listening[comp]
-                info = cstate.get(comp, {})
-                running = supervise.alive(info.get("pid"), info.get("start_time"))
-                comps.append(ComponentStatus(comp, info.get("pid"), running, port))
-            if components.has_dra(spec):
-                info = cstate.get(DRA_PUBLISHER, {})
-                running = supervise.alive(info.get("pid"), info.get("start_time"))
-                comps.append(ComponentStatus(DRA_PUBLISHER, info.get("pid"), running, 0))
-            if self.settings.manifests_dir is not None:
-                info = cstate.get(CONTROLLER, {})
-                running = supervise.alive(info.get("pid"), info.get("start_time"))
-                comps.append(ComponentStatus(CONTROLLER, info.get("pid"), running, 0))
+            comps = cluster_status.components_status(cstate, procs)
             st = ClusterStatus(spec.name, self.server(spec.name), False, "-", 0, spec.node_count(), 0, comps)
-            if all(c.running for c in comps) and self.kubeconfig_path(spec.name).exists():
+            kubeconfig = self.kubeconfig_path(spec.name)
+            if all(c.running for c in comps) and kubeconfig.exists():
                 with contextlib.suppress(KubeError, OSError, aiohttp.ClientError, TimeoutError):
-                    await self._fill_status(spec, st)
+                    await cluster_status.fill(spec, st, kubeconfig)
             out.append(st)
         return out
-
-    async def _fill_status(self, spec: ClusterSpec, st: ClusterStatus) -> None:
-        async with api_client(self.kubeconfig_path(spec.name)) as api, translating(f"status of {spec.name}"):
-            version = await client.VersionApi(api).get_code(_request_timeout=3)
-            nodes = (await client.CoreV1Api(api).list_node(_request_timeout=3)).items
-        st.version = version.git_version
-        st.healthy = True
-        st.nodes_total = len(nodes)
-        dra_gpus = {n.name: n.pool.gpus for n in spec.nodes() if n.dra}
-        for n in nodes:
-            if install.node_ready(n):
-                st.nodes_ready += 1
-            # A DRA-managed node's GPUs are devices, not allocatable nvidia.com/gpu.
-            st.gpus += int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) + dra_gpus.get(n.metadata.name, 0)
 
     # ---- down
 

@@ -503,7 +503,7 @@ class EstimatorServer:
             ("/api/v1/nodes", self._on_node, "nodes", None),
             ("/api/v1/pods", self._on_pod, "pods", None),
         ]
-        if await rest.get(self.api, DRA_API_PATH, what="DRA API discovery") is not None:
+        if await rest.serves(self.api, DRA_API_PATH):
             for plural, on_event in (
                 ("resourceslices", self._on_slice),
                 ("deviceclasses", self._on_class),

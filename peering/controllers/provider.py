@@ -358,7 +358,7 @@ class ProviderRole:
             ("/api/v1/resourcequotas", self._on_quota, "quotas", label, False),
             ("/apis/scheduling.k8s.io/v1/priorityclasses", self._on_priority_class, "priorityclasses", None, False),
         ]
-        if await rest.get(self.api, DRA_API_PATH, what="DRA API discovery") is not None:
+        if await rest.serves(self.api, DRA_API_PATH):
             for plural in ("resourceslices", "deviceclasses", "resourceclaims"):
                 self._gates.add(f"dra-{plural}")
                 informers.append((f"{DRA_API_PATH}/{plural}", self._on_device_object, f"dra-{plural}", None, True))

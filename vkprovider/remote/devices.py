@@ -9,7 +9,7 @@ Owns:
   server-side applies the ResourceSlice of a pool node (`forge.devices`) when its
   devices change, bumping the pool's generation, and deletes it when the node goes.
 
-`served` discovery: a consumer that serves no resource.k8s.io/v1 gets neither (`served()`).
+A consumer that serves no resource.k8s.io/v1 gets neither (the composition root asks `rest.serves`).
 
 Does not: decide what is offered (`forge.devices.offer`), or offload claims (`remote.dra_claims`).
 """
@@ -28,14 +28,6 @@ from gpufed.kube.watch import watch
 from vkprovider.forge.devices import device_class, slice_manifest
 
 Key = tuple[str, str]
-
-
-async def served(api: Any) -> bool:
-    """Whether the cluster serves resource.k8s.io/v1 (Dynamic Resource Allocation)."""
-    try:
-        return await rest.get(api, DRA_API_PATH, what="DRA API discovery") is not None
-    except KubeError:
-        return False
 
 
 def held_devices(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -136,4 +128,4 @@ class SlicePublisher:
         await rest.delete(self.api, self._path(node), what=f"resourceslice {node}")
 
 
-__all__ = ["ClaimCache", "SlicePublisher", "held_devices", "served"]
+__all__ = ["ClaimCache", "SlicePublisher", "held_devices"]

@@ -32,8 +32,8 @@ from gpufed.apis.pool import GPU_RESOURCE
 from gpufed.apis.quantity import parse
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
 from gpufed.kube.client import KubeError
-from gpupool.capacity import Snapshot
-from vkprovider.forge.devices import kinds_for, offer
+from gpupool.capacity import DeviceGroup, Snapshot
+from vkprovider.forge.devices import Kind, kinds_for, offer
 from vkprovider.forge.pools import Pool, advertise
 from vkprovider.node.provider import NodeState, Notify, Twin
 from vkprovider.remote.capacity import CapacityFeed
@@ -85,6 +85,8 @@ class PoolView:
         self.draining = draining
         self.publisher = publisher
         self.ready = provider.ready
+        #: The provider's device groups last seen, and the publishable kinds made of them.
+        self._kinds: tuple[tuple[DeviceGroup, ...], list[Kind]] = ((), [])
         self._log = structlog.get_logger().bind(node=pool.node)
         self._subscribers: list[Notify] = []
 
@@ -133,11 +135,10 @@ class PoolView:
         budget = 0
         if allocatable is not None and not self.draining:
             budget = max(0, int(parse(allocatable)) - int(use.here.get(GPU_RESOURCE, Decimal(0))))
-        kinds = kinds_for(
-            snapshot.devices if snapshot is not None and not self.draining else (),
-            self.pool.product,
-            self.provider.settings.provider,
-        )
+        groups = snapshot.devices if snapshot is not None and not self.draining else ()
+        if groups != self._kinds[0]:  # checked and hashed once per change of the provider's devices
+            self._kinds = (groups, kinds_for(groups, self.pool.product, self.provider.settings.provider))
+        kinds = self._kinds[1]
         devices = offer(self.pool.node, kinds, held=use.held_devices, budget=budget)
         try:
             await self.publisher.publish(self.pool.node, devices)
