@@ -24,5 +24,7 @@ DOCTOR_UNDERLAY_MTU = 1500
 DEMO_NAMESPACE = "team-a"
 #: `gpufed local`: first loopback port handed out; each cluster gets a block of ports.
 LOCAL_BASE_PORT = 17000
+#: The address the local environment's virtual nodes publish (`gpufed.localenv.nodeaddr` says why).
+LOCAL_NODE_ADDRESS = "198.18.0.1"
 #: `gpufed local`: seconds a Job's pod runs on a kwok node before it completes with exit code 0.
 LOCAL_JOB_SECONDS = 5.0

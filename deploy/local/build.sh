@@ -7,7 +7,9 @@
 #   kueue, Kueue's manager (from its own module, kueue/go.mod, with the dependency versions Kueue's
 #   release pins; gpufed/localenv/kueue.py reads Kueue's CRDs, RBAC and webhooks from that module), and
 #   jobset, JobSet's controller manager (from its own module, jobset/go.mod, with the dependency versions
-#   JobSet's release pins; gpufed/localenv/jobset.py reads its CRD, RBAC and webhooks from that module).
+#   JobSet's release pins; gpufed/localenv/jobset.py reads its CRD, RBAC and webhooks from that module),
+#   and vk-e2e.test, virtual-kubelet's own end-to-end suite (from its own module, vke2e/go.mod, at the
+#   virtual-kubelet release it pins; tests/e2e/test_vk_upstream.py runs it against a virtual node).
 # Cached: a stamp over the Go sources, every go.mod/go.sum pair, this script and the Go version decides
 # whether anything is rebuilt, so a warm call returns in well under a second; Go's own build
 # cache makes a rebuild after a source change a matter of a link.
@@ -25,7 +27,7 @@ helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v3" {print $3; exit}' "$h
 kueue_version=$(awk '$1=="require" && $2=="sigs.k8s.io/kueue" {print $3; exit}' "$here/kueue/go.mod")
 jobset_version=$(awk '$1=="require" && $2=="sigs.k8s.io/jobset" {print $3; exit}' "$here/jobset/go.mod")
 # The least Go version that builds every module.
-need_go=$(for m in "$here/go.mod" "$here/metrics-server/go.mod" "$here/helm/go.mod" "$here/kueue/go.mod" "$here/jobset/go.mod"; do awk '$1=="go" {print $2; exit}' "$m"; done | sort -V | sed -n '$p')
+need_go=$(for m in "$here/go.mod" "$here/metrics-server/go.mod" "$here/helm/go.mod" "$here/kueue/go.mod" "$here/jobset/go.mod" "$here/vke2e/go.mod"; do awk '$1=="go" {print $2; exit}' "$m"; done | sort -V | sed -n '$p')
 
 if ! command -v go >/dev/null 2>&1; then
   echo "error: Go is not installed; the local clusters are built from source and need Go >= $need_go (https://go.dev/doc/install)" >&2
@@ -40,10 +42,10 @@ fi
 export GOTOOLCHAIN=local
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
-stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum kueue/go.mod kueue/go.sum jobset/go.mod jobset/go.sum build.sh && find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
+stamp=$( (cd "$here" && cat go.mod go.sum metrics-server/go.mod metrics-server/go.sum helm/go.mod helm/go.sum kueue/go.mod kueue/go.sum jobset/go.mod jobset/go.sum vke2e/go.mod vke2e/go.sum build.sh && find cmd vke2e -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION) | sha256sum | cut -c1-16)
 applets="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok dra-publisher"
-if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ] && [ -x "$out/kueue" ] && [ -x "$out/jobset" ]; then
-  echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version, kueue $kueue_version, jobset $jobset_version)"
+if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] && [ -x "$out/gpufed-k8s" ] && [ -x "$out/wireguard-go" ] && [ -x "$out/metrics-server" ] && [ -x "$out/helm" ] && [ -x "$out/kueue" ] && [ -x "$out/jobset" ] && [ -x "$out/vk-e2e.test" ]; then
+  echo "local binaries up to date in $out (Kubernetes $k8s_version, metrics-server $ms_version, helm $helm_version, kueue $kueue_version, jobset $jobset_version, virtual-kubelet e2e suite)"
   exit 0
 fi
 
@@ -103,6 +105,10 @@ echo "building jobset $jobset_version" >&2
 jobset_ldflags="-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$jobset_version -X sigs.k8s.io/jobset/pkg/version.GitCommit=module-$jobset_version"
 (cd "$here/jobset" && go build -trimpath -ldflags "$jobset_ldflags" -o "$out/jobset.new" sigs.k8s.io/jobset)
 mv -f "$out/jobset.new" "$out/jobset"
+vk_version=$(awk '$1=="require" && $2=="github.com/virtual-kubelet/virtual-kubelet" {print $3; exit}' "$here/vke2e/go.mod")
+echo "building virtual-kubelet $vk_version's end-to-end suite" >&2
+(cd "$here/vke2e" && go test -c -tags e2e -trimpath -ldflags "-s -w" -o "$out/vk-e2e.test.new" .)
+mv -f "$out/vk-e2e.test.new" "$out/vk-e2e.test"
 for a in $applets; do ln -sfn gpufed-k8s "$out/$a"; done
 echo "$stamp" > "$out/.stamp"
 echo "built in $(( $(date +%s) - start ))s: $(ls "$out" | tr '\n' ' ')" >&2

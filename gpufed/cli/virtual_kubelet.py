@@ -95,6 +95,14 @@ def virtual_kubelet(
             "--serving-cert-lifetime", envvar="GPUFED_SERVING_CERT_LIFETIME", help="seconds (CSR certificates; >= 600)"
         ),
     ] = 7 * 24 * 3600,
+    serving_cert_renew_fraction: Annotated[
+        float,
+        typer.Option(
+            "--serving-cert-renew-fraction",
+            envvar="GPUFED_SERVING_CERT_RENEW_FRACTION",
+            help="renew a CSR serving certificate after this fraction of its lifetime (0-1)",
+        ),
+    ] = 0.8,
     qps: Annotated[
         float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")
     ] = VIRTUAL_KUBELET_QPS,
@@ -137,6 +145,8 @@ def virtual_kubelet(
     ports = (kubelet_port, kubelet_port) if kubelet_port is not None else parse_ports(kubelet_ports or "10250-10253")
     if serving_cert_lifetime < 600:
         raise typer.BadParameter("--serving-cert-lifetime must be >= 600 seconds (the CSR API's minimum)")
+    if not 0 < serving_cert_renew_fraction < 1:
+        raise typer.BadParameter("--serving-cert-renew-fraction must lie between 0 and 1")
     from gpufed.apis.wire import VIRTUAL_NODE_PREFIX
 
     if node_name is not None and not node_name.startswith(VIRTUAL_NODE_PREFIX):
@@ -153,6 +163,7 @@ def virtual_kubelet(
         cert_file=tls_cert_file,
         key_file=tls_key_file,
         lifetime_s=serving_cert_lifetime,
+        renew_fraction=serving_cert_renew_fraction,
     )
     from importlib.metadata import version
 

@@ -100,6 +100,8 @@ class Paths(Protocol):
 
     def binary(self, name: str) -> Path: ...
 
+    def node_address(self) -> str: ...
+
 
 def components_of(spec: ClusterSpec) -> tuple[str, ...]:
     """The components of the cluster `spec`, in start order: `COMPONENTS`, then Kueue and JobSet where
@@ -264,7 +266,7 @@ def command(paths: Paths, spec: ClusterSpec, ports: ClusterPorts, component: str
             "--estimator-host=127.0.0.1",
             f"--virtual-kubelet-kubeconfig={paths.kubeconfig_path(spec.name, VIRTUAL_KUBELET)}",
             f"--kubelet-ports={ports.kubelet_ports[0]}-{ports.kubelet_ports[1]}",
-            "--node-address=127.0.0.1",
+            f"--node-address={paths.node_address()}",
             f"--log-dir={d / 'logs'}",
         ]
     if component == "kwok":

@@ -30,9 +30,11 @@ the resource-claim controller (it is on by default; the launcher sets no --contr
 With `audit` set (off by default), every kube-apiserver also writes an audit log (level Metadata, JSON
 lines, rotated) into its cluster's state directory, for counting what each client asks of it.
 
-Invariants: every listener binds 127.0.0.1; a component that exits while we wait for it is
-reported with the tail of its log; private keys live only in the state directory (0700/0600).
-etcd speaks plain HTTP on loopback without fsync: this is a disposable test environment.
+Invariants: every listener binds 127.0.0.1, but the virtual kubelets, which bind the node address
+(`nodeaddr`: an address on this machine's loopback interface, so reachable from here only); a
+component that exits while we wait for it is reported with the tail of its log; private keys live
+only in the state directory (0700/0600). etcd speaks plain HTTP on loopback without fsync: this is
+a disposable test environment.
 
 With `manifests_dir` set, each cluster also gets gpufed installed the way an operator would:
 the CRDs and RBAC of deploy/ applied with the admin identity, and `gpufed controller` started as
@@ -78,6 +80,7 @@ from gpufed.localenv import (
     kueue,
     kwokcfg,
     metricsserver,
+    nodeaddr,
     storage,
     supervise,
 )
@@ -218,6 +221,23 @@ class LocalEnvironment:
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
         tmp.replace(self._state_file)
 
+    async def _ensure_node_address(self, progress: Progress) -> str:
+        """The topology's node address, made one of this machine's addresses; 127.0.0.1 (said, with
+        what it costs) where it cannot be."""
+        wanted = self.topology.node_address
+        why = await asyncio.to_thread(nodeaddr.ensure, wanted) if nodeaddr.proxyable(wanted) else None
+        if why is None:
+            return wanted
+        progress(
+            f"warning: virtual nodes publish {nodeaddr.LOOPBACK}, not {wanted}: {why}; the API server "
+            "cannot proxy to their kubelet APIs then (`kubectl get --raw /api/v1/nodes/<node>/proxy/pods`)"
+        )
+        return nodeaddr.LOOPBACK
+
+    def node_address(self) -> str:
+        """The address this environment's virtual nodes publish (chosen by `up`)."""
+        return str(self._load_state().get("node_address", nodeaddr.LOOPBACK))
+
     def _topology_json(self) -> dict[str, Any]:
         data: dict[str, Any] = self.topology.model_dump(mode="json", by_alias=True)
         return data
@@ -287,6 +307,7 @@ class LocalEnvironment:
             ),
         )
         self._check_ports(state)
+        state["node_address"] = await self._ensure_node_address(progress)
         self._save_state(state)
 
         deadline = time.monotonic() + self.settings.start_timeout_s

@@ -215,6 +215,16 @@ class Topology(BaseModel):
     clusters: tuple[ClusterSpec, ...] = Field(min_length=1, max_length=20)
     base_port: int = Field(default=DEFAULT_BASE_PORT, alias="basePort", ge=1024, le=60000)
     job_seconds: float = Field(default=DEFAULT_JOB_SECONDS, alias="jobSeconds", ge=0, le=3600)
+    #: The address the virtual nodes publish as InternalIP and listen on (`gpufed.localenv.nodeaddr`).
+    node_address: str = Field(default=defaults.LOCAL_NODE_ADDRESS, alias="nodeAddress")
+
+    @field_validator("node_address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(f"nodeAddress must be an IP address, got {v!r}") from None
 
     @model_validator(mode="after")
     def _unique(self) -> Topology:

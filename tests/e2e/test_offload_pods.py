@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpufed.apis.wire import ClusterID
-from gpufed.localenv import manifests
+from gpufed.localenv import manifests, nodeaddr
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import deployment, eventually, offload, peered_session
 
@@ -309,7 +309,9 @@ def test_the_virtual_node_follows_the_node_contract(clusters: Clusters, ids: dic
         port in range(*clusters.topology.ports("consumer").kubelet_ports)
         or port == clusters.topology.ports("consumer").kubelet_ports[1]
     )
-    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+    # An address the API server may proxy to, on this machine (gpufed.localenv.nodeaddr).
+    assert {"type": "InternalIP", "address": clusters.env.node_address()} in node["status"]["addresses"]
+    assert nodeaddr.proxyable(clusters.env.node_address())
     owner = node["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("ForeignCluster", ids["gpu-a"])
     lease = clusters.kubectl_json("consumer", "get", "lease", "-n", "kube-node-lease", name)

@@ -11,7 +11,9 @@ Owns the aiohttp server on the address and port the Node publishes
   `v5…v2.channel.k8s.io` / `portforward.k8s.io` protocols (`streams` speaks them). WebSocket is not
   offered: the node does not declare `ExtendWebSocketsToKubelet`, so API servers translate
   WebSocket clients to SPDY before they reach us;
-- `GET /pods` (PodList of the pods bound to this node), `/healthz`, `/stats/summary` (stats/v1alpha1
+- `GET /pods` (PodList of the pods bound to this node), `/runningpods/` (those whose twin runs at
+  the provider, each with only its name, namespace, UID and containers, as a kubelet lists what its
+  runtime runs), `/healthz`, `/stats/summary` (stats/v1alpha1
   Summary) and `/metrics/resource` (Prometheus text with the names and labels metrics-server reads:
   node_/container_cpu_usage_seconds_total, node_/container_memory_working_set_bytes,
   container_start_time_seconds; `container`, `pod`, `namespace` labels), from `pod_usage`.
@@ -83,6 +85,10 @@ class PodSource(Protocol):
 
     def bound_pods(self) -> list[Mapping[str, Any]]: ...
 
+    def running_pods(self) -> list[Mapping[str, Any]]:
+        """The bound pods whose twin runs at the provider (what a kubelet's container runtime runs)."""
+        ...
+
 
 @dataclass(frozen=True)
 class KubeletAPISettings:
@@ -90,6 +96,18 @@ class KubeletAPISettings:
     host: str
     port: int
     stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_S
+
+
+def running_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod as a kubelet's `/runningpods/` lists it: what its container runtime knows (name,
+    namespace, UID, and each container's name and image), not the API object."""
+    meta = pod.get("metadata") or {}
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return {
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
+        "spec": {"containers": [{k: c[k] for k in ("name", "image") if k in c} for c in containers]},
+        "status": {},
+    }
 
 
 class BadRequestError(Exception):
@@ -330,6 +348,8 @@ class KubeletAPI:
                 web.get("/healthz", self._healthz),
                 web.get("/pods", self._pods),
                 web.get("/pods/", self._pods),
+                web.get("/runningpods", self._running_pods),
+                web.get("/runningpods/", self._running_pods),
                 web.get("/containerLogs/{namespace}/{pod}/{container}", self._logs),
                 web.get("/stats/summary", self._summary),
                 web.get("/stats/summary/", self._summary),
@@ -442,6 +462,15 @@ class KubeletAPI:
 
     async def _pods(self, _request: web.Request) -> web.StreamResponse:
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": list(self.pods.bound_pods())}
+        return web.json_response(body)
+
+    async def _running_pods(self, _request: web.Request) -> web.StreamResponse:
+        body = {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": [running_pod(p) for p in self.pods.running_pods()],
+        }
         return web.json_response(body)
 
     async def _usage(self) -> list[PodUsage]:

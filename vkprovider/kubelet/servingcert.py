@@ -10,9 +10,10 @@ Owns:
     (CN `system:node:<node>`, O `system:nodes`, the node's address as IP SAN, usages digital
     signature + server auth) approved by gpufed's controller (see `csrapprove`) and signed by the
     cluster's signer, so API servers that verify kubelet certificates (`--kubelet-certificate-
-    authority`) accept it. The CSR is deleted once the certificate is read. Renewal starts at 80 %
-    of the lifetime (the kubelet's rule); a failed renewal is retried with backoff while the old
-    certificate keeps serving;
+    authority`) accept it. The CSR is deleted once the certificate is read. Renewal starts at
+    `ServingCertSettings.renew_fraction` of the lifetime (default 80 %, the kubelet's rule); a
+    failed renewal is retried with backoff while the old certificate keeps serving, and a renewed
+    certificate replaces the old one in place;
   * `files` — a certificate and key an operator provides (cert-manager, a corporate CA), re-read
     when the files change;
 - the client CA: `client-ca-file` of ConfigMap `kube-system/extension-apiserver-authentication`
@@ -52,7 +53,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gpufed.errors import GpufedError
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
-from peering import expiry
+from peering import expiry, handshake
 
 SIGNER = "kubernetes.io/kubelet-serving"
 NODES_GROUP = "system:nodes"
@@ -77,6 +78,14 @@ class ServingCertSettings:
     reload_s: float = 60.0
     #: Longest wait between failed renewal attempts.
     max_retry_s: float = 60.0
+    #: Fraction of a CSR-issued certificate's lifetime after which it is renewed (0-1; default 0.8).
+    renew_fraction: float = RENEW_AT
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_fraction < 1:
+            raise ValueError(
+                f"the serving certificate's renew fraction must lie between 0 and 1, not {self.renew_fraction}"
+            )
 
 
 class ServingCertError(GpufedError):
@@ -92,9 +101,10 @@ def cert_lifetime(pem: bytes) -> tuple[dt.datetime, dt.datetime]:
     return _utc(cert.not_valid_before_utc), _utc(cert.not_valid_after_utc)
 
 
-def renew_time(pem: bytes) -> dt.datetime:
+def renew_time(pem: bytes, fraction: float = RENEW_AT) -> dt.datetime:
+    """When the certificate `pem` is due for renewal: after `fraction` (0 < fraction < 1) of its lifetime."""
     start, end = cert_lifetime(pem)
-    return start + (end - start) * RENEW_AT
+    return handshake.renew_at(start, end, fraction)
 
 
 def new_key_and_csr(node: str, address: str) -> tuple[bytes, bytes]:
@@ -317,7 +327,7 @@ class ServingCertManager:
         while True:
             pem = self.tls.cert_pem
             if pem:
-                wait = (renew_time(pem) - self.clock()).total_seconds()
+                wait = (renew_time(pem, self.settings.renew_fraction) - self.clock()).total_seconds()
                 if wait > 0:
                     await asyncio.sleep(min(wait, 3600.0))
                     continue
@@ -331,8 +341,10 @@ class ServingCertManager:
             delay = 1.0
             self._install(cert, key)
             _start, end = cert_lifetime(cert)
+            renews = renew_time(cert, self.settings.renew_fraction)
+            serial = f"{x509.load_pem_x509_certificate(cert).serial_number:x}"
             self._log.info(
-                "serving certificate installed", expires=end.isoformat(), renews=renew_time(cert).isoformat()
+                "serving certificate installed", serial=serial, expires=end.isoformat(), renews=renews.isoformat()
             )
 
     async def issue(self) -> tuple[bytes, bytes]:

@@ -261,6 +261,17 @@ class PodController:
     def bound_pods(self) -> list[Mapping[str, Any]]:
         return [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == self.node]
 
+    def running_pods(self) -> list[Mapping[str, Any]]:
+        """The bound pods whose twin exists at the provider for their UID and has not finished (a
+        twin being deleted still runs until it is gone); a pod deleted here is not listed, whatever
+        its twin is doing."""
+        out = []
+        for twin in self.provider.twins():
+            pod = self.bound_pod(twin.namespace, twin.name)
+            if pod is not None and not twin.terminal and pod["metadata"].get("uid") == twin.origin_uid:
+                out.append(pod)
+        return out
+
     def finished(self, pod: Mapping[str, Any]) -> bool:
         """Whether this controller ended the pod (terminal, or being failed back) even if the watch
         does not show it yet."""

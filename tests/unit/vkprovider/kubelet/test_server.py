@@ -12,6 +12,7 @@ import base64
 import contextlib
 import datetime as dt
 import ipaddress
+import itertools
 import json
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -268,6 +269,9 @@ class Pods:
     def bound_pods(self) -> list[Mapping[str, Any]]:
         return [p for p in self.pods.values() if p["spec"]["nodeName"] == NODE]
 
+    def running_pods(self) -> list[Mapping[str, Any]]:
+        return [p for p in self.bound_pods() if p["metadata"]["name"] != "gone"]
+
 
 def _pod(name: str, node: str) -> dict[str, Any]:
     return {
@@ -444,6 +448,18 @@ async def test_pods_and_metrics(env: Env) -> None:
     assert status == 200
     names = sorted(p["metadata"]["name"] for p in json.loads(body)["items"])
     assert names == ["gone", "train-0"]
+    for path in ("/runningpods/", "/runningpods"):
+        status, body = await env.get(path, "admin-token")
+        assert status == 200
+        # What a container runtime knows of each running pod, not the API object.
+        assert json.loads(body)["items"] == [
+            {
+                "metadata": {"name": "train-0", "namespace": "team-a", "uid": "uid-train-0"},
+                "spec": {"containers": [{"name": "main"}, {"name": "side"}]},
+                "status": {},
+            }
+        ]
+    assert (await env.get("/runningpods/", "metrics-token"))[0] == 403
     status, body = await env.get("/stats/summary", "metrics-token")
     assert status == 200 and json.loads(body)["pods"][0]["podRef"]["name"] == "train-0"
     status, body = await env.get("/metrics/resource", "metrics-token")
@@ -685,6 +701,83 @@ async def test_serving_certificate_from_a_csr_then_rotated_in_place(tmp_path: Pa
         assert await _served_cert(port, ca) == rotated.serial_number
     finally:
         await runner.cleanup()
+
+
+class SigningApiServer(FakeApiServer):
+    """The fake API server, playing approver and signer: each CertificateSigningRequest is created
+    signed, valid for `lifetime` from the current second (X.509 times have whole seconds)."""
+
+    def __init__(self, ca: x509.Certificate, ca_key: Any, lifetime: dt.timedelta) -> None:
+        super().__init__()
+        self.ca, self.ca_key, self.lifetime = ca, ca_key, lifetime
+
+    def create(self, resource: str, obj: Mapping[str, Any], api_version: str = "v1") -> dict[str, Any]:
+        new = super().create(resource, obj, api_version)
+        if resource == "certificatesigningrequests":
+            request = x509.load_pem_x509_csr(base64.b64decode(new["spec"]["request"]))
+            start = dt.datetime.now(dt.UTC).replace(microsecond=0)
+            signed = (
+                x509.CertificateBuilder()
+                .subject_name(request.subject)
+                .issuer_name(self.ca.subject)
+                .public_key(request.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(start)
+                .not_valid_after(start + self.lifetime)
+                .add_extension(request.extensions.get_extension_for_class(x509.SubjectAlternativeName).value, False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+                .sign(self.ca_key, hashes.SHA256())
+            )
+            new["status"] = {
+                "certificate": base64.b64encode(_pem(signed)).decode(),
+                "conditions": [{"type": "Approved", "status": "True"}],
+            }
+        return new
+
+
+def test_the_renew_fraction_defaults_to_the_kubelets_and_must_lie_between_0_and_1() -> None:
+    assert ServingCertSettings().renew_fraction == 0.8
+    assert ServingCertSettings(renew_fraction=0.05).renew_fraction == 0.05
+    for bad in (0.0, 1.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="must lie between 0 and 1"):
+            ServingCertSettings(renew_fraction=bad)
+    ca, ca_key = make_ca("cluster-ca")
+    leaf, _key = issue_leaf(ca, ca_key, cn=f"system:node:{NODE}", server=True, ips=(LOCALHOST,))
+    start, lifetime = leaf.not_valid_before_utc, leaf.not_valid_after_utc - leaf.not_valid_before_utc
+    assert renew_time(_pem(leaf), 0.05) == start + lifetime * 0.05
+    assert renew_time(_pem(leaf)) == start + lifetime * 0.8
+
+
+async def test_a_csr_certificate_is_renewed_in_place_at_its_renew_fraction() -> None:
+    """Two-second certificates renewed at half their lifetime: each new one is installed into the
+    same ServingTLS once the previous one is due and before it expires, through a CSR deleted after."""
+    ca, ca_key = make_ca("cluster-ca")
+    tls = ServingTLS()
+    installed: list[tuple[dt.datetime, bytes]] = []
+
+    async def record() -> None:
+        while True:
+            if tls.cert_pem and (not installed or installed[-1][1] != tls.cert_pem):
+                installed.append((dt.datetime.now(dt.UTC), tls.cert_pem))
+            await asyncio.sleep(0.005)
+
+    server = SigningApiServer(ca, ca_key, dt.timedelta(seconds=2))
+    async with serve(server) as (_server, api):
+        settings = ServingCertSettings(renew_fraction=0.5, reload_s=60)
+        manager = ServingCertManager(api, NODE, "127.0.0.1", tls, settings)
+        tasks = [asyncio.create_task(manager.run()), asyncio.create_task(record())]
+        try:
+            await until(lambda: len(installed) >= 3, timeout=6, what="two renewals")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        assert server.items("certificatesigningrequests") == []  # each deleted once read
+    serials = [x509.load_pem_x509_certificate(pem).serial_number for _t, pem in installed]
+    assert len(set(serials)) == len(serials)
+    for (_t, previous), (at, _pem_next) in itertools.pairwise(installed):
+        not_after = x509.load_pem_x509_certificate(previous).not_valid_after_utc
+        assert renew_time(previous, 0.5) <= at < not_after
 
 
 async def _served_cert(port: int, ca: x509.Certificate) -> int:

@@ -172,12 +172,15 @@ async def test_graceful_deletion() -> None:
         await until(lambda: env.provider.deletes == [(NS, "web", uid, 45)], what="twin stopped")
         twin = env.provider.twin(NS, "web")
         assert twin is not None and twin.deleting
+        # Its containers still run until the twin is gone: the node still lists it as running.
+        assert [p["metadata"]["uid"] for p in env.controller.running_pods()] == [uid]
         # The twin is still stopping: the local pod stays.
         await until(lambda: any(k == (NS, "web") and phase == "Running" for k, phase in env.controller.handled[-3:]))
         assert env.server.get("pods", NS, "web") is not None
         assert env.server.calls("DELETE", f"/api/v1/namespaces/{NS}/pods/web") == []
         env.provider.vanish(NS, "web")
         await until(lambda: env.server.get("pods", NS, "web") is None, what="local pod deleted")
+        assert env.controller.running_pods() == []
     final = env.server.deleted("pods", NS, "web")
     assert final is not None
     (container,) = final["status"]["containerStatuses"]
@@ -197,7 +200,10 @@ async def test_graceful_deletion() -> None:
 async def test_force_deleted_pod_removes_its_twin() -> None:
     async with started() as env:
         uid = await running_twin(env, "web")
+        assert [p["metadata"]["uid"] for p in env.controller.running_pods()] == [uid]
         env.server.remove("pods", NS, "web")
+        # Gone here: no longer listed as running, whatever its twin is still doing.
+        await until(lambda: env.controller.running_pods() == [], what="pod no longer listed as running")
         await until(lambda: env.provider.twin(NS, "web") is None, what="twin deleted")
     assert env.provider.deletes == [(NS, "web", uid, 0)]
     assert env.server.calls("DELETE", f"/api/v1/namespaces/{NS}/pods/web") == []
