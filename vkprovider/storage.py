@@ -9,8 +9,9 @@ alone and reported).
 
 Does not: provision anything (`vkprovider.remote.volumes`, one per provider, in the virtual
 kubelets), or bind claims on local nodes: a claim of this class whose first pod is scheduled to a
-local node is not provisioned, and says so (no provisioner of the consumer's own storage is driven
-from here).
+local node is bound to the consumer's own storage by `vkprovider.localstorage` (a static volume of
+the local StorageClass on that node, or a volume its provisioner makes for a shadow claim), which
+says so in an Event on the claim (`BoundLocally`, or a Warning when no class or volume fits).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The storage fabric on the real local clusters: claims of the consumer's virtual StorageClass
 `gpufed` bound on the provider their first pod is offloaded to (the provider's static local volumes
 of class `local-disk`, bound by its own kube-controller-manager when the twin is scheduled), the data
-keeping later pods on that provider, refusals said as Events on the claim, and deletion following
-the reclaim policy.
+keeping later pods on that provider, the virtual volume mirroring the provider's volume (size,
+access modes, phase), refusals said as Events on the claim (a class not offered, the storage quota,
+the claim count quota), and deletion following the reclaim policy, held while pods use the claim.
 
-The module peers the consumer with gpu-a (32 GPUs, 40Gi of storage) and gpu-b (12 GPUs, 40Gi).
+The module peers the consumer with gpu-a (32 GPUs, 40Gi of storage) and gpu-b (12 GPUs, 40Gi, and
+4 pod slots: its twin namespaces' quota allows 4 claims in all, so a refusal by the claim count
+costs a handful of claims).
 """
 
 from __future__ import annotations
@@ -16,19 +19,35 @@ from typing import Any
 
 import pytest
 
-from gpufed.apis.wire import PROVIDER_STORAGE_CLASS_ANNOTATION, REMOTE_CLUSTER_LABEL, ClusterID
+from gpufed.apis.quantity import parse
+from gpufed.apis.wire import (
+    CLAIMS_RESOURCE,
+    PROVIDER_STORAGE_CLASS_ANNOTATION,
+    REMOTE_CLUSTER_LABEL,
+    REMOTE_PHASE_ANNOTATION,
+    ClusterID,
+)
 from gpufed.localenv import manifests
 from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session, unpeer_args
+from vkprovider.forge.claims import SELECTED_NODE_ANNOTATION
 
 pytestmark = pytest.mark.e2e
+
+#: Pod slots asked of gpu-b: its twin namespaces' quota allows as many claims, in all.
+GPU_B_PODS = 4
 
 
 @pytest.fixture(scope="module")
 def ids(clusters: Clusters) -> Iterator[dict[str, ClusterID]]:
     yield from peered_session(
-        clusters, {"gpu-a": ("--gpus", "32", "--storage", "40Gi"), "gpu-b": ("--gpus", "12", "--storage", "40Gi")}
+        clusters,
+        {
+            "gpu-a": ("--gpus", "32", "--storage", "40Gi"),
+            # few pod slots: the twin namespaces' claim count quota is one claim per slot
+            "gpu-b": ("--gpus", "12", "--storage", "40Gi", "--pods", str(GPU_B_PODS)),
+        },
     )
 
 
@@ -111,7 +130,7 @@ def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
         pv = get(clusters, "consumer", "pv", pvc["spec"]["volumeName"])
         assert pv is not None and pv["status"]["phase"] == "Bound"
         assert pv["metadata"]["labels"][REMOTE_CLUSTER_LABEL] == ids["gpu-a"]
-        assert pv["spec"]["capacity"]["storage"] == "10Gi" and pv["spec"]["claimRef"]["name"] == "data"
+        assert pv["spec"]["claimRef"]["name"] == "data"
         twin_ns = f"{namespace}-{ids['consumer']}"
 
         def remote_bound() -> dict[str, Any] | None:
@@ -120,6 +139,23 @@ def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
 
         remote = eventually("the provider's claim bound to one of its local volumes", remote_bound, timeout=90)
         assert remote["spec"]["storageClassName"] == "local-disk"
+        # the virtual volume mirrors the provider's volume: its size (a static local-disk volume, larger
+        # than the 10Gi asked for), its access modes, and the phase of the provider's claim
+        provider_pv = get(clusters, "gpu-a", "pv", remote["spec"]["volumeName"])
+        assert provider_pv is not None, remote["spec"]
+        provider_size = provider_pv["spec"]["capacity"]["storage"]
+        provider_modes = set(provider_pv["spec"]["accessModes"])
+        assert parse(provider_size) > parse("10Gi"), provider_pv["spec"]
+
+        def mirrored() -> dict[str, Any] | None:
+            now = get(clusters, "consumer", "pv", pv["metadata"]["name"])
+            if now is None or now["metadata"].get("annotations", {}).get(REMOTE_PHASE_ANNOTATION) != "Bound":
+                return None
+            spec = now["spec"]
+            same = parse(spec["capacity"]["storage"]) == parse(provider_size)
+            return now if same and set(spec["accessModes"]) == provider_modes | {"ReadWriteOnce"} else None
+
+        eventually("the virtual volume mirroring the provider's volume", mirrored, timeout=90)
         events = claim_events(clusters, namespace, "data")
         assert any(e["reason"] == "Provisioned" and ids["gpu-a"] in e["message"] for e in events), events
         clusters.kubectl(
@@ -156,11 +192,12 @@ def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
         p = gpufed("info", *kc, "-o", "json")
         assert p.returncode == 0, out(p)
         provider_a = next(x for x in json.loads(p.stdout)["providers"] if x["clusterId"] == ids["gpu-a"])
-        assert provider_a["claims"] == [{"claim": f"{namespace}/data", "size": "10Gi"}], provider_a
+        assert provider_a["claims"] == [{"claim": f"{namespace}/data", "size": provider_size}], provider_a
         p = gpufed("pool", *kc, "-o", "json")
         assert p.returncode == 0, out(p)
         on_a = json.loads(p.stdout)["claims"][ids["gpu-a"]]
         assert on_a["claims"] == 1 and on_a["items"][0]["claim"] == f"{namespace}/data", on_a
+        assert on_a["items"][0]["remotePhase"] == "Bound" and on_a["items"][0]["size"] == provider_size, on_a
         # a pod that must run on gpu-b never mounts the claim bound on gpu-a: it stays Pending
         pin_b = {REMOTE_CLUSTER_LABEL: ids["gpu-b"]}
         clusters.create("consumer", job_with("elsewhere", namespace, "data", nodeSelector=pin_b))
@@ -169,6 +206,30 @@ def test_a_claim_binds_on_the_provider_and_keeps_later_pods_there(
         assert not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending", pod["status"]
         unschedulable = [c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"]
         assert unschedulable and unschedulable[0]["reason"] == "Unschedulable", pod["status"]
+        # the claim is deleted while the finished writer's and reader's pods still name it: Kubernetes
+        # keeps it (kubernetes.io/pvc-protection), gpufed says so, and the provider's copy stays
+        clusters.kubectl("consumer", "delete", "pvc", "data", "-n", namespace, "--wait=false")
+
+        def held() -> list[dict[str, Any]]:
+            return [e for e in claim_events(clusters, namespace, "data") if e["reason"] == "ClaimInUse"]
+
+        (in_use,) = eventually("the ClaimInUse Event on the claim", held, timeout=60)
+        assert in_use["type"] == "Warning" and f"its data on provider {ids['gpu-a']}" in in_use["message"], in_use
+        time.sleep(3)
+        deleting = get(clusters, "consumer", "pvc", "data", "-n", namespace)
+        assert deleting is not None and deleting["metadata"].get("deletionTimestamp"), "held while pods use it"
+        assert get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is not None, "the provider's copy stays"
+        assert len(held()) == 1, "said once"
+        # the pods go: the claim goes, and the provider's copy with it (reclaim policy Delete)
+        clusters.kubectl(
+            "consumer", "delete", "jobs", "--all", "-n", namespace, "--cascade=foreground", "--timeout=60s", timeout=70
+        )
+        eventually(
+            "the consumer's claim gone", lambda: get(clusters, "consumer", "pvc", "data", "-n", namespace) is None
+        )
+        eventually(
+            "the provider's copy gone", lambda: get(clusters, "gpu-a", "pvc", "data", "-n", twin_ns) is None, timeout=90
+        )
     finally:
         delete_claims(clusters, namespace)
     # deleting the claim deleted the provider's copy (reclaim policy Delete)
@@ -292,8 +353,60 @@ def test_claims_the_provider_cannot_take_are_refused_on_the_claim(
         twin_ns = f"{namespace}-{ids['consumer']}"
         assert get(clusters, "gpu-a", "pvc", "gold", "-n", twin_ns) is None
         assert get(clusters, "gpu-a", "pvc", "huge", "-n", twin_ns) is None
+        over_the_claim_count(clusters, ids, namespace)
     finally:
         delete_claims(clusters, namespace)
+
+
+def over_the_claim_count(clusters: Clusters, ids: dict[str, ClusterID], namespace: str) -> None:
+    """One claim more than the twin namespace's quota on gpu-b counts (`persistentvolumeclaims`, one
+    per granted pod slot): every claim but one is bound there, and that one is refused by the
+    provider's quota, said as a Warning Event on the consumer's claim. The claims carry the node
+    kube-scheduler writes for a claim's first pod (one of gpu-b's virtual nodes), so no pod is needed
+    to hand them to gpu-b's virtual kubelet."""
+    twin_ns = f"{namespace}-{ids['consumer']}"
+
+    def claim_quota() -> tuple[int, int] | None:
+        for q in clusters.kubectl_json("gpu-b", "get", "resourcequota", "-n", twin_ns)["items"]:
+            status = q.get("status") or {}
+            if CLAIMS_RESOURCE in (status.get("hard") or {}):
+                hard = int(status["hard"][CLAIMS_RESOURCE])
+                used = int((status.get("used") or {}).get(CLAIMS_RESOURCE, 0))
+                # the grant is shared by the consumer's twin namespaces on gpu-b: the earlier tests'
+                # namespaces are being deleted, and then this one holds it all
+                return (hard, used) if hard == GPU_B_PODS else None
+        return None
+
+    hard, used = eventually("the twin namespace's claim count quota on gpu-b", claim_quota, timeout=90)
+    assert used == 0, used
+    nodes = clusters.kubectl_json("consumer", "get", "nodes", "-l", f"{REMOTE_CLUSTER_LABEL}={ids['gpu-b']}")["items"]
+    assert nodes, f"no virtual node of {ids['gpu-b']}"
+    node = nodes[0]["metadata"]["name"]
+    names = [f"many-{i}" for i in range(hard + 1)]
+    clusters.create(
+        "consumer",
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [claim(n, namespace, size="1Gi", **{SELECTED_NODE_ANNOTATION: node}) for n in names],
+        },
+    )
+
+    def outcomes() -> dict[str, set[str]] | None:
+        seen = {n: {e["reason"] for e in claim_events(clusters, namespace, n)} for n in names}
+        provisioned = [n for n in names if "Provisioned" in seen[n]]
+        refused = [n for n in names if "ProvisioningFailed" in seen[n]]
+        return seen if len(provisioned) == hard and len(refused) == 1 else None
+
+    seen = eventually("all claims but one bound on gpu-b, one refused", outcomes, timeout=90)
+    (refused,) = [n for n in names if "ProvisioningFailed" in seen[n]]
+    assert "Provisioned" not in seen[refused], seen
+    event = next(e for e in claim_events(clusters, namespace, refused) if e["reason"] == "ProvisioningFailed")
+    assert event["type"] == "Warning" and ids["gpu-b"] in event["message"], event
+    assert "exceeded quota" in event["message"] and f"{CLAIMS_RESOURCE}=1" in event["message"], event
+    pvc = get(clusters, "consumer", "pvc", refused, "-n", namespace)
+    assert pvc is not None and pvc["status"]["phase"] == "Pending"
+    assert get(clusters, "gpu-b", "pvc", refused, "-n", twin_ns) is None
 
 
 def test_unoffloading_and_unpeering_refuse_while_claims_keep_data_on_a_provider(

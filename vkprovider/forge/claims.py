@@ -22,6 +22,18 @@ Owns:
 - `virtual_volume` and `volume_name`: the consumer's PersistentVolume for a claim bound on a
   provider (capacity and access modes of the claim, its claimRef, the provider's node affinity,
   a CSI source naming the remote claim that no kubelet ever mounts: only virtual nodes can take it);
+- `mirror_volume`: the merge patch that makes a virtual volume mirror the provider's claim: its phase
+  (annotation `gpufed.io/remote-phase`) and, once that claim is Bound, the capacity and access modes
+  of the provider's volume as the claim reports them (`status.capacity.storage`,
+  `status.accessModes`). The provider's claim is untrusted: a phase Kubernetes does not know, a size
+  that is no quantity, is not positive, is out of range or is smaller than the consumer's claim asked,
+  or an access mode Kubernetes does not know, is ignored and named in `VolumeMirror.ignored`. The
+  access modes never drop below those the consumer's claim asked (binding on the provider
+  guarantees its volume has them) and never mix `ReadWriteOncePod` with another mode (the API server
+  refuses that volume). Kubernetes allows both `spec.capacity` and `spec.accessModes` of a
+  PersistentVolume to change after creation; the consumer's claim keeps the `status.capacity` it
+  got when it was bound (the consumer's kube-controller-manager sets it once), while its
+  `status.accessModes` follows the volume;
 - `claim_names` and `data_place`: the claims a pod mounts, and where each keeps the pod;
 - small readers (`provisioner`, `selected_node`, `storage_class`, `requested`, `remote_claim_ref`).
 
@@ -33,13 +45,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
+from gpufed.apis.quantity import QuantityError, format_quantity, parse
 from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PROVIDER_STORAGE_CLASS_ANNOTATION,
     REMOTE_CLUSTER_LABEL,
+    REMOTE_PHASE_ANNOTATION,
     STORAGE_PROVISIONER,
 )
 from vkprovider.forge.meta import Target, is_dns_subdomain, origin_labels, twin_metadata
@@ -59,6 +74,14 @@ REMOTE_CLAIM_ANNOTATION = "gpufed.io/remote-claim"
 REMOTE_STORAGE_CLASS_ANNOTATION = "gpufed.io/remote-storage-class"
 #: The access modes Kubernetes knows.
 ACCESS_MODES = frozenset({"ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"})
+#: The phases a claim can be in (Kubernetes' PersistentVolumeClaimPhase).
+CLAIM_PHASES = frozenset({"Pending", "Bound", "Lost"})
+#: The phase mirrored onto a virtual volume whose provider claim is gone (or is not this consumer's copy).
+MISSING_PHASE = "Missing"
+#: The largest volume size a provider's claim may report (bytes): a Kubernetes quantity's int64 range.
+MAX_VOLUME_BYTES = Decimal(2**63 - 1)
+#: At most this many characters of a value the provider reported are quoted in `VolumeMirror.ignored`.
+_QUOTED = 80
 #: At most this many offered classes are read from a grant.
 MAX_OFFERS = 32
 #: Annotation prefixes that are Kubernetes' bookkeeping of the local claim's binding: a copy would
@@ -239,6 +262,103 @@ def virtual_volume(
         },
         "spec": pv_spec,
     }
+
+
+@dataclass(frozen=True)
+class VolumeMirror:
+    """What a virtual volume changes to mirror the provider's claim (`mirror_volume`)."""
+
+    #: A JSON merge patch for the virtual volume; None when it mirrors the provider's claim already.
+    patch: dict[str, Any] | None
+    #: What the provider's claim reported that is not mirrored: (the field, `capacity`, `accessModes`
+    #: or `phase`; what is wrong with it), for the log.
+    ignored: tuple[tuple[str, str], ...] = ()
+
+
+def _quoted(value: Any) -> str:
+    return repr(value)[:_QUOTED]
+
+
+def _mirrored_capacity(
+    volume: Mapping[str, Any], remote: Mapping[str, Any], claim: Mapping[str, Any], ignored: list[tuple[str, str]]
+) -> str | None:
+    """The provider volume's size to write on `volume` (None: it shows it already, or it is ignored)."""
+    raw = ((remote.get("status") or {}).get("capacity") or {}).get("storage")
+    if raw is None:
+        return None
+    try:
+        size = parse(raw)
+    except QuantityError:
+        ignored.append(("capacity", f"capacity {_quoted(raw)} is not a quantity"))
+        return None
+    try:
+        floor = parse(requested(claim))
+    except QuantityError:
+        floor = Decimal(0)
+    if size <= 0 or size > MAX_VOLUME_BYTES or size < floor:
+        ignored.append(("capacity", f"capacity {_quoted(raw)} is out of range (the claim asks for {requested(claim)})"))
+        return None
+    try:
+        have = parse((((volume.get("spec") or {}).get("capacity") or {}).get("storage")) or "0")
+    except QuantityError:
+        have = None
+    return None if have == size else format_quantity(size, binary=True)
+
+
+def _mirrored_access_modes(
+    volume: Mapping[str, Any], remote: Mapping[str, Any], claim: Mapping[str, Any], ignored: list[tuple[str, str]]
+) -> list[str] | None:
+    """The provider volume's access modes (with every mode the consumer's claim asked) to write on
+    `volume` (None: it shows them already, or they are ignored)."""
+    raw = (remote.get("status") or {}).get("accessModes")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        ignored.append(("accessModes", f"access modes {_quoted(raw)} are not a list"))
+        return None
+    unknown = [m for m in raw if not isinstance(m, str) or m not in ACCESS_MODES]
+    if unknown:
+        ignored.append(("accessModes", f"access modes {_quoted(unknown)} are not Kubernetes access modes"))
+    modes = set(access_modes(claim) or ["ReadWriteOnce"]) | {m for m in raw if isinstance(m, str) and m in ACCESS_MODES}
+    if "ReadWriteOncePod" in modes and len(modes) > 1:
+        ignored.append(("accessModes", f"access modes {_quoted(raw)} mix ReadWriteOncePod with other modes"))
+        modes = set(access_modes(claim) or ["ReadWriteOnce"])
+    have = {str(m) for m in (volume.get("spec") or {}).get("accessModes") or []}
+    return None if have == modes else sorted(modes)
+
+
+def mirror_volume(
+    volume: Mapping[str, Any], remote: Mapping[str, Any] | None, claim: Mapping[str, Any] | None
+) -> VolumeMirror:
+    """The merge patch that makes the virtual `volume` mirror `remote`, the provider's claim it stands
+    for (None: gone, or not this consumer's copy), checked as untrusted input. `claim` is the
+    consumer's claim the volume is bound to; without it only the phase is mirrored (the claim's
+    request and access modes are the floor of what the volume may show)."""
+    ignored: list[tuple[str, str]] = []
+    patch: dict[str, Any] = {}
+    if remote is None:
+        phase: str | None = MISSING_PHASE
+    else:
+        raw_phase = (remote.get("status") or {}).get("phase") or "Pending"
+        phase = raw_phase if isinstance(raw_phase, str) and raw_phase in CLAIM_PHASES else None
+        if phase is None:
+            ignored.append(("phase", f"phase {_quoted(raw_phase)} is not a claim phase"))
+    if (
+        phase is not None
+        and ((volume.get("metadata") or {}).get("annotations") or {}).get(REMOTE_PHASE_ANNOTATION) != phase
+    ):
+        patch["metadata"] = {"annotations": {REMOTE_PHASE_ANNOTATION: phase}}
+    if remote is not None and claim is not None and phase == "Bound":
+        spec: dict[str, Any] = {}
+        capacity = _mirrored_capacity(volume, remote, claim, ignored)
+        if capacity is not None:
+            spec["capacity"] = {"storage": capacity}
+        modes = _mirrored_access_modes(volume, remote, claim, ignored)
+        if modes is not None:
+            spec["accessModes"] = modes
+        if spec:
+            patch["spec"] = spec
+    return VolumeMirror(patch or None, tuple(ignored))
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:

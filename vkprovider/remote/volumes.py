@@ -21,8 +21,14 @@ Owns, for one (consumer, provider):
 - reclaim, per virtual volume: once its claim is gone (the volume Released), the provider's claim is
   deleted when the policy is Delete (only a claim labelled as this consumer's copy of that very
   claim: origin UID), then the volume; with Retain both stay for the operator;
-- status: the provider's claim's phase is mirrored onto the virtual volume
-  (annotation `gpufed.io/remote-phase`).
+- mirror, per bound virtual volume (on each change, and every `resync_s`, every `retry_s` while the
+  provider's claim is not Bound yet): the volume shows the provider's claim
+  (`forge.claims.mirror_volume`): its phase (annotation `gpufed.io/remote-phase`;
+  `Missing` when the claim is gone) and, once it is Bound, the capacity and access modes of the
+  provider's volume (`spec.capacity`, `spec.accessModes`, both mutable on a PersistentVolume; never
+  fewer access modes, nor less capacity, than the consumer's claim asked). What the provider reports
+  that cannot be mirrored (no quantity, an unknown mode or phase) is ignored and logged once per
+  volume and field.
 
 Construction takes the collaborators: both API clients, the identities, this provider's virtual node
 names and twin namespaces (callables: the RemoteProvider knows them), the classes the provider
@@ -36,13 +42,14 @@ namespace under the same name), or choose nodes (the consumer's kube-scheduler d
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
-from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, REMOTE_PHASE_ANNOTATION, STORAGE_PROVISIONER
+from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, STORAGE_PROVISIONER
 from gpufed.kube import meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.queue import WorkQueue
@@ -51,6 +58,7 @@ from vkprovider.forge.claims import (
     ClaimRefusedError,
     StorageOffer,
     choose_offer,
+    mirror_volume,
     provisioner,
     remote_claim,
     remote_claim_ref,
@@ -79,8 +87,11 @@ class VolumeSettings:
     reclaim_policy: str = "Delete"
     #: Seconds between looks at a claim that waits (no twin namespace yet, a refusal).
     retry_s: float = 5.0
-    #: Seconds between mirrors of the provider's claims' phases onto the virtual volumes.
+    #: Seconds between mirrors of the provider's claims (phase, size, access modes) onto the virtual volumes.
     resync_s: float = 30.0
+    #: Seconds a deleted claim must stay held by Kubernetes' protection before it is said to wait for
+    #: pods (an unused claim keeps the finalizer for a moment too, until the controller-manager looks).
+    held_after_s: float = 2.0
 
 
 class ClaimProvisioner:
@@ -114,8 +125,12 @@ class ClaimProvisioner:
         self.queue: WorkQueue[tuple[str, str, str]] = WorkQueue(f"volumes-{provider}", max_delay=60.0)
         #: claims refused for what the grant offers: tried again when it changes (`grant_changed`)
         self._refused: set[tuple[str, str]] = set()
-        #: UIDs of claims whose held deletion was reported
-        self._held: set[str] = set()
+        #: UIDs of claims being deleted while held: when that was first seen (monotonic), None once
+        #: reported
+        self._held: dict[str, float | None] = {}
+        #: (volume, field): a field of a provider's claim that is not mirrored, logged once (whatever
+        #: the provider writes there next, so that it cannot fill the log or this set)
+        self._ignored: set[tuple[str, str]] = set()
         self._log = structlog.get_logger().bind(remote_cluster=provider, component="volumes")
 
     # ---- caches
@@ -125,7 +140,7 @@ class ClaimProvisioner:
         if event == "DELETED" or provisioner(claim) != STORAGE_PROVISIONER:
             self.claims.pop(key, None)
             self._refused.discard(key)
-            self._held.discard(meta.uid(claim))
+            self._held.pop(meta.uid(claim), None)
             return
         self.claims[key] = claim
         self.queue.add(("claim", *key))
@@ -134,6 +149,7 @@ class ClaimProvisioner:
         name = meta.name(volume)
         if event == "DELETED" or meta.labels(volume).get(REMOTE_CLUSTER_LABEL) != self.provider:
             self.volumes.pop(name, None)
+            self._ignored = {k for k in self._ignored if k[0] != name}
             return
         self.volumes[name] = volume
         self.queue.add(("volume", "", name))
@@ -159,7 +175,7 @@ class ClaimProvisioner:
         bound_to = str((claim.get("spec") or {}).get("volumeName") or "")
         if meta.is_deleting(claim):
             if bound_to in self.volumes and PVC_PROTECTION in (claim["metadata"].get("finalizers") or []):
-                self._held_once(claim, bound_to)
+                return self._held_once(claim, bound_to)
             return None
         if bound_to:
             return None
@@ -242,25 +258,53 @@ class ClaimProvisioner:
         if phase != "Bound" or not followed:
             return None
         have = await rest.get(self.remote, path)
-        remote_phase = (
-            str((have.get("status") or {}).get("phase") or "Pending")
-            if have is not None and owned_by(have, self.consumer, claim_uid)
-            else "Missing"
-        )
-        if meta.annotations(volume).get(REMOTE_PHASE_ANNOTATION) != remote_phase:
-            await rest.merge_patch(
-                self.local,
-                rest.path("v1", "persistentvolumes", name),
-                {"metadata": {"annotations": {REMOTE_PHASE_ANNOTATION: remote_phase}}},
-            )
-        return self.settings.resync_s
+        ours = have if have is not None and owned_by(have, self.consumer, claim_uid) else None
+        mirror = mirror_volume(volume, ours, self._bound_claim(spec.get("claimRef") or {}))
+        for field, problem in mirror.ignored:
+            self._ignored_once(name, remote_ns, remote_name, field, problem)
+        if mirror.patch is not None:
+            await rest.merge_patch(self.local, rest.path("v1", "persistentvolumes", name), mirror.patch)
+            if "spec" in mirror.patch:
+                self._log.info(
+                    "virtual volume mirrors the provider's volume",
+                    volume=name,
+                    capacity=(mirror.patch["spec"].get("capacity") or {}).get("storage"),
+                    access_modes=mirror.patch["spec"].get("accessModes"),
+                )
+        # Until the provider's claim is Bound (its size and modes known) it is looked at sooner.
+        bound = ours is not None and (ours.get("status") or {}).get("phase") == "Bound"
+        return self.settings.resync_s if bound else self.settings.retry_s
 
-    def _held_once(self, claim: dict[str, Any], volume: str) -> None:
-        """Say once that a claim being deleted waits for the pods that use it (Kubernetes' protection)."""
-        uid = meta.uid(claim)
-        if uid in self._held:
+    def _bound_claim(self, ref: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The consumer's claim a virtual volume's `claimRef` names (None: not at hand, or another
+        claim of that name)."""
+        claim = self.claims.get((str(ref.get("namespace") or ""), str(ref.get("name") or "")))
+        return claim if claim is not None and ref.get("uid") and meta.uid(claim) == ref.get("uid") else None
+
+    def _ignored_once(self, volume: str, remote_ns: str, remote_name: str, field: str, problem: str) -> None:
+        """Log once per volume and field what the provider's claim reported that is not mirrored."""
+        if (volume, field) in self._ignored:
             return
-        self._held.add(uid)
+        self._ignored.add((volume, field))
+        self._log.warning(
+            "provider claim not mirrored",
+            volume=volume,
+            namespace=remote_ns,
+            claim=remote_name,
+            problem=problem,
+        )
+
+    def _held_once(self, claim: dict[str, Any], volume: str) -> float | None:
+        """Say once that a claim being deleted waits for the pods that use it (Kubernetes' protection),
+        once it has been held `held_after_s`; the seconds until then to look again, else None."""
+        uid = meta.uid(claim)
+        now = time.monotonic()
+        since = self._held.setdefault(uid, now)
+        if since is None:
+            return None
+        if now - since < self.settings.held_after_s:
+            return self.settings.held_after_s - (now - since)
+        self._held[uid] = None
         what = "deleted then" if self.settings.reclaim_policy == "Delete" else "kept (reclaim policy Retain)"
         self._event(
             claim,
@@ -269,6 +313,7 @@ class ClaimProvisioner:
             f"the claim is deleted once no pod uses it; its data on provider {self.provider} "
             f"(volume {volume}) is {what}",
         )
+        return None
 
     def _event(self, claim: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.offer(
