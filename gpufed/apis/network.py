@@ -3,7 +3,8 @@
 Owns: the spec/status shapes of one NetworkConfig per cluster (its pod CIDR, external CIDR,
 reserved ranges, remapping pools, gateway endpoint and exposed addresses) and, per peering, one
 RemoteNetwork (the peer's address ranges and their remapping), one Gateway (the tunnel's spec) and
-one Connection (its health), with their validation (IPv4 networks without host bits, disjoint
+one Connection (its health), each with a `Ready` condition in its status (what it means is in
+each `conditions` description); their validation (IPv4 networks without host bits, disjoint
 ranges, remapped ranges of the real ones' size) and `split_endpoint` for `host[:port]`.
 
 Does not: plan, remap or render the fabric (`netfabric`), or run a tunnel.
@@ -121,6 +122,16 @@ def split_endpoint(v: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class NetworkConfigStatus(Model):
+    conditions: list[Condition] = conditions_field(
+        detail="Ready: True with reason Accepted once a gateway agent of this cluster (`gpufed gateway`, one per "
+        "peering) has read this spec and found it valid (IPv4 networks without host bits, externalCidr disjoint "
+        "from podCidr, every externalAddress inside externalCidr, gatewayEndpoint host[:port]); False with reason "
+        "Invalid and the error otherwise. The gateway agents write it, so a cluster without a running gateway "
+        "has no status yet."
+    )
+
+
 class NetworkConfig(Model):
     kind: ClassVar[str] = "NetworkConfig"
     plural: ClassVar[str] = "networkconfigs"
@@ -130,6 +141,7 @@ class NetworkConfig(Model):
         ("Pod CIDR", "string", ".spec.podCidr"),
         ("External CIDR", "string", ".spec.externalCidr"),
         ("Gateway", "string", ".spec.gatewayEndpoint"),
+        READY_COLUMN,
         AGE_COLUMN,
     ]
     root_validations: ClassVar[list[dict[str, str]]] = [
@@ -139,6 +151,7 @@ class NetworkConfig(Model):
         }
     ]
     spec: NetworkConfigSpec
+    status: NetworkConfigStatus | None = None
 
 
 class CIDRPair(Model):
@@ -169,6 +182,17 @@ class RemoteNetworkSpec(Model):
         return self
 
 
+class RemoteNetworkStatus(Model):
+    conditions: list[Condition] = conditions_field(
+        detail="Ready: True with reason Applied once the gateway agent of this peering has validated this spec "
+        "(IPv4 networks without host bits, each mapped range the size of its real one) and applied its "
+        "remapping (the prefix-NAT table, and the routes of the mapped ranges into the tunnel); False with "
+        "reason Invalid and the error when the spec is invalid, ConfigurationFailed and the error when the "
+        "remapping could not be applied (no NetworkConfig, no peer key yet, a data-plane failure), or "
+        "GatewayRemoved once the peering's Gateway is deleted and its data plane removed."
+    )
+
+
 class RemoteNetwork(Model):
     kind: ClassVar[str] = "RemoteNetwork"
     plural: ClassVar[str] = "remotenetworks"
@@ -180,9 +204,11 @@ class RemoteNetwork(Model):
         ("Mapped", "string", ".spec.mapped.podCidr"),
         ("External", "string", ".spec.real.externalCidr"),
         ("Mapped External", "string", ".spec.mapped.externalCidr"),
+        READY_COLUMN,
         AGE_COLUMN,
     ]
     spec: RemoteNetworkSpec
+    status: RemoteNetworkStatus | None = None
 
 
 class GatewaySpec(Model):

@@ -13,10 +13,15 @@ provider, the pods offloaded to the peer on a consumer; the filter's sets are re
 the tunnel and publishes the Connection status (Connected / Degraded / Down with a reason, and a
 `Ready` condition: True while the tunnel carries traffic, Connected or Degraded). The Gateway's
 status says what runs (driver, interface, MTU) and, in its `Ready` condition, whether its spec is
-applied (False with `ConfigurationFailed` and the error otherwise); the conditions carry the
-observedGeneration of the object they describe (a Connection's is the one its last status write
-returned). Recovery after an underlay cut needs no action: WireGuard's keepalive re-handshakes and
-the status follows the probe. When the Gateway is deleted it removes everything it created and returns.
+applied (False with `ConfigurationFailed` and the error otherwise). After every pass it also writes
+the `Ready` condition of the two objects it reads: the NetworkConfig's (`Accepted` when its spec is
+valid, `Invalid` otherwise; every agent of the cluster concludes the same, and none rewrites an
+unchanged condition) and its peering's RemoteNetwork's (`Applied` once the spec is valid and its
+remapping is in the data plane, `Invalid` or `ConfigurationFailed` otherwise, `GatewayRemoved` on
+teardown). The conditions carry the observedGeneration of the object they describe (a Connection's
+is the one its last status write returned). Recovery after an underlay cut needs no action:
+WireGuard's keepalive re-handshakes and the status follows the probe. When the Gateway is deleted
+it removes everything it created and returns.
 
 Metrics (label `remote_cluster` = the peer): `gpufed_tunnel_up` (1 while the Connection is
 Connected or Degraded, 0 when Down), `gpufed_tunnel_rtt_seconds` (last successful probe) and
@@ -212,6 +217,9 @@ class GatewayAgent:
         self._gateway_status: dict[str, Any] | None = None
         self._gateway_ready: dict[str, Any] | None = None
         self._gateway_generation: int | None = None
+        #: The NetworkConfig and the RemoteNetwork as the last pass read them (absent: not there, or
+        #: the pass failed before reading them), whose Ready conditions that pass writes.
+        self._fabric: dict[str, dict[str, Any]] = {}
         #: The Connection's Ready condition last written, and its generation as the last write returned.
         self._connection_ready: dict[str, Any] | None = None
         self._connection_generation = 1
@@ -232,6 +240,7 @@ class GatewayAgent:
     # ---- inputs
 
     async def read(self) -> Inputs:
+        self._fabric = {}
         gw = await rest.get(self.api, self._path("gateways", self.s.name))
         if gw is None:
             raise GatewayDeletedError(f"Gateway.gpufed.io {self.s.namespace}/{self.s.name} not found")
@@ -239,17 +248,16 @@ class GatewayAgent:
         if self._gateway_ready is None:  # a restarted agent keeps the transition time
             found = cond.find((gw.get("status") or {}).get("conditions"), cond.READY)
             self._gateway_ready = dict(found) if found else None
+        network_obj = await rest.get(self.api, self._path("networkconfigs", NETWORK_CONFIG))
+        remote_obj = await rest.get(self.api, self._path("remotenetworks", self.s.name))
+        self._fabric = {
+            plural: obj
+            for plural, obj in (("networkconfigs", network_obj), ("remotenetworks", remote_obj))
+            if obj is not None
+        }
         spec: GatewaySpec = _spec(gw, GatewaySpec, f"Gateway.gpufed.io {self.s.namespace}/{self.s.name}")
-        network: NetworkConfigSpec = _spec(
-            await rest.get(self.api, self._path("networkconfigs", NETWORK_CONFIG)),
-            NetworkConfigSpec,
-            f"NetworkConfig {self.s.namespace}/{NETWORK_CONFIG}",
-        )
-        remote: RemoteNetworkSpec = _spec(
-            await rest.get(self.api, self._path("remotenetworks", self.s.name)),
-            RemoteNetworkSpec,
-            f"RemoteNetwork {self.s.namespace}/{self.s.name}",
-        )
+        network: NetworkConfigSpec = _spec(network_obj, NetworkConfigSpec, self._what("networkconfigs"))
+        remote: RemoteNetworkSpec = _spec(remote_obj, RemoteNetworkSpec, self._what("remotenetworks"))
         secret = await rest.get(
             self.api, rest.path("v1", "secrets", spec.private_key_secret, namespace=self.s.namespace)
         )
@@ -257,6 +265,12 @@ class GatewayAgent:
         if not raw:
             raise LookupError(f"Secret {self.s.namespace}/{spec.private_key_secret} has no {PRIVATE_KEY_FIELD}")
         return Inputs(spec, network, remote, base64.b64decode(raw).decode().strip())
+
+    def _what(self, plural: str) -> str:
+        """How messages name the NetworkConfig (`networkconfigs`) or the RemoteNetwork (`remotenetworks`)."""
+        if plural == "networkconfigs":
+            return f"NetworkConfig {self.s.namespace}/{NETWORK_CONFIG}"
+        return f"RemoteNetwork {self.s.namespace}/{self.s.name}"
 
     # ---- data plane
 
@@ -383,6 +397,11 @@ class GatewayAgent:
             with contextlib.suppress(KeyError):
                 GATEWAY_DROPPED.remove(self.s.name, direction)
         self.log.info("gateway removed", interface=gp_iface)
+        with contextlib.suppress(KubeError):  # a RemoteNetwork deleted with its Gateway needs no status
+            remote = await rest.get(self.api, self._path("remotenetworks", self.s.name))
+            if remote is not None:
+                message = "the Gateway was deleted and the remapping removed from the data plane"
+                await self._write_ready("remotenetworks", remote, False, "GatewayRemoved", message)
 
     # ---- status
 
@@ -416,6 +435,50 @@ class GatewayAgent:
             return
         self._gateway_status = {**(self._gateway_status or {}), **key}
         self._gateway_ready = status["conditions"][0]
+
+    async def _status_fabric(self) -> None:
+        """Ready on the NetworkConfig and the RemoteNetwork this pass read: the NetworkConfig's spec
+        is accepted when it is valid; the RemoteNetwork's remapping is in place when its spec is valid
+        and this pass applied the data plane (`self.error` is None)."""
+        network = self._fabric.get("networkconfigs")
+        if network is not None:
+            try:
+                spec: NetworkConfigSpec = _spec(network, NetworkConfigSpec, self._what("networkconfigs"))
+            except ValueError as e:
+                await self._write_ready("networkconfigs", network, False, "Invalid", str(e))
+            else:
+                message = f"pod CIDR {spec.pod_cidr}, external CIDR {spec.external_cidr}"
+                await self._write_ready("networkconfigs", network, True, "Accepted", message)
+        remote = self._fabric.get("remotenetworks")
+        if remote is not None:
+            try:
+                peer: RemoteNetworkSpec = _spec(remote, RemoteNetworkSpec, self._what("remotenetworks"))
+            except ValueError as e:
+                await self._write_ready("remotenetworks", remote, False, "Invalid", str(e))
+                return
+            if self.error is not None:
+                await self._write_ready("remotenetworks", remote, False, "ConfigurationFailed", self.error[:500])
+                return
+            real, mapped = peer.real, peer.mapped
+            message = (
+                f"the peer's pods {real.pod_cidr} are reached as {mapped.pod_cidr}, "
+                f"its external range {real.external_cidr} as {mapped.external_cidr}"
+            )
+            await self._write_ready("remotenetworks", remote, True, "Applied", message)
+
+    async def _write_ready(self, plural: str, obj: dict[str, Any], ok: bool, reason: str, message: str) -> None:
+        """A merge patch of `obj`'s status with this Ready condition, observed at its generation; not
+        sent when the object already carries it (times aside), so several agents writing the same
+        NetworkConfig's agree instead of rewriting it in turn."""
+        old = (obj.get("status") or {}).get("conditions") or []
+        ready = cond.condition(cond.READY, ok, reason, message, old, now=self.clock())
+        status = {"conditions": cond.observed([ready], meta.generation(obj))}
+        if cond.without_times(status) == cond.without_times({"conditions": old}):
+            return
+        try:
+            await rest.merge_patch(self.api, self._path(plural, meta.name(obj), "status"), {"status": status})
+        except KubeError as e:
+            self.log.warning("cannot write the status", object=self._what(plural), error=str(e))
 
     async def probe(self) -> None:
         if self.inputs is None or self.driver is None:
@@ -523,6 +586,7 @@ class GatewayAgent:
         if self.error:
             self.log.warning("gateway not applied", error=self.error)
             await self._status_failed(self.error)
+        await self._status_fabric()
         self.ready.set()
 
     async def _watch(self, plural: str, name: str) -> None:

@@ -345,7 +345,8 @@ def test_peer_configured_both_sides_and_the_remapping_is_consistent(fabric: Fabr
     assert status.returncode == 0, out(status)
     row = json.loads(status.stdout)[0]
     assert row["phase"] == "Connected" and row["rttMs"] is not None and row["mappedPodCidr"] == c["mapped"]["podCidr"]
-    # Both kinds have a Ready condition scripts can wait on, observed at the Gateway's current spec.
+    # The fabric's kinds have a Ready condition scripts can wait on, observed at each object's current
+    # spec: the gateway agent accepted the NetworkConfig and put the RemoteNetwork's remapping in place.
     peer = fabric.ids["gpu-a"]
     fabric.clusters.kubectl(
         "consumer",
@@ -355,12 +356,20 @@ def test_peer_configured_both_sides_and_the_remapping_is_consistent(fabric: Fabr
         "--for=condition=Ready",
         f"gateway.gpufed.io/{peer}",
         f"connection.gpufed.io/{peer}",
+        f"remotenetwork.gpufed.io/{peer}",
+        "networkconfig.gpufed.io/local",
         "--timeout=30s",
         timeout=40,
     )
-    gw = fabric.clusters.kubectl_json("consumer", "get", "gateway", "-n", "gpufed", peer)
-    ready = next(c for c in gw["status"]["conditions"] if c["type"] == "Ready")
-    assert ready["observedGeneration"] == gw["metadata"]["generation"], gw["status"]
+    for kind, name, reason in (
+        ("gateway.gpufed.io", peer, "Applied"),
+        ("remotenetwork.gpufed.io", peer, "Applied"),
+        ("networkconfig.gpufed.io", "local", "Accepted"),
+    ):
+        obj = fabric.clusters.kubectl_json("consumer", "get", kind, "-n", "gpufed", name)
+        ready = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["observedGeneration"] == obj["metadata"]["generation"], (kind, obj["status"])
+        assert ready["reason"] == reason, (kind, obj["status"])
 
 
 def test_consumer_pod_reaches_the_offloaded_pod_by_its_remapped_ip(

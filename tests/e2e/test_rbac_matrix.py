@@ -365,6 +365,8 @@ MATRIX: list[Row] = [
     ("gateway", C, "get", "networkconfigs" + GF, "gpufed", "local", ALLOW, "netfabric/controllers/gateway.py"),
     ("gateway", C, "patch", "gateways/status" + GF, "gpufed", "{peer}", ALLOW, "netfabric/controllers/gateway.py"),
     ("gateway", C, "patch", "connections/status" + GF, "gpufed", "{peer}", ALLOW, "netfabric/controllers/gateway.py"),
+    ("gateway", C, "patch", "remotenetworks/status" + GF, "gpufed", "{peer}", ALLOW, "gateway.py: its Ready"),
+    ("gateway", C, "patch", "networkconfigs/status" + GF, "gpufed", "local", ALLOW, "gateway.py: its Ready"),
     ("gateway", C, "get", "secrets", "gpufed", "gpufed-wg-{peer}", ALLOW, "gateway.py: its key (netfabric.ops Role)"),
     ("gateway", P, "get", "secrets", "gpufed", "gpufed-wg-{consumer}", ALLOW, "gateway.py: its key (ops Role)"),
     ("gateway", C, "get", "secrets", "gpufed", IDENTITY_SECRET, DENY, "other Secrets of gpufed"),

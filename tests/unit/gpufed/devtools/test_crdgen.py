@@ -110,18 +110,15 @@ def test_every_kind_shows_its_age_and_its_ready_condition(kind: CRDKind) -> None
     version = crdgen.crd(kind)["spec"]["versions"][0]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-    status = version["schema"]["openAPIV3Schema"]["properties"].get("status", {}).get("properties", {})
-    if "conditions" in status:
-        assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
 def test_conditions_are_a_map_list_keyed_by_type(kind: CRDKind) -> None:
-    """Server-side apply merges conditions per type; `type` must then be required."""
+    """Every kind reports a Ready condition; server-side apply merges conditions per type, so `type`
+    must be required."""
     schema = crdgen.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    conditions = schema["properties"].get("status", {}).get("properties", {}).get("conditions")
-    if conditions is None:
-        return
+    conditions = schema["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
     assert "type" in conditions["items"]["required"]

@@ -18,6 +18,8 @@ from wireguard_tools import WireguardKey
 
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import SYSTEM_NAMESPACE
+from gpufed.kube import rest
+from gpufed.kube.client import KubeError
 from netfabric.controllers.gateway import (
     DOWN_AFTER,
     GATEWAY_DROPPED,
@@ -682,6 +684,170 @@ async def test_an_invalid_remote_network_is_reported() -> None:
         agent, _ns = agent_for(api, [FakeDriver()])
         await agent.reconcile()
         assert agent.error is not None and f"RemoteNetwork {NS}/{PEER} is invalid" in agent.error
+
+
+# ---- the Ready conditions of the NetworkConfig and the RemoteNetwork
+
+NETWORK_STATUS_PATH = f"/apis/{API_VERSION}/namespaces/{NS}/networkconfigs/local/status"
+REMOTE_STATUS_PATH = f"/apis/{API_VERSION}/namespaces/{NS}/remotenetworks/{PEER}/status"
+
+
+def ready_of(server: FakeApiServer, plural: str, name: str) -> dict[str, Any]:
+    obj = server.get(plural, NS, name)
+    assert obj is not None
+    (ready,) = (obj.get("status") or {}).get("conditions") or [{}]
+    assert isinstance(ready, dict)
+    return ready
+
+
+def summary(ready: dict[str, Any]) -> tuple[Any, ...]:
+    return ready.get("status"), ready.get("reason"), ready.get("observedGeneration")
+
+
+def set_generation(server: FakeApiServer, plural: str, name: str, generation: int) -> None:
+    def change(obj: dict[str, Any]) -> None:
+        obj["metadata"]["generation"] = generation
+
+    server.update(plural, NS, name, change)
+
+
+async def test_an_applied_pass_marks_the_network_config_accepted_and_the_remote_network_applied() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        set_generation(server, "networkconfigs", "local", 3)
+        set_generation(server, "remotenetworks", PEER, 2)
+        agent, _ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        assert agent.error is None
+        network = ready_of(server, "networkconfigs", "local")
+        assert (network["type"], *summary(network)) == ("Ready", "True", "Accepted", 3)
+        assert network["message"] == "pod CIDR 10.244.0.0/16, external CIDR 10.70.0.0/16"
+        assert network["lastTransitionTime"] == _iso(NOW)
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert (remote["type"], *summary(remote)) == ("Ready", "True", "Applied", 2)
+        assert "10.244.0.0/16 are reached as 10.64.0.0/16" in remote["message"]
+        assert "10.200.0.0/24 as 10.65.0.0/24" in remote["message"]
+        # the re-apply of an unchanged pass writes neither again
+        await agent.reconcile()
+        assert len(server.calls("PATCH", NETWORK_STATUS_PATH)) == len(server.calls("PATCH", REMOTE_STATUS_PATH)) == 1
+
+
+async def test_the_conditions_follow_a_new_generation_and_keep_their_transition_time() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        clock = Clock()
+        agent, _ns = agent_for(api, [FakeDriver()], clock=clock)
+        await agent.reconcile()
+        clock.now = NOW + 60
+        set_generation(server, "remotenetworks", PEER, 2)
+        await agent.reconcile()
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("True", "Applied", 2)
+        assert remote["lastTransitionTime"] == _iso(NOW)
+        assert len(server.calls("PATCH", NETWORK_STATUS_PATH)) == 1  # its generation did not change
+
+
+async def test_a_network_config_another_agent_marked_is_not_rewritten() -> None:
+    # every gateway agent of a cluster reads the one NetworkConfig and concludes the same
+    async with serve() as (server, api):
+        seed(server)
+        first, _ = agent_for(api, [FakeDriver()])
+        await first.reconcile()
+        second, _ = agent_for(api, [FakeDriver()], clock=Clock(NOW + 30))
+        await second.reconcile()
+        assert len(server.calls("PATCH", NETWORK_STATUS_PATH)) == 1
+        assert ready_of(server, "networkconfigs", "local")["lastTransitionTime"] == _iso(NOW)
+
+
+async def test_an_invalid_network_config_is_marked_invalid_and_its_peer_not_applied() -> None:
+    async with serve() as (server, api):
+        seed(server)
+
+        def overlap(obj: dict[str, Any]) -> None:
+            obj["spec"]["externalCidr"] = "10.244.128.0/24"  # inside the pod CIDR
+
+        server.update("networkconfigs", NS, "local", overlap)
+        driver = FakeDriver()
+        agent, _ns = agent_for(api, [driver])
+        await agent.reconcile()
+        assert driver.ensured == []
+        network = ready_of(server, "networkconfigs", "local")
+        assert summary(network) == ("False", "Invalid", 1)
+        assert network["message"].startswith(f"NetworkConfig {NS}/local is invalid")
+        assert "overlaps podCidr" in network["message"]
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("False", "ConfigurationFailed", 1)
+        assert remote["message"] == agent.error
+
+
+async def test_an_invalid_remote_network_is_marked_invalid() -> None:
+    async with serve() as (server, api):
+        seed(server, remote=False)
+        bad = {**REMOTE, "mapped": {"podCidr": "10.64.0.0/24", "externalCidr": "10.65.0.0/24"}}
+        server.create("remotenetworks", _cr("remotenetworks", "RemoteNetwork", PEER, bad)[1], api_version=API_VERSION)
+        agent, _ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("False", "Invalid", 1)
+        assert remote["message"].startswith(f"RemoteNetwork {NS}/{PEER} is invalid")
+        assert "must have the size of the real" in remote["message"]
+        assert summary(ready_of(server, "networkconfigs", "local")) == ("True", "Accepted", 1)
+
+
+async def test_a_remote_network_is_applied_only_once_the_data_plane_is() -> None:
+    async with serve() as (server, api):
+        seed(server, {**CLIENT, "peerPublicKey": ""})
+        clock = Clock()
+        agent, _ns = agent_for(api, [FakeDriver()], clock=clock)
+        await agent.reconcile()
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("False", "ConfigurationFailed", 1)
+        assert "public key" in remote["message"]
+        assert summary(ready_of(server, "networkconfigs", "local")) == ("True", "Accepted", 1)
+
+        def add_key(obj: dict[str, Any]) -> None:
+            obj["spec"]["peerPublicKey"] = str(PEER_KEY.public_key())
+
+        server.update("gateways", NS, PEER, add_key)
+        clock.now = NOW + 5
+        await agent.reconcile()
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("True", "Applied", 1)
+        assert remote["lastTransitionTime"] == _iso(NOW + 5)
+
+
+async def test_a_pass_that_cannot_read_the_objects_writes_no_condition(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, _ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        get = rest.get
+
+        async def flaky_get(api: Any, url_path: str, *, what: str = "") -> dict[str, Any] | None:
+            if "/remotenetworks/" in url_path:
+                raise KubeError("the API server is not answering", 503)
+            return await get(api, url_path, what=what)
+
+        monkeypatch.setattr(rest, "get", flaky_get)
+        set_generation(server, "networkconfigs", "local", 2)
+        await agent.reconcile()
+        assert agent.error == "the API server is not answering"
+        # neither object was read in full: the conditions stay as the last complete pass wrote them
+        assert len(server.calls("PATCH", NETWORK_STATUS_PATH)) == len(server.calls("PATCH", REMOTE_STATUS_PATH)) == 1
+        assert summary(ready_of(server, "remotenetworks", PEER)) == ("True", "Applied", 1)
+
+
+async def test_teardown_marks_the_remote_network_gateway_removed() -> None:
+    async with serve() as (server, api):
+        seed(server)
+        agent, _ns = agent_for(api, [FakeDriver()])
+        await agent.reconcile()
+        await agent.teardown()
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("False", "GatewayRemoved", 1)
+        server.remove("remotenetworks", NS, PEER)
+        await agent.teardown()  # deleted with its Gateway: nothing to mark
+        assert len(server.calls("PATCH", REMOTE_STATUS_PATH)) == 2
 
 
 async def test_a_driver_failure_is_recorded() -> None:
