@@ -299,6 +299,21 @@ def verify_renewal(
     return Verdict(True, "Verified", f"consumer {consumer} renewed with key {fingerprint(consumer_public_pem)}")
 
 
+#: Kubernetes' CSR signers date a certificate's notBefore this many seconds before it was issued
+#: (against clock skew): its lifetime as written is `expirationSeconds` plus this.
+SIGNER_BACKDATE_S = 300
+
+
+def issued_lifetime(cert: x509.Certificate) -> tuple[dt.datetime, dt.timedelta]:
+    """When `cert` was issued and for how long (what `expirationSeconds` asked for): its validity
+    without the CSR signer's backdating, where the validity is long enough to hold it."""
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    backdate = dt.timedelta(seconds=SIGNER_BACKDATE_S)
+    if end - start >= backdate + dt.timedelta(seconds=defaults.MIN_CERT_SECONDS):
+        start += backdate
+    return start, end - start
+
+
 def renew_at(not_before: dt.datetime, not_after: dt.datetime, fraction: float = DEFAULT_RENEW_FRACTION) -> dt.datetime:
     """When a certificate valid from `not_before` to `not_after` is due for renewal: after
     `fraction` (0 < fraction < 1) of its lifetime."""

@@ -63,9 +63,6 @@ CSR_SIGNER = "kubernetes.io/kube-apiserver-client"
 CSR_USAGES = ("digital signature", "client auth")
 #: The CSR API's shortest `expirationSeconds`.
 MIN_EXPIRATION_S = defaults.MIN_CERT_SECONDS
-#: Kubernetes' CSR signers date a certificate's notBefore this many seconds before it was issued
-#: (against clock skew): its lifetime as written is `expirationSeconds` plus this.
-SIGNER_BACKDATE_S = 300
 #: Seconds between looks at a filed request while the provider has not issued it.
 DEFAULT_POLL_S = 1.0
 #: First and longest wait after a failed renewal.
@@ -123,16 +120,6 @@ def stored_certificate(secret: dict[str, Any]) -> x509.Certificate | None:
         return None
 
 
-def issued_lifetime(cert: x509.Certificate) -> tuple[dt.datetime, dt.timedelta]:
-    """When `cert` was issued and for how long (what `expirationSeconds` asked for): its validity
-    without the signer's backdating, where the validity is long enough to hold it."""
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    backdate = dt.timedelta(seconds=SIGNER_BACKDATE_S)
-    if end - start >= backdate + dt.timedelta(seconds=MIN_EXPIRATION_S):
-        start += backdate
-    return start, end - start
-
-
 def _spki(key: Any) -> bytes:
     return bytes(key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
 
@@ -165,7 +152,7 @@ class ClientRenewal:
 
     def due(self, cert: x509.Certificate) -> dt.datetime:
         """When `cert` is to be renewed: after `renew_fraction` of the lifetime it was issued for."""
-        start, lifetime = issued_lifetime(cert)
+        start, lifetime = handshake.issued_lifetime(cert)
         return handshake.renew_at(start, start + lifetime, self.settings.renew_fraction)
 
     async def reconcile(
@@ -240,7 +227,7 @@ class ClientRenewal:
         key = ec.generate_private_key(ec.SECP256R1())
         csr = handshake.make_csr(self.identity.cluster_id, key)
         signature = handshake.sign_renewal(self.identity.private_key, provider, self.identity.cluster_id, csr)
-        lifetime = issued_lifetime(cert)[1].total_seconds()
+        lifetime = handshake.issued_lifetime(cert)[1].total_seconds()
         consumer = self.identity.cluster_id
         body = {
             "apiVersion": "certificates.k8s.io/v1",

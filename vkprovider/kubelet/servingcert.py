@@ -102,9 +102,11 @@ def cert_lifetime(pem: bytes) -> tuple[dt.datetime, dt.datetime]:
 
 
 def renew_time(pem: bytes, fraction: float = RENEW_AT) -> dt.datetime:
-    """When the certificate `pem` is due for renewal: after `fraction` (0 < fraction < 1) of its lifetime."""
-    start, end = cert_lifetime(pem)
-    return handshake.renew_at(start, end, fraction)
+    """When the certificate `pem` is due for renewal: after `fraction` (0 < fraction < 1) of the
+    lifetime it was issued for (a CSR signer's backdated notBefore is not counted: with it, a
+    10-minute certificate would be due at once at a small fraction)."""
+    start, lifetime = handshake.issued_lifetime(x509.load_pem_x509_certificate(pem))
+    return handshake.renew_at(start, start + lifetime, fraction)
 
 
 def new_key_and_csr(node: str, address: str) -> tuple[bytes, bytes]:

@@ -1,10 +1,12 @@
 """Credential renewal drill on the real local clusters: the consumer's client certificate on gpu-a
-lives 10 minutes (the CSR API's minimum) and renews after a tenth of that, so the drill sees at
-least `RENEWALS` renewals in about four minutes while offloaded pods run and are used.
+lives 10 minutes (the CSR API's minimum) and renews after a twentieth of that (30 s), so the drill
+sees at least `RENEWALS` renewals in about 95 s while offloaded pods run and are used.
 
 Both controllers are restarted for the module with `GPUFED_CLIENT_CERT_LIFETIME=600` (gpu-a issues
-10-minute certificates) and `GPUFED_CLIENT_CERT_RENEW_FRACTION=0.1` (the consumer renews after a
-minute), then the consumer peers with gpu-a and offloads a namespace with `PODS` long-running pods.
+10-minute certificates) and `GPUFED_CLIENT_CERT_RENEW_FRACTION=0.05` (the consumer renews after
+30 s), and with the same two settings for the virtual kubelets' serving certificates
+(`GPUFED_SERVING_CERT_*`: the virtual kubelets inherit them from the consumer's controller), then
+the consumer peers with gpu-a and offloads a namespace with `PODS` long-running pods.
 Throughout, every few seconds: `kubectl logs` and `kubectl exec` of a pod through the virtual node's
 kubelet API (to gpu-a with the current credentials), and the pods' status as the virtual kubelet
 reflects it. Afterwards:
@@ -14,7 +16,10 @@ reflects it. Afterwards:
 - each renewal is a new certificate (serial) in Secret `gpufed/gpufed-remote-<gpu-a>`, the
   ForeignCluster reports it (`CredentialsRenewal=True`, `Renewed`), and the virtual kubelet swapped
   in every one without a restart: its log names each new serial, the last one the Secret's, so
-  the old certificates are no longer used.
+  the old certificates are no longer used;
+- the certificate the virtual node's kubelet API serves (read at its InternalIP and port, as `gpufed
+  doctor` does) was renewed at least `SERVING_RENEWALS` times, and no more often than due, while
+  the logs and exec calls through it kept being answered.
 
 The controllers are restarted without the variables when the module ends. The time the renewals
 took is printed as `DRILL credential-renewal recovery_s=<x> renewals=<n>`.
@@ -27,6 +32,8 @@ import contextlib
 import os
 import re
 import signal
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -46,7 +53,15 @@ NAMESPACE = "drills-renewal"
 PODS = 3
 RENEWALS = 3
 #: What the controllers run with for this module.
-SHORT_LIVED = {"GPUFED_CLIENT_CERT_LIFETIME": "600", "GPUFED_CLIENT_CERT_RENEW_FRACTION": "0.05"}
+SHORT_LIVED = {
+    "GPUFED_CLIENT_CERT_LIFETIME": "600",
+    "GPUFED_CLIENT_CERT_RENEW_FRACTION": "0.05",
+    # the virtual kubelets (children of the consumer's controller) inherit these
+    "GPUFED_SERVING_CERT_LIFETIME": "600",
+    "GPUFED_SERVING_CERT_RENEW_FRACTION": "0.05",
+}
+#: Renewals of the virtual node's serving certificate the same run must see.
+SERVING_RENEWALS = 2
 #: Seconds between rounds of requests.
 ROUND_S = 4.0
 #: Longest the renewals may take (3 x 30 s, the consumer's resync and the reloads on top).
@@ -112,6 +127,27 @@ def secret_serial(clusters: Clusters, provider: ClusterID) -> str:
     return f"{cert.serial_number:x}"
 
 
+def served_serial(clusters: Clusters, node: str) -> str | None:
+    """The serial of the certificate the virtual node's kubelet API serves (read like `gpufed doctor`'s
+    serving-certificates check: a TLS handshake with its InternalIP and kubelet port); None when it
+    does not answer."""
+    obj = clusters.kubectl_json("consumer", "get", "node", node)
+    status = obj.get("status") or {}
+    address = next((a["address"] for a in status.get("addresses") or [] if a.get("type") == "InternalIP"), None)
+    port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+    if not address or not port:
+        return None
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # only the serial is read; the API server verifies the chain
+    try:
+        with socket.create_connection((address, int(port)), timeout=5) as sock, ctx.wrap_socket(sock) as tls:
+            der = tls.getpeercert(binary_form=True)
+    except OSError:
+        return None
+    return f"{x509.load_der_x509_certificate(der).serial_number:x}" if der else None
+
+
 def vk_log_lines(clusters: Clusters, provider: ClusterID, needle: str) -> list[str]:
     """Lines of the consumer's virtual kubelet log(s) for `provider` that contain `needle`, in order."""
     lines: list[str] = []
@@ -141,13 +177,14 @@ def test_client_certificates_renew_without_disturbing_pods_or_requests(
     ledger.settle("the drill's pods", timeout=60)
     before = {p["metadata"]["uid"]: p for p in pods(clusters)}
     serials = [secret_serial(clusters, provider)]
+    serving = [s for s in (served_serial(clusters, node),) if s]
     failures: list[str] = []
     requests = 0
     # the log holds every run of this provider's virtual kubelet in the session (earlier drills peer
     # gpu-a too): only starts after this point count
     starts_before = len(vk_log_lines(clusters, provider, "virtual kubelet starting"))
     began = time.monotonic()
-    while len(serials) <= RENEWALS and time.monotonic() - began < WINDOW_S:
+    while (len(serials) <= RENEWALS or len(serving) <= SERVING_RENEWALS) and time.monotonic() - began < WINDOW_S:
         name = sorted(p["metadata"]["name"] for p in before.values())[requests % PODS]
         for argv in (("logs", "-n", NAMESPACE, name, "--tail=1"), ("exec", "-n", NAMESPACE, name, "--", "echo", "ok")):
             p = clusters.kubectl("consumer", *argv, check=False, timeout=30)
@@ -162,10 +199,21 @@ def test_client_certificates_renew_without_disturbing_pods_or_requests(
         serial = secret_serial(clusters, provider)
         if serial != serials[-1]:
             serials.append(serial)
+        served = served_serial(clusters, node)
+        if served is None:
+            failures.append(f"the kubelet API of {node} did not answer at {time.monotonic() - began:.0f} s")
+        elif not serving or served != serving[-1]:
+            serving.append(served)
         time.sleep(ROUND_S)
     took = time.monotonic() - began
     renewed = len(serials) - 1
     assert renewed >= RENEWALS, f"{renewed} renewals in {took:.0f} s (serials {serials})"
+    assert len(serving) - 1 >= SERVING_RENEWALS, f"serving certificate serials {serving} in {took:.0f} s"
+    # ... and no more often than due (a certificate due at once would be renewed in a loop).
+    due_every = float(SHORT_LIVED["GPUFED_SERVING_CERT_LIFETIME"]) * float(
+        SHORT_LIVED["GPUFED_SERVING_CERT_RENEW_FRACTION"]
+    )
+    assert len(serving) - 1 <= took / due_every + 1, f"serving certificate serials {serving} in {took:.0f} s"
     assert not failures, f"{len(failures)} of {requests} requests or checks failed:\n" + "\n".join(failures[:10])
     assert not ledger.problems(), ledger.problems()
     fc = clusters.kubectl_json("consumer", "get", "foreignclusters.gpufed.io", provider)
@@ -185,4 +233,4 @@ def test_client_certificates_renew_without_disturbing_pods_or_requests(
     starts = vk_log_lines(clusters, provider, "virtual kubelet starting")[starts_before:]
     assert not starts, f"the virtual kubelet restarted during the renewals: {starts}"
     assert secret_serial(clusters, provider) == serials[-1] == seen[-1], (serials, seen)
-    record("credential-renewal", took, renewals=renewed, requests=requests)
+    record("credential-renewal", took, renewals=renewed, serving_renewals=len(serving) - 1, requests=requests)

@@ -33,7 +33,6 @@ from peering.controllers.renewal import (
     ClientRenewal,
     RenewalSettings,
     handshake_digest,
-    issued_lifetime,
 )
 from peering.controllers.renewal_approval import RenewalApprover, renewal_problems
 from tests.unit.fakes import FakeApiServer, serve
@@ -397,8 +396,8 @@ def test_the_schedule_and_the_request_count_from_the_issue_not_the_backdated_sta
     key = ec.generate_private_key(ec.SECP256R1()).public_key()
     # Kubernetes' signers write notBefore 5 minutes before the issue: 600 s asked for, 900 s written.
     backdated = _issue(key, issued - dt.timedelta(seconds=300), dt.timedelta(seconds=900))
-    assert issued_lifetime(backdated) == (issued, LIFETIME)
+    assert handshake.issued_lifetime(backdated) == (issued, LIFETIME)
     renewal = ClientRenewal(None, _identity(), RenewalSettings(renew_fraction=0.1))
     assert renewal.due(backdated) == issued + dt.timedelta(seconds=60)
     # A validity too short to hold a backdate is taken as written.
-    assert issued_lifetime(_issue(key, issued)) == (issued, LIFETIME)
+    assert handshake.issued_lifetime(_issue(key, issued)) == (issued, LIFETIME)

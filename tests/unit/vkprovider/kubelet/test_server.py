@@ -25,12 +25,13 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufed.kube.upgrade import open_upgraded
 from gpufed.localenv.pki import issue_leaf, make_ca
+from peering import handshake
 from tests.unit.fakes import FakeApiServer, serve, until
 from vkprovider.kubelet import auth as kubeletauth
 from vkprovider.kubelet import server as kubeletapi
@@ -677,10 +678,9 @@ async def test_serving_certificate_from_a_csr_then_rotated_in_place(tmp_path: Pa
         cert_pem, key_pem = await asyncio.wait_for(issuing, 10)
         assert cert_pem == _pem(signed)
         assert server.items("certificatesigningrequests") == []  # deleted once read
-        # Renewal at 80 % of the lifetime.
-        assert (renew_time(cert_pem) - signed.not_valid_before_utc) / (
-            signed.not_valid_after_utc - signed.not_valid_before_utc
-        ) == pytest.approx(0.8)
+        # Renewal at 80 % of the lifetime it was issued for (the signer's backdating not counted).
+        issued, lifetime = handshake.issued_lifetime(signed)
+        assert (renew_time(cert_pem) - issued) / lifetime == pytest.approx(0.8)
 
     tls.update(cert_pem=cert_pem, key_pem=key_pem)
     port = _free_port()
@@ -743,9 +743,31 @@ def test_the_renew_fraction_defaults_to_the_kubelets_and_must_lie_between_0_and_
             ServingCertSettings(renew_fraction=bad)
     ca, ca_key = make_ca("cluster-ca")
     leaf, _key = issue_leaf(ca, ca_key, cn=f"system:node:{NODE}", server=True, ips=(LOCALHOST,))
-    start, lifetime = leaf.not_valid_before_utc, leaf.not_valid_after_utc - leaf.not_valid_before_utc
-    assert renew_time(_pem(leaf), 0.05) == start + lifetime * 0.05
-    assert renew_time(_pem(leaf)) == start + lifetime * 0.8
+    # Signed as a CSR signer does: notBefore 5 minutes before it was issued.
+    issued = leaf.not_valid_before_utc + dt.timedelta(seconds=handshake.SIGNER_BACKDATE_S)
+    lifetime = leaf.not_valid_after_utc - issued
+    assert renew_time(_pem(leaf), 0.05) == issued + lifetime * 0.05
+    assert renew_time(_pem(leaf)) == issued + lifetime * 0.8
+
+
+def test_a_ten_minute_certificate_from_a_csr_signer_is_due_after_its_fraction_not_at_once() -> None:
+    # The CSR API's shortest certificate: notBefore backdated 5 minutes, notAfter 10 minutes after
+    # its issue. Counted from notBefore, 5 % of it would already be past, and every renewed
+    # certificate would be due at once again.
+    ca, ca_key = make_ca("cluster-ca")
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{NODE}")]))
+        .issuer_name(ca.subject)
+        .public_key(ec.generate_private_key(ec.SECP256R1()).public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(seconds=handshake.SIGNER_BACKDATE_S))
+        .not_valid_after(now + dt.timedelta(seconds=600))
+    )
+    cert = builder.sign(ca_key, hashes.SHA256())
+    assert renew_time(_pem(cert), 0.05) == now + dt.timedelta(seconds=30)
+    assert renew_time(_pem(cert)) == now + dt.timedelta(seconds=480)
 
 
 async def test_a_csr_certificate_is_renewed_in_place_at_its_renew_fraction() -> None:
