@@ -48,7 +48,7 @@ test-unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 test-e2e: venv binaries deps
-	$(VENV)/bin/pytest tests/e2e --ignore=tests/e2e/drills $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/e2e --ignore=tests/e2e/drills --durations=25 $(PYTEST_ARGS)
 
 # The fault drills (docs/reliability.md) stop API servers, compact etcd and cut tunnels, so they get
 # clusters of their own (state in .cache/drills, ports from 19000) rather than the e2e session's.
@@ -60,7 +60,7 @@ test-drills: venv binaries deps
 	GPUFED_E2E_DIR=$${GPUFED_DRILLS_DIR:-$(CURDIR)/.cache/drills} \
 	GPUFED_E2E_BASE_PORT=$${GPUFED_DRILLS_BASE_PORT:-19000} \
 	GPUFED_DRILL_RESULTS=$(DRILL_RESULTS) \
-	$(VENV)/bin/pytest tests/e2e/drills $(PYTEST_ARGS); status=$$?; \
+	$(VENV)/bin/pytest tests/e2e/drills --durations=15 $(PYTEST_ARGS); status=$$?; \
 	echo "drill figures ($(DRILL_RESULTS)):"; cat $(DRILL_RESULTS) 2>/dev/null || echo "  none recorded"; \
 	exit $$status
 
