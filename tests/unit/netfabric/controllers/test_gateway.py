@@ -684,6 +684,12 @@ async def test_an_invalid_remote_network_is_reported() -> None:
         agent, _ns = agent_for(api, [FakeDriver()])
         await agent.reconcile()
         assert agent.error is not None and f"RemoteNetwork {NS}/{PEER} is invalid" in agent.error
+        # ... and marked so on the object itself
+        remote = ready_of(server, "remotenetworks", PEER)
+        assert summary(remote) == ("False", "Invalid", 1)
+        assert remote["message"].startswith(f"RemoteNetwork {NS}/{PEER} is invalid")
+        assert "must have the size of the real" in remote["message"]
+        assert summary(ready_of(server, "networkconfigs", "local")) == ("True", "Accepted", 1)
 
 
 # ---- the Ready conditions of the NetworkConfig and the RemoteNetwork
@@ -778,20 +784,6 @@ async def test_an_invalid_network_config_is_marked_invalid_and_its_peer_not_appl
         remote = ready_of(server, "remotenetworks", PEER)
         assert summary(remote) == ("False", "ConfigurationFailed", 1)
         assert remote["message"] == agent.error
-
-
-async def test_an_invalid_remote_network_is_marked_invalid() -> None:
-    async with serve() as (server, api):
-        seed(server, remote=False)
-        bad = {**REMOTE, "mapped": {"podCidr": "10.64.0.0/24", "externalCidr": "10.65.0.0/24"}}
-        server.create("remotenetworks", _cr("remotenetworks", "RemoteNetwork", PEER, bad)[1], api_version=API_VERSION)
-        agent, _ns = agent_for(api, [FakeDriver()])
-        await agent.reconcile()
-        remote = ready_of(server, "remotenetworks", PEER)
-        assert summary(remote) == ("False", "Invalid", 1)
-        assert remote["message"].startswith(f"RemoteNetwork {NS}/{PEER} is invalid")
-        assert "must have the size of the real" in remote["message"]
-        assert summary(ready_of(server, "networkconfigs", "local")) == ("True", "Accepted", 1)
 
 
 async def test_a_remote_network_is_applied_only_once_the_data_plane_is() -> None:

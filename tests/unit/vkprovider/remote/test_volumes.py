@@ -147,18 +147,24 @@ async def test_a_provider_claim_that_is_not_the_consumers_copy_is_neither_used_n
         assert remote.get("persistentvolumeclaims", "team-consumer-1", "data") is not None
 
 
+async def _delete_protected(local: FakeApiServer) -> None:
+    """Provision claim `data`, then delete it as the API server does while Kubernetes' protection
+    finalizer is on it."""
+    c = local.create("persistentvolumeclaims", claim("data"))
+    pv_name = f"gpufed-{c['metadata']['uid']}"
+    await until(lambda: local.get("persistentvolumes", "", pv_name) is not None)
+
+    def deleting(obj: dict[str, Any]) -> None:
+        obj["spec"]["volumeName"] = pv_name
+        obj["metadata"]["finalizers"] = ["kubernetes.io/pvc-protection"]
+        obj["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+
+    local.update("persistentvolumeclaims", "team", "data", deleting)
+
+
 async def test_deleting_a_claim_in_use_is_said_once() -> None:
     async with provisioner() as (local, _remote, _p, events, _offers):
-        c = local.create("persistentvolumeclaims", claim("data"))
-        pv_name = f"gpufed-{c['metadata']['uid']}"
-        await until(lambda: local.get("persistentvolumes", "", pv_name) is not None)
-
-        def deleting(obj: dict[str, Any]) -> None:
-            obj["spec"]["volumeName"] = pv_name
-            obj["metadata"]["finalizers"] = ["kubernetes.io/pvc-protection"]
-            obj["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
-
-        local.update("persistentvolumeclaims", "team", "data", deleting)
+        await _delete_protected(local)
         await until(lambda: "ClaimInUse" in events.reasons("data"))
         local.update("persistentvolumeclaims", "team", "data", lambda obj: obj["metadata"].update(labels={"x": "y"}))
         await asyncio.sleep(0.3)
@@ -170,16 +176,7 @@ async def test_a_claim_no_pod_uses_is_deleted_without_the_warning() -> None:
     # Kubernetes' protection finalizer is on every claim being deleted for a moment, until the
     # controller-manager sees that no pod uses it: that moment is no wait worth a Warning.
     async with provisioner() as (local, _remote, _p, events, _offers):
-        c = local.create("persistentvolumeclaims", claim("data"))
-        pv_name = f"gpufed-{c['metadata']['uid']}"
-        await until(lambda: local.get("persistentvolumes", "", pv_name) is not None)
-
-        def deleting(obj: dict[str, Any]) -> None:
-            obj["spec"]["volumeName"] = pv_name
-            obj["metadata"]["finalizers"] = ["kubernetes.io/pvc-protection"]
-            obj["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
-
-        local.update("persistentvolumeclaims", "team", "data", deleting)
+        await _delete_protected(local)
         await asyncio.sleep(0.1)
         local.remove("persistentvolumeclaims", "team", "data")  # the finalizer went: the claim is gone
         await asyncio.sleep(0.6)
