@@ -3,10 +3,12 @@ apiserver: it lints and renders for several value sets (the defaults and each ro
 values fail with the reason, every rendered object — CRDs and RBAC included — passes a server-side
 dry-run apply, its pods meet the Pod Security level the chart documents, `helm install` with the
 defaults is accepted by the API server (a dry run: the shared clusters run gpufed already) and
-prints its notes, the workloads the controller makes from the chart's templates pass it too, every
-flag the chart passes exists in the command it runs, and rendered RBAC grants nothing beyond what
-each component's code is run with in this suite (deploy/rbac/) plus the in-cluster additions whose
-users are named below.
+prints its notes, a real `helm install --wait` with the defaults works in one more cluster that has
+nothing of gpufed (its CRDs Established, its controller available) and `helm uninstall` leaves
+nothing of the release there (but the CRDs, which Helm keeps by design), the workloads the
+controller makes from the chart's templates pass it too, every flag the chart passes exists in the
+command it runs, and rendered RBAC grants nothing beyond what each component's code is run with in
+this suite (deploy/rbac/) plus the in-cluster additions whose users are named below.
 
 `helm uninstall` leaves nothing the controller created: the webhook configuration and admission
 policies the controllers of this suite wrote carry an ownerReference to the ClusterRole
@@ -41,6 +43,8 @@ from gpufed.cli import app as cli_app
 from gpufed.kube import rest
 from gpufed.kube.client import api_client
 from gpufed.kube.leader import LeaderElector, LeaderSettings
+from gpufed.localenv.launcher import LocalEnvironment, LocalSettings
+from gpufed.localenv.topology import PORTS_PER_CLUSTER, Topology
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, peered_session
 from vkprovider.forge import workloads as forge
@@ -526,3 +530,70 @@ def test_deleting_the_owner_as_helm_uninstall_does_removes_what_it_owns(clusters
     finally:
         for _, plural, obj_name in (anchor, *owned):
             clusters.kubectl("consumer", "delete", plural, obj_name, "--ignore-not-found", check=False)
+
+
+# ---------------------------------------------------------------------------------------- a bare cluster
+
+#: The gpufed kinds whose CRDs the chart carries (its crds/ directory).
+CHART_CRDS = sorted(p.name.removeprefix("gpufed.io_").removesuffix(".yaml") for p in (CHART / "crds").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def bare(clusters: Clusters) -> Iterator[Clusters]:
+    """One more local cluster, next to the suite's, with nothing of gpufed in it (no CRDs, no RBAC, no
+    controller): what an operator installs the chart into. Its ports follow the suite's clusters'."""
+    topology = Topology.model_validate(
+        {
+            "clusters": [{"name": "bare", "nodePools": [{"name": "cpu", "count": 1}]}],
+            "basePort": clusters.topology.base_port + PORTS_PER_CLUSTER * len(clusters.topology.clusters),
+        }
+    )
+    state = clusters.env.state_dir.with_name(f"{clusters.env.state_dir.name}-bare")
+    env = LocalEnvironment(LocalSettings(state, clusters.env.settings.bin_dir), topology)
+    try:
+        asyncio.run(env.up(lambda m: print(f"[bare] {m}", flush=True)))
+        yield Clusters(env)
+    finally:
+        env.down(lambda m: print(f"[bare] {m}", flush=True))
+
+
+def test_the_chart_installs_with_its_defaults_into_a_cluster_that_has_nothing_and_uninstalls_cleanly(
+    clusters: Clusters, bare: Clusters
+) -> None:
+    kubeconfig = ["--kubeconfig", str(bare.kubeconfig), "--kube-context", "bare"]
+    assert bare.kubectl("bare", "get", "crd", "-o", "name").stdout.strip() == ""  # nothing there
+    proc = helm(
+        clusters,
+        "install",
+        "gpufed",
+        str(CHART),
+        "-n",
+        "gpufed",
+        "--create-namespace",
+        "--wait",
+        "--timeout=120s",
+        *kubeconfig,
+    )
+    assert "STATUS: deployed" in proc.stdout, proc.stdout + proc.stderr
+    assert "(role: both)" in proc.stdout.split("NOTES:", 1)[1]
+    crds = bare.kubectl_json("bare", "get", "crd")["items"]
+    established = {
+        c["metadata"]["name"]
+        for c in crds
+        if any(x["type"] == "Established" and x["status"] == "True" for x in c["status"].get("conditions") or [])
+    }
+    assert established == {f"{plural}.gpufed.io" for plural in CHART_CRDS}
+    deployment = bare.kubectl_json("bare", "get", "deployment", "gpufed-controller", "-n", "gpufed")
+    assert deployment["status"].get("availableReplicas") == deployment["spec"]["replicas"], deployment["status"]
+    selector = "app.kubernetes.io/instance=gpufed"
+    kinds = "clusterroles,clusterrolebindings,roles,rolebindings,serviceaccounts,deployments,services,configmaps"
+
+    def owned() -> list[str]:
+        return bare.kubectl("bare", "get", kinds, "-A", "-l", selector, "-o", "name").stdout.split()
+
+    assert owned(), "the release's objects carry the instance label"
+
+    helm(clusters, "uninstall", "gpufed", "-n", "gpufed", "--wait", "--timeout=120s", *kubeconfig)
+    eventually("nothing of the release left", lambda: owned() == [], timeout=60)
+    # Helm never deletes the CRDs of a chart's crds/ directory (they hold users' objects): they stay.
+    assert {c["metadata"]["name"] for c in bare.kubectl_json("bare", "get", "crd")["items"]} == established
