@@ -221,19 +221,6 @@ class LocalEnvironment:
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
         tmp.replace(self._state_file)
 
-    async def _ensure_node_address(self, progress: Progress) -> str:
-        """The topology's node address, made one of this machine's addresses; 127.0.0.1 (said, with
-        what it costs) where it cannot be."""
-        wanted = self.topology.node_address
-        why = await asyncio.to_thread(nodeaddr.ensure, wanted) if nodeaddr.proxyable(wanted) else None
-        if why is None:
-            return wanted
-        progress(
-            f"warning: virtual nodes publish {nodeaddr.LOOPBACK}, not {wanted}: {why}; the API server "
-            "cannot proxy to their kubelet APIs then (`kubectl get --raw /api/v1/nodes/<node>/proxy/pods`)"
-        )
-        return nodeaddr.LOOPBACK
-
     def node_address(self) -> str:
         """The address this environment's virtual nodes publish (chosen by `up`)."""
         return str(self._load_state().get("node_address", nodeaddr.LOOPBACK))
@@ -307,7 +294,9 @@ class LocalEnvironment:
             ),
         )
         self._check_ports(state)
-        state["node_address"] = await self._ensure_node_address(progress)
+        state["node_address"], warning = await asyncio.to_thread(nodeaddr.choose, self.topology.node_address)
+        if warning:
+            progress(warning)
         self._save_state(state)
 
         deadline = time.monotonic() + self.settings.start_timeout_s

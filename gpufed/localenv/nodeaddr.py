@@ -9,10 +9,10 @@ on the Internet), added as a /32 to this machine's loopback interface `lo`. An a
 reachable only from this machine, as 127.0.0.1 is, so every listener still stays on this machine.
 One address serves every local environment: their ports differ.
 
-Owns: checking whether an address is local and may be proxied to (`proxyable`), and adding it to `lo`
-(`ensure`, which needs root: CAP_NET_ADMIN). Without root, or without `ip`, `ensure` says why, and
-the caller falls back to 127.0.0.1: everything but the API server's proxy to the virtual kubelets
-works then.
+Owns: checking whether an address is local and may be proxied to (`proxyable`), adding it to `lo`
+(`ensure`, which needs root: CAP_NET_ADMIN), and the address a local environment uses (`choose`).
+Without root, or without `ip`, `ensure` says why, and `choose` falls back to 127.0.0.1 with a
+warning: everything but the API server's proxy to the virtual kubelets works then.
 
 Does not: remove the address (other environments may use it, and it costs nothing: `ip addr del
 198.18.0.1/32 dev lo` removes it by hand), or choose the ports.
@@ -76,3 +76,15 @@ def ensure(address: str) -> str | None:
     if p.returncode != 0 and not is_local(address):
         return f"`ip addr add {address}/{prefix} dev {INTERFACE}` failed: {p.stderr.strip() or p.returncode}"
     return None
+
+
+def choose(wanted: str) -> tuple[str, str | None]:
+    """The address the virtual nodes publish: `wanted`, made one of this machine's addresses where the
+    API server may proxy to it; else 127.0.0.1 with a warning that says what that costs."""
+    why = ensure(wanted) if proxyable(wanted) else None
+    if why is None:
+        return wanted, None
+    return LOOPBACK, (
+        f"warning: virtual nodes publish {LOOPBACK}, not {wanted}: {why}; the API server cannot proxy to "
+        "their kubelet APIs then (`kubectl get --raw /api/v1/nodes/<node>/proxy/pods`)"
+    )

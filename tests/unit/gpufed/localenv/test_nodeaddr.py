@@ -39,10 +39,13 @@ def test_an_address_already_here_needs_nothing() -> None:
     assert nodeaddr.ensure("127.0.0.1") is None
 
 
-def test_without_root_ensure_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_root_ensure_says_why_and_loopback_is_chosen_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     why = nodeaddr.ensure("192.0.2.222")
     assert why is not None and "needs root" in why and "192.0.2.222" in why
+    address, warning = nodeaddr.choose("192.0.2.222")
+    assert address == "127.0.0.1" and warning is not None and "needs root" in warning and "proxy" in warning
+    assert nodeaddr.choose("127.0.0.1") == ("127.0.0.1", None)  # asked for: no warning
 
 
 def test_the_controller_publishes_the_address_up_chose(tmp_path: Path) -> None:
