@@ -431,6 +431,10 @@ def test_offloaded_pod_gets_a_consumer_token_mounted_where_it_expects_it(
     assert status["user"]["username"] == f"system:serviceaccount:{namespace}:default"
     assert status["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["api-client"]
 
+    # Owned by the twin: the provider's garbage collector removes it with the twin (no delete of ours).
+    assert secret["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "api-client", "uid": twin_pod["metadata"]["uid"]}
+    ]
     # The token is bound to the local pod: deleting the pod removes the Secret and voids the token.
     clusters.kubectl("consumer", "delete", "pod", "api-client", "-n", namespace, "--wait=true", timeout=90)
     gone(clusters, ids, namespace, "secret", "gpufed-token-api-client")

@@ -13,6 +13,9 @@ Secret layout (type Opaque, base64 `data`, in the twin namespace, named `gpufed-
   `kube-root-ca.crt` ConfigMap), `namespace` (the pod's CONSUMER namespace);
 - labels: the origin labels of `meta.origin_labels` (origin-uid = the LOCAL pod's UID) and
   `gpufed.io/token-for-pod=<pod name>` (shortened with a hash beyond 63 characters);
+- ownerReferences: the twin it serves (`twin_owner_reference`), so that the provider's garbage
+  collector removes the Secret once that twin is gone (a Secret written for a re-created twin under
+  the same name gets that twin added as one more owner);
 - annotations: `gpufed.io/token-pod`, `gpufed.io/token-namespace`, `gpufed.io/token-service-account`,
   `gpufed.io/token-sources` (JSON list of {key, audience, expirationSeconds}),
   `gpufed.io/token-issued-at` and `gpufed.io/token-expires-at` (RFC 3339, earliest over the keys).
@@ -148,6 +151,8 @@ class TokenSecretState:
     uid: str
     issued_at: datetime | None
     expires_at: datetime | None
+    #: UIDs of the twins (pods of the twin namespace) the Secret names as its owners.
+    owner_uids: tuple[str, ...] = ()
 
     def due(self, now: datetime, fraction: float = DEFAULT_REFRESH_FRACTION) -> bool:
         """Whether the tokens need a refresh (unknown times: at once)."""
@@ -417,7 +422,38 @@ def read_token_secret(secret: Mapping[str, Any]) -> TokenSecretState | None:
         uid=str(meta.get("uid", "")),
         issued_at=time_or_none(notes.get(TOKEN_ISSUED_AT_ANNOTATION)),
         expires_at=time_or_none(notes.get(TOKEN_EXPIRES_AT_ANNOTATION)),
+        owner_uids=tuple(str(r["uid"]) for r in pod_owner_references(secret)),
     )
+
+
+def twin_owner_reference(twin: Mapping[str, Any]) -> dict[str, Any]:
+    """The ownerReference that hands a token Secret to the garbage collector along with `twin`."""
+    meta = twin.get("metadata") or {}
+    return {"apiVersion": "v1", "kind": "Pod", "name": str(meta.get("name", "")), "uid": str(meta.get("uid", ""))}
+
+
+def pod_owner_references(secret: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ownerReferences of `secret` that name pods of its namespace (well-formed ones only)."""
+    refs = (secret.get("metadata") or {}).get("ownerReferences") or []
+    return [
+        {"apiVersion": "v1", "kind": "Pod", "name": str(r["name"]), "uid": str(r["uid"])}
+        for r in refs
+        if isinstance(r, Mapping)
+        and r.get("apiVersion") == "v1"
+        and r.get("kind") == "Pod"
+        and isinstance(r.get("name"), str)
+        and isinstance(r.get("uid"), str)
+        and r["uid"]
+    ]
+
+
+def with_owners(secret: Mapping[str, Any], owners: list[dict[str, Any]]) -> dict[str, Any]:
+    """`secret` (a body `secret_for` built) with `owners` as its ownerReferences (none: unchanged)."""
+    if not owners:
+        return dict(secret)
+    meta = dict(secret.get("metadata") or {})
+    meta["ownerReferences"] = [dict(o) for o in owners]
+    return {**secret, "metadata": meta}
 
 
 def data_value(secret: Mapping[str, Any], key: str) -> str | None:

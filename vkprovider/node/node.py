@@ -139,6 +139,8 @@ class NodeController:
         self._node_listed = False
         self._sent: tuple[Any, ...] | None = None
         self._sent_at = 0.0
+        #: Loop time the last `sync` started (coalesced syncs are spaced from it).
+        self._last_sync_start = float("-inf")
         self._log = structlog.get_logger().bind(node=settings.name)
 
     @property
@@ -248,8 +250,8 @@ class NodeController:
 
     async def sync_coalesced(self) -> None:
         """A `sync` that starts after this call, shared by every caller that arrives before it starts:
-        a burst of pods ending costs one status write per change, not one node sync per pod.
-        Raises what that sync raised."""
+        a burst of pods ending costs one status write per `min_poke_interval_s` at most, not one
+        node sync per pod. Raises what that sync raised."""
         fut = self._pending_sync
         if fut is None:
             fut = self._pending_sync = asyncio.get_running_loop().create_future()
@@ -262,6 +264,12 @@ class NodeController:
 
     async def _run_coalesced(self, fut: asyncio.Future[None]) -> None:
         async with self._coalesce_lock:
+            # Spaced like the status loop's reads: a burst of pods ending costs one read and at most
+            # one status write per `min_poke_interval_s`, and every caller until the sync starts shares it.
+            loop = asyncio.get_running_loop()
+            wait_s = self._last_sync_start + self.settings.min_poke_interval_s - loop.time()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
             if self._pending_sync is fut:
                 self._pending_sync = None  # callers from now on need a later sync
             try:
@@ -273,6 +281,7 @@ class NodeController:
 
     async def sync(self) -> None:
         """Register the Node if needed, then patch its status when it changed or a heartbeat is due."""
+        self._last_sync_start = asyncio.get_running_loop().time()
         state = await self.provider.node_state()
         # The watch on our name keeps the Node at hand; read it only until that watch has listed.
         node = self._seen if self._node_listed else await rest.get(self.api, self._path)

@@ -136,10 +136,13 @@ FAILED_BACK = Counter(
 
 @dataclass(frozen=True)
 class PodSettings:
-    #: Concurrent reconciles of pods that need a twin (the create lane).
-    workers: int = 32
-    #: Concurrent reconciles of everything else: status, deletion, fail-back (the update lane).
-    update_workers: int = 16
+    #: Concurrent reconciles of pods that need a twin (the create lane). A create is three requests
+    #: in a row (TokenRequest, twin, token Secret), so the lane's rate is workers / their latency.
+    workers: int = 64
+    #: Concurrent reconciles of everything else: status, deletion, fail-back (the update lane). A
+    #: deletion waits for the node's re-advertisement, shared by the deletions of the same moment
+    #: and spaced by the node's `min_poke_interval_s`: the lane keeps that many deletions in flight.
+    update_workers: int = 64
     #: Longest wait (s) between retries of a refused pod.
     max_retry_s: float = 60.0
     #: Seconds between re-checks of a pod whose twin is being deleted (notifications usually come first).

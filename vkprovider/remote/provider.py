@@ -7,7 +7,8 @@ Owns, for one (consumer, provider) — shared by every pool node of that provide
   `gpufed.io/origin-node`) and on the namespace's Events;
 - creating twins (forge.pods.remote_pod) after the ConfigMaps and Secrets they reference exist in
   the twin namespace (`remote.references`) and, with `tokens`, after their consumer-issued
-  service-account token Secret exists (remote.tokens), deleting them with UID preconditions,
+  service-account tokens were issued (remote.tokens; their Secret is written right after the twin,
+  owned by it), deleting them with UID preconditions,
   mapping API refusals to `ProviderError` with the provider's own message (`remote.refusals`, e.g.
   the quota's "exceeded quota: gpufed-grant, requested: ...");
 - before creating the twin of a GPU pod, asking `placement` (the capacity estimator) whether any
@@ -517,7 +518,10 @@ class RemoteProvider:
                     message=f'{ref.kind.lower()} "{ref.name}" not found',
                 )
         claims = await self.dra.plan(pod, target) if self.dra is not None else []
-        identity = await self.tokens.ensure(pod, target) if self.tokens is not None else None
+        # The tokens are asked for before the twin exists (a pod the consumer refuses one gets no
+        # twin); their Secret is written after it, owned by it.
+        identity = self.tokens.identity(pod) if self.tokens is not None else None
+        prepared = await self.tokens.prepare(pod, target) if self.tokens is not None else None
         body = forge.remote_pod(pod, target, identity)
         if claims:
             body["spec"]["resourceClaims"] = twin_pod_claims(pod, {e: c["metadata"]["name"] for e, c in claims})
@@ -528,6 +532,8 @@ class RemoteProvider:
             if e.conflict:
                 await self._adopt(pod, target)
                 adopted = self._twins.get((namespace, name))
+                if adopted is not None and identity is not None and self.tokens is not None:
+                    await self.tokens.ensure(pod, target, owner=adopted)
                 if claims and adopted is not None and self.dra is not None:
                     await self.dra.ensure(adopted, claims)
                 return
@@ -535,8 +541,11 @@ class RemoteProvider:
             if refused.reason in (podpolicy.REASON, ADMISSION_REFUSED):
                 self._policy_refused.setdefault(namespace, set()).add(name)
             raise refused from e
-        # Seen at once: the next reconcile must not create it again before the watch reports it.
+        # Seen at once: the next reconcile must not create it again before the watch reports it (and
+        # writes the token Secret through `update_pod` when writing it here fails).
         self._twins.setdefault((namespace, name), created)
+        if identity is not None and self.tokens is not None:
+            await self.tokens.ensure(pod, target, owner=created, prepared=prepared)
         if claims and self.dra is not None:
             await self.dra.ensure(created, claims)
 
@@ -569,7 +578,13 @@ class RemoteProvider:
         raise ProviderError("an earlier twin with this name is still being removed; retrying", reason="TwinConflict")
 
     async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None:
-        """Images and activeDeadlineSeconds are the mutable fields of a running pod that matter."""
+        """Images and activeDeadlineSeconds are the mutable fields of a running pod that matter; a
+        token Secret the twin mounts is written again when it is missing."""
+        namespace, name = _key(pod)
+        if self.tokens is not None and self.twin_ns.get(namespace) == (twin.raw.get("metadata") or {}).get("namespace"):
+            target = self._target(namespace, name, str((pod.get("spec") or {}).get("nodeName") or self.settings.node))
+            if self.tokens.missing(pod, target):
+                await self.tokens.ensure(pod, target, owner=twin.raw)
         local_spec = pod.get("spec") or {}
         remote_spec = twin.raw.get("spec") or {}
         patch: dict[str, Any] = {}

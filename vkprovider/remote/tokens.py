@@ -5,10 +5,12 @@ Owns, for one consumer and one provider:
   server for the pod's service account, bound to the local pod (name and UID), so the consumer
   revokes the token when the pod goes; the consumer's CA from its `kube-root-ca.crt` ConfigMap;
 - the pod's token Secret `gpufed-token-<pod>` in its twin namespace (layout in
-  vkprovider.forge.tokens), written before the twin exists (`ensure`: created in one request when no
-  Secret of that name is known, server-side applied when refreshed) and never over an object of that
-  name that this consumer did not create (`NameCollision`; the tokens asked for a create that found
-  the name taken are dropped, written nowhere);
+  vkprovider.forge.tokens): its tokens are requested before the twin is created (`prepare`), and
+  it is written right after, owned by the twin (`ensure`: created in one request when no Secret of
+  that name is known, server-side applied when refreshed), so the provider's garbage collector
+  removes it with the twin; never written over an object of that name that this consumer did not
+  create (`NameCollision`; the tokens asked for a create that found the name taken are dropped,
+  written nowhere); `missing` says when a twin's Secret must be written again (it was not listed);
 - refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces every
   `resync_s` (so a restarted process resumes), and re-issues each pod's tokens once
   `refresh_fraction` of their lifetime has passed or they are 24 h old (the kubelet's rule). The
@@ -24,7 +26,8 @@ Owns, for one consumer and one provider:
   never a task per report), each once per Secret and reason (remembered for at most
   `MAX_REPORTED` reports). A Secret whose bound pod is gone on the consumer is deleted (UID
   precondition), without any TokenRequest;
-- `forget`: deleting a pod's token Secret when its twin goes.
+- `forget`: when a pod's twin goes, its token Secret leaves the schedule; one that no twin owns (a
+  Secret written before Secrets were owned) is deleted.
 
 Construction takes the collaborators: the two API clients and `events`, the `EventRelay` of this
 provider's Events on consumer objects, which its owner runs (None: a relay of its own, with the
@@ -158,12 +161,42 @@ class PodTokens:
         name = str((pod.get("metadata") or {}).get("name", ""))
         return tf.PodIdentity(tf.token_secret_name(name), self.settings.api_host, self.settings.api_port)
 
-    async def ensure(self, pod: Mapping[str, Any], target: meta.Target) -> tf.PodIdentity | None:
+    def missing(self, pod: Mapping[str, Any], target: meta.Target) -> bool:
+        """Whether `pod` mounts a token whose Secret the last listing did not find and nothing wrote
+        since (False until the first listing is done): its twin exists, so `ensure` it."""
+        identity = self.identity(pod)
+        if identity is None or not self.ready.is_set():
+            return False
+        return (target.namespace, identity.secret_name) not in self._schedule
+
+    async def prepare(self, pod: Mapping[str, Any], target: meta.Target) -> dict[str, Any] | None:
+        """The token Secret of a pod whose Secret is not known here (a new pod), with fresh tokens and
+        written nowhere: `ensure` writes it once the twin exists, so a pod the consumer refuses a
+        token gets no twin. None when the pod mounts no token or its Secret is known. ProviderError
+        as `ensure`."""
+        identity = self.identity(pod)
+        if identity is None or (target.namespace, identity.secret_name) in self._schedule:
+            return None
+        try:
+            return await self._secret(tf.binding_of(pod, target, identity), None)
+        except _PodGoneError as e:
+            raise _token_refused(e) from e
+
+    async def ensure(
+        self,
+        pod: Mapping[str, Any],
+        target: meta.Target,
+        *,
+        owner: Mapping[str, Any] | None = None,
+        prepared: Mapping[str, Any] | None = None,
+    ) -> tf.PodIdentity | None:
         """Make the token Secret of `pod` in `target.namespace` hold fresh tokens; its identity.
 
-        Call before creating the twin. Tokens not yet due are not requested again. ProviderError:
-        `NameCollision` (a Secret of that name not created by this consumer, left alone),
-        `TokenRequestFailed` (the consumer refused, with its message), `ConsumerUnavailable`,
+        `owner`: the twin, which the Secret then names as its owner (the provider's garbage collector
+        removes the Secret with it); `prepared`: what `prepare` returned for this pod, written as it
+        is when no Secret of that name is known. Tokens not yet due are not requested again.
+        ProviderError: `NameCollision` (a Secret of that name not created by this consumer, left
+        alone), `TokenRequestFailed` (the consumer refused, with its message), `ConsumerUnavailable`,
         `ReferenceNotFound` (no `kube-root-ca.crt` on the consumer), `ProviderUnavailable`/`ProviderFailed`.
         """
         identity = self.identity(pod)
@@ -172,16 +205,15 @@ class PodTokens:
         binding = tf.binding_of(pod, target, identity)
         key = (target.namespace, identity.secret_name)
         self._learned_ns[target.namespace] = binding.pod_namespace
+        owners = [tf.twin_owner_reference(owner)] if owner is not None else []
         async with self._lock(key):
             if key not in self._schedule:
                 # No Secret of that name is known here (a new pod): created at once rather than read
                 # first; one that exists after all (a conflict) is read and judged below.
                 try:
-                    created = await self._issue_new(binding)
+                    created = await self._issue_new(binding, owners, prepared)
                 except _PodGoneError as e:
-                    raise ProviderError(
-                        f"cannot get a service-account token from the consumer: {e}", reason="TokenRequestFailed"
-                    ) from e
+                    raise _token_refused(e) from e
                 if created is not None:
                     self._remember_applied(key, created)
                     return identity
@@ -197,15 +229,18 @@ class PodTokens:
                     reason="NameCollision",
                 )
             state = tf.read_token_secret(existing) if existing is not None else None
-            if state is not None and state.binding == binding and not state.due(self.clock(), self._fraction):
+            owned = owner is None or (state is not None and owners[0]["uid"] in state.owner_uids)
+            if state is not None and state.binding == binding and owned and not state.due(self.clock(), self._fraction):
                 self._remember(key, state)
                 return identity
+            # The owners it has stay (the garbage collector drops those that are gone): a Secret of an
+            # earlier pod of that name, rewritten for this one, is not removed with the earlier twin.
+            kept = tf.pod_owner_references(existing) if existing is not None else []
+            kept += [o for o in owners if o["uid"] not in {k["uid"] for k in kept}]
             try:
-                applied = await self._issue(binding, fallback_ca=None)
+                applied = await self._issue(binding, fallback_ca=None, owners=kept)
             except _PodGoneError as e:
-                raise ProviderError(
-                    f"cannot get a service-account token from the consumer: {e}", reason="TokenRequestFailed"
-                ) from e
+                raise _token_refused(e) from e
             self._remember_applied(key, applied)
         return identity
 
@@ -219,6 +254,11 @@ class PodTokens:
         async with self._lock(key):
             url = rest.path("v1", "secrets", key[1], namespace=twin_namespace)
             known = self._schedule.get(key)
+            if known is not None and known.state.owner_uids and _is_pods(known.state, namespace, pod_name, uid):
+                # Owned by its twin: the provider's garbage collector removes it with the twin.
+                self._schedule.pop(key, None)
+                self._drop_lock(key)
+                return
             if known is not None and _is_pods(known.state, namespace, pod_name, uid):
                 # The Secret this process wrote or listed as this consumer's: deleted at its UID in one
                 # request; a conflict means another object holds the name now, judged below.
@@ -377,7 +417,9 @@ class PodTokens:
                 binding = await self._binding_from_pod(key, existing, state)
                 if binding is None:
                     return
-                applied = await self._issue(binding, fallback_ca=tf.data_value(existing, tf.CA_KEY))
+                applied = await self._issue(
+                    binding, fallback_ca=tf.data_value(existing, tf.CA_KEY), owners=tf.pod_owner_references(existing)
+                )
             except _PodGoneError as gone:
                 self._log.info(
                     "bound pod is gone on the consumer; deleting its token secret",
@@ -482,9 +524,12 @@ class PodTokens:
         ca_pem = await self._consumer_ca(binding.pod_namespace, fallback_ca)
         return tf.secret_for(binding, issued, ca_pem)
 
-    async def _issue(self, binding: tf.TokenBinding, *, fallback_ca: str | None) -> dict[str, Any]:
-        """Request every token of `binding`, read the consumer's CA, apply the Secret; the applied Secret."""
-        body = await self._secret(binding, fallback_ca)
+    async def _issue(
+        self, binding: tf.TokenBinding, *, fallback_ca: str | None, owners: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Request every token of `binding`, read the consumer's CA, apply the Secret (owned by
+        `owners`, which an apply must name again to keep them); the applied Secret."""
+        body = tf.with_owners(await self._secret(binding, fallback_ca), owners)
         url = rest.path("v1", "secrets", binding.secret_name, namespace=binding.twin_namespace)
         try:
             return await rest.apply(
@@ -493,10 +538,13 @@ class PodTokens:
         except KubeError as e:
             raise _provider_refusal(e, f"cannot write Secret {binding.twin_namespace}/{binding.secret_name}") from e
 
-    async def _issue_new(self, binding: tf.TokenBinding) -> dict[str, Any] | None:
+    async def _issue_new(
+        self, binding: tf.TokenBinding, owners: list[dict[str, Any]], prepared: Mapping[str, Any] | None
+    ) -> dict[str, Any] | None:
         """As `_issue`, but the Secret is created (never written over an existing object, and with the
-        field manager of the applies that refresh it later): None when one exists already."""
-        body = await self._secret(binding, None)
+        field manager of the applies that refresh it later), from `prepared` when given: None when one
+        exists already."""
+        body = tf.with_owners(prepared if prepared is not None else await self._secret(binding, None), owners)
         where = f"{binding.twin_namespace}/{binding.secret_name}"
         try:
             return await rest.request(
@@ -609,6 +657,10 @@ class PodTokens:
             known = issued is not None and expires is not None and not entry.failed
             out[key] = tf.refresh_at(issued, expires, self._fraction) if known and issued and expires else None
         return out
+
+
+def _token_refused(e: Exception) -> ProviderError:
+    return ProviderError(f"cannot get a service-account token from the consumer: {e}", reason="TokenRequestFailed")
 
 
 class _PodGoneError(Exception):

@@ -6,7 +6,7 @@ import dataclasses
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from netfabric.ipam import RangeMap
@@ -171,6 +171,8 @@ def test_to_local_changes_only_peer_addresses(value: int) -> None:
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(st.integers(min_value=0, max_value=2**32 - 1))
+@example(int(A("10.64.0.0")))
+@example(int(A("10.65.0.7")))
 def test_to_remote_changes_only_our_addresses(value: int) -> None:
     ip = A(value)
     out = R.to_remote_ip(str(ip))
@@ -178,6 +180,10 @@ def test_to_remote_changes_only_our_addresses(value: int) -> None:
         assert LOCAL_POD.to_real(A(out)) == ip
     elif ip in LOCAL_EXT.real or ip == CLUSTER_IP:
         assert A(out) in LOCAL_EXT.mapped
+    elif ip in PEER_POD.mapped:  # the peer's own address as we see it: its real address there
+        assert A(out) == PEER_POD.to_real(ip)
+    elif ip in PEER_EXT.mapped:
+        assert A(out) == PEER_EXT.to_real(ip)
     else:
         assert out == str(ip)
 

@@ -669,6 +669,83 @@ async def test_forget_deletes_the_secret_and_drops_it_from_the_schedule(world: W
     await tokens.forget("team", POD, TWIN_NS)  # already gone: fine
 
 
+def twin_of(pod: dict[str, Any], uid: str = "twin-uid-1") -> dict[str, Any]:
+    return {"metadata": {"name": pod["metadata"]["name"], "namespace": TWIN_NS, "uid": uid}}
+
+
+async def test_prepare_asks_for_the_tokens_and_ensure_writes_them_owned_by_the_twin(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS, VAULT)
+    tokens = world.tokens()
+    prepared = await tokens.prepare(pod, TARGET)
+    assert prepared is not None
+    assert len(world.issuer.requests) == 2, "one TokenRequest per source, before any twin exists"
+    assert world.provider.requests == [], "nothing written to the provider yet"
+    assert await tokens.ensure(pod, TARGET, owner=twin_of(pod), prepared=prepared) == IDENTITY
+    assert len(world.issuer.requests) == 2, "the prepared tokens are written, not asked for again"
+    assert [r.method for r in world.provider.requests] == ["POST"]
+    assert world.live()["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": "twin-uid-1"}
+    ]
+    assert decoded(world.live())["token-0"] == "jwt-0"
+    assert await tokens.prepare(pod, TARGET) is None, "a known Secret is not prepared again"
+    assert len(world.issuer.requests) == 2
+
+
+async def test_a_secret_owned_by_its_twin_is_left_to_the_garbage_collector(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+    before = len(world.provider.requests)
+    await tokens.forget("team", POD, TWIN_NS, uid=UID)
+    assert len(world.provider.requests) == before, "no request: the provider's garbage collector removes it"
+    assert world.secret() is not None
+    assert tokens.scheduled() == {}
+
+
+async def test_a_secret_rewritten_for_a_new_incarnation_keeps_the_old_owner_and_adds_the_new(world: World) -> None:
+    old = world.add_pod(KUBE_API_ACCESS)
+    await world.tokens().ensure(old, TARGET, owner=twin_of(old, "twin-old"))
+    world.consumer.remove("pods", "team", POD)
+    new = world.add_pod(KUBE_API_ACCESS, uid="b1c2d3e4-0000-4000-8000-000000000001")
+    fresh = world.tokens()  # the old Secret is not known to this process: its create conflicts
+    await fresh.ensure(new, TARGET, owner=twin_of(new, "twin-new"))
+    owners = [r["uid"] for r in world.live()["metadata"]["ownerReferences"]]
+    assert owners == ["twin-old", "twin-new"], "removing the old twin must not remove the new twin's Secret"
+    assert world.live()["metadata"]["labels"][ORIGIN_UID_LABEL] == new["metadata"]["uid"]
+
+
+async def test_a_known_fresh_secret_of_another_twin_gets_this_twin_as_owner(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    await tokens.ensure(pod, TARGET, owner=twin_of(pod, "twin-1"))
+    await tokens.ensure(pod, TARGET, owner=twin_of(pod, "twin-1"))
+    assert len(world.issuer.requests) == 1, "owned by this twin and fresh: nothing to do"
+    await tokens.ensure(pod, TARGET, owner=twin_of(pod, "twin-2"))  # the twin was created again
+    assert [r["uid"] for r in world.live()["metadata"]["ownerReferences"]] == ["twin-1", "twin-2"]
+
+
+async def test_a_refresh_keeps_the_owners(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        world.clock.advance(0.8 * 3607)
+        await until(lambda: world.token() == "jwt-1", what="the refreshed token")
+    assert [r["uid"] for r in world.live()["metadata"]["ownerReferences"]] == ["twin-uid-1"]
+
+
+async def test_missing_names_a_secret_to_write_again_only_once_the_secrets_were_listed(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    assert not tokens.missing(pod, TARGET), "not listed yet: unknown is not missing"
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        assert tokens.missing(pod, TARGET)
+        await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        assert not tokens.missing(pod, TARGET)
+
+
 # ---------------------------------------------------------------- a provider's Secrets are claims only
 
 FOREIGN_AUDIENCE = "sts.amazonaws.com"
