@@ -85,7 +85,12 @@ echo "building kueue $kueue_version" >&2
 # plain process without root, so GPUFED_KUEUE_METRICS_CERT_DIR may name that directory (unset:
 # upstream's path). The patched file is built as this module's ./cmd/kueue through a build overlay
 # (Go refuses overlays of files in the module cache); nothing is written into the checkout.
-kueue_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+# `go list -m` names a module's directory only once it is in the module cache: download it first.
+kueue_src=$(cd "$here/kueue" && go mod download sigs.k8s.io/kueue && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+if [ -z "$kueue_src" ] || [ ! -d "$kueue_src/cmd/kueue" ]; then
+  echo "error: kueue $kueue_version: its module source is not in the Go module cache (go mod download failed?)" >&2
+  exit 1
+fi
 kueue_tmp=$(mktemp -d)
 trap 'rm -rf "$kueue_tmp"' EXIT
 sed 's|^\(\s*metricsCertPath := "/etc/kueue/metrics/certs"\)$|\1; if d := os.Getenv("GPUFED_KUEUE_METRICS_CERT_DIR"); d != "" { metricsCertPath = d }|' \

@@ -143,6 +143,12 @@ class NamespaceReflection(Protocol):
         """The Ingress annotations the provider allows in `local_ns`'s twin (None: not published)."""
         ...
 
+    def held_object(self, side: str, kind: str, local_ns: str, name: str) -> Mapping[str, Any] | None:
+        """The object of `kind` named `name` as the watch of `side` ("local": in `local_ns`, "remote":
+        this consumer's copy in its twin namespace) last delivered it; None when none is held (absent,
+        or not known: the caller reads it)."""
+        ...
+
 
 def _published_ingress_annotations(twin_namespace: Mapping[str, Any]) -> list[str] | None:
     """The Ingress annotations a TwinNamespace's status says the provider allows (None: it says nothing,
@@ -214,6 +220,7 @@ class RemoteProvider:
             settings.consumer,
             settings.provider,
             reflection.namespace_annotations if reflection is not None else lambda _ns: {},
+            reflection.held_object if reflection is not None else None,
         )
         self._subscribers: list[Notify] = []
         #: local namespace -> pods refused because it had no Ready twin namespace yet.

@@ -253,6 +253,13 @@ class Reflection:
             if ns == local_ns:
                 self._queue.add((INGRESS.kind, ns, name))
 
+    def held_object(self, side: str, kind: str, local_ns: str, name: str) -> Mapping[str, Any] | None:
+        """The object of `kind` named `name` as the watch of `side` (LOCAL: in `local_ns`, REMOTE: the
+        copy in its twin namespace) last delivered it; None when none is held (absent, past the
+        bound, or its watch not listed yet)."""
+        cache = (self._local if side == LOCAL else self._remote).get(kind)
+        return cache.get((local_ns, name)) if cache is not None else None
+
     def held(self, side: str, kind: str, local_ns: str) -> int:
         """Objects of `kind` held for `local_ns` on `side` (LOCAL or REMOTE)."""
         return self._counts.get((side, kind, local_ns), 0)

@@ -94,3 +94,48 @@ async def test_a_strangers_object_is_left_alone(world: World) -> None:
     stranger = world.provider.get("configmaps", TWIN_NS, "settings")
     assert stranger is not None and stranger["data"] == {"x": "1"}
     assert world.applies() == 0
+
+
+def bump(config: dict[str, Any], lr: str) -> None:
+    """A new version of the ConfigMap (the fake leaves resourceVersions alone)."""
+    config["data"]["lr"] = lr
+    config["metadata"]["resourceVersion"] = f"rv-{lr}"
+
+
+async def test_objects_reflections_watches_hold_are_not_read_again(world: World) -> None:
+    local = world.consumer.create("configmaps", config_map())
+    held: dict[tuple[str, str], Mapping[str, Any]] = {("local", "ConfigMap"): local}
+    copier = ReferenceCopier(
+        world.copier.local,
+        world.copier.remote,
+        CONSUMER,
+        "gpu-a",
+        lambda _ns: {},
+        lambda side, kind, _ns, _name: held.get((side, kind)),
+    )
+    consumer_reads = len(world.consumer.calls("GET", "/api/v1/namespaces/team/configmaps/settings"))
+    await copier.copy("team", CONFIG, TARGET)
+    assert len(world.consumer.calls("GET", "/api/v1/namespaces/team/configmaps/settings")) == consumer_reads
+    assert world.applies() == 1, "no copy held: read on the provider, then written"
+    copy = world.provider.get("configmaps", TWIN_NS, "settings")
+    assert copy is not None
+
+    # A new version whose copy the reflector has made already: nothing is read or written.
+    world.consumer.update("configmaps", "team", "settings", lambda o: bump(o, "0.2"))
+    world.provider.update("configmaps", TWIN_NS, "settings", lambda o: o["data"].update(lr="0.2"))
+    held[("local", "ConfigMap")] = world.consumer.get("configmaps", "team", "settings") or {}
+    held[("remote", "ConfigMap")] = world.provider.get("configmaps", TWIN_NS, "settings") or {}
+    provider_requests = len(world.provider.requests)
+    assert await copier.copy("team", CONFIG, TARGET) is True
+    assert len(world.provider.requests) == provider_requests
+
+    # A held copy with other contents is written (and not read first).
+    world.consumer.update("configmaps", "team", "settings", lambda o: bump(o, "0.3"))
+    held[("local", "ConfigMap")] = world.consumer.get("configmaps", "team", "settings") or {}
+    await copier.copy("team", CONFIG, TARGET)
+    final = world.provider.get("configmaps", TWIN_NS, "settings")
+    assert final is not None and final["data"] == {"lr": "0.3"}
+    assert world.applies() == 2
+    assert not world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/configmaps/settings")[1:], (
+        "only the first copy read the provider"
+    )

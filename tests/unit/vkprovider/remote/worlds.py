@@ -40,6 +40,9 @@ class Reflection:
     def set_ingress_annotations(self, local_ns: str, allowed: Sequence[str] | None) -> None:
         self.ingress_annotations[local_ns] = allowed
 
+    def held_object(self, side: str, kind: str, local_ns: str, name: str) -> Mapping[str, Any] | None:
+        return None
+
 
 class Ranges:
     """PodAddresses: only 10.244.0.0/16 is the provider's pod range."""
