@@ -47,6 +47,16 @@ def _rates(text: str) -> tuple[float, ...]:
     return rates
 
 
+def _repeats(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--repeats wants a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--repeats wants a positive integer, got {text!r}")
+    return n
+
+
 def _durations(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split(","))
@@ -100,6 +110,7 @@ def _run_part(part: str, args: argparse.Namespace, bin_dir: Path, progress: Call
                 profile=args.profile,
                 rates=args.paced_rates,
                 paced_s=args.paced_seconds,
+                repeats=args.repeats,
             ),
             progress,
         )
@@ -175,13 +186,21 @@ def main(argv: list[str] | None = None) -> int:
         help=f"offload: seconds each paced run creates pods for ({offload.DEFAULT_PACED_S:g})",
     )
     p.add_argument(
+        "--repeats",
+        type=_repeats,
+        default=None,
+        help=f"offload: times each row runs its baseline and virtual arms, alternately, reported as medians "
+        f"(default: {offload.DEFAULT_REPEATS} for bursts of up to {offload.REPEAT_MAX_PODS} pods, 1 for larger "
+        "bursts and paced runs); pre-bound rows delete every second repeat with grace 0",
+    )
+    p.add_argument(
         "--steady", type=float, default=offload.STEADY_S, help="offload: seconds of footprint sampling per size (10)"
     )
     p.add_argument(
         "--no-profile",
         dest="profile",
         action="store_false",
-        help="offload: do not run py-spy on the virtual kubelet during the largest burst",
+        help="offload: do not run py-spy on the virtual kubelet during the largest pre-bound burst (its first repeat)",
     )
     p.add_argument("--concurrency", type=int, default=offload.DEFAULT_CONCURRENCY, help="concurrent creates (64)")
     p.add_argument("--rate", type=float, default=reflection.DEFAULT_RATE, help="reflection: changes/s (20)")

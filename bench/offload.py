@@ -4,7 +4,7 @@ Owns: the bench topology (consumer with 4 CPU kwok nodes, gpu-a with 4 x 8 H100;
 dedicated local environment in .cache/bench (ports from 16000, so it never collides with
 `make demo` or the e2e sessions), peering consumer -> gpu-a and offloading namespace `bench-vk`
 through the gpufed CLI (or a TwinNamespace request when the CLI has no `offload-namespace`), the
-bursts, their measurements, the cleanup between sizes, and this part's targets and verdicts.
+bursts, their repeats and medians, the cleanup between bursts, and this part's targets and verdicts.
 
 One burst = N pods created concurrently (bounded) with the admin identity, observed with one
 watch, in one of two modes: *pre-bound* (spec.nodeName set, so the scheduler is not part of either
@@ -13,10 +13,19 @@ consumer's kwok nodes in `bench-local` (round-robin when pre-bound). Virtual: no
 `gpufed-<gpu-a id>` in `bench-vk` (the offloading webhook adds the affinity when scheduled), while
 the virtual kubelet and the consumer's gpufed controller are sampled from /proc (peak RSS every
 0.2 s, CPU over the burst). Per-pod start latency = the time our watch saw phase Running minus the
-time its create returned. Footprint: after each virtual burst, with all N pods Running and nothing
-changing, both processes are sampled for `STEADY_S` seconds (and once before the first burst, at 0
-pods). With `profile`, py-spy samples the virtual kubelet during the largest pre-bound burst and
-the part keeps the functions that took the most samples.
+time its create returned.
+
+Repeats: each planned row (mode, N, rate) runs baseline then virtual, alternately, `repeats_for`
+times (`--repeats`; by default 3 for bursts of up to REPEAT_MAX_PODS pods, once for larger bursts
+and paced runs). A row reports the median of each figure over its repeats (`median_arm`; a repeat
+whose pods never all ran counts as slower than any), each repeat's all-Running times and ratio, and
+the median of those ratios; its verdicts compare the median arms. Deletes (`grace_plan`): grace 0
+for scheduled and paced rows; for pre-bound rows each pod's own grace (30 s), and every second
+repeat grace 0, so each grace has its own delete medians and verdict. Footprint: after the first
+virtual burst of each pre-bound row, with all N pods Running and nothing changing, both processes
+are sampled for `STEADY_S` seconds (and once before the first burst, at 0 pods). With `profile`,
+py-spy samples the virtual kubelet during the first repeat of the largest pre-bound burst and the
+part keeps the functions that took the most samples.
 
 Does not: tune or change the product; a missed target is reported as missed.
 """
@@ -36,6 +45,7 @@ from typing import Any
 
 from bench import procstat, requestcount
 from bench.bursts import MB, burst, delete_all, until
+from bench.medians import median, median_arm, median_tree, ratio
 from gpufed import PACKAGES, process
 from gpufed.apis.wire import IDENTITY_CONFIGMAP, SYSTEM_NAMESPACE, TENANT_PREFIX
 from gpufed.kube import rest
@@ -54,6 +64,10 @@ DEFAULT_PACED_S = 30.0
 #: Seconds of steady-state sampling after each virtual burst (footprint at N pods).
 STEADY_S = 10.0
 DEFAULT_CONCURRENCY = 64
+#: Repeats of a row when none is asked for: bursts of up to REPEAT_MAX_PODS pods run DEFAULT_REPEATS
+#: times, larger bursts and paced runs (minutes each) once.
+DEFAULT_REPEATS = 3
+REPEAT_MAX_PODS = 2000
 LOCAL_NS = "bench-local"
 VK_NS = "bench-vk"
 CONSUMER = "consumer"
@@ -96,11 +110,34 @@ class OffloadOptions:
     #: Paced runs: pods per second, each for `paced_s` seconds.
     rates: tuple[float, ...] = DEFAULT_RATES
     paced_s: float = DEFAULT_PACED_S
+    #: Repeats of every row; None: the default rule (`repeats_for`).
+    repeats: int | None = None
 
 
 def paced_pods(rate: float, seconds: float) -> int:
     """Pods a paced run creates."""
     return max(1, round(rate * seconds))
+
+
+def repeats_for(opts: OffloadOptions, mode: str, pods: int) -> int:
+    """How many times a row runs its two arms: `opts.repeats`, or by default DEFAULT_REPEATS for a
+    burst (pre-bound or scheduled) of up to REPEAT_MAX_PODS pods and once for larger bursts and paced runs."""
+    if opts.repeats is not None:
+        return opts.repeats
+    return 1 if mode.startswith("paced") or pods > REPEAT_MAX_PODS else DEFAULT_REPEATS
+
+
+def grace_plan(mode: str, repeats: int) -> list[int | None]:
+    """The grace period each repeat deletes its pods with (None: each pod's own, 30 s): pre-bound rows
+    alternate it, the 1st, 3rd, ... repeat the pod's own and the 2nd, 4th, ... 0; other rows always 0."""
+    if mode != "pre-bound":
+        return [0] * repeats
+    return [None if i % 2 == 0 else 0 for i in range(repeats)]
+
+
+def grace_label(grace: int | None) -> int | str:
+    """How the results name a delete grace period: "default" (each pod's own) or the seconds."""
+    return "default" if grace is None else grace
 
 
 def largest_run(opts: OffloadOptions) -> int:
@@ -278,19 +315,72 @@ async def offload_namespace(
     return how, await twin_namespace(provider, ids[CONSUMER], VK_NS, PROVIDER)
 
 
-def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict[str, Any]:
+def aggregate(pods: int, mode: str, rate: float | None, repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the results from its repeats, in the order they ran, each {"grace": label,
+    "baseline": summary, "virtual": summary}: the median arms (their cleanup_s, delete_grace and
+    requests_delete those of the first repeat's grace), the per-repeat spread, the deletes per grace
+    (each from its own repeats) and the verdicts, all from medians."""
+    base = median_arm([r["baseline"] for r in repeats])
+    virt = median_arm([r["virtual"] for r in repeats])
+    deletes = []
+    for grace in dict.fromkeys(r["grace"] for r in repeats):
+        these = [(i, r) for i, r in enumerate(repeats, 1) if r["grace"] == grace]
+        d: dict[str, Any] = {"grace": grace, "repeats": [i for i, _ in these]}
+        for arm in ("baseline", "virtual"):
+            d[f"{arm}_cleanup_values"] = [r[arm].get("cleanup_s") for _, r in these]
+            d[f"{arm}_cleanup_s"] = median(d[f"{arm}_cleanup_values"])
+            d[f"{arm}_requests_delete"] = median_tree([r[arm].get("requests_delete") for _, r in these])
+        d["ratio"] = ratio(d["baseline_cleanup_s"], d["virtual_cleanup_s"])
+        deletes.append(d)
+    for name, median_of in (("baseline", base), ("virtual", virt)):
+        median_of["cleanup_s"] = deletes[0][f"{name}_cleanup_s"]
+        median_of["delete_grace"] = deletes[0]["grace"]
+        median_of["requests_delete"] = deletes[0][f"{name}_requests_delete"]
+    ratios = [ratio(r["baseline"].get("all_running_s"), r["virtual"].get("all_running_s")) for r in repeats]
+    ratio_median = median(ratios)
+    spread = {
+        "baseline_all_running_s": [r["baseline"].get("all_running_s") for r in repeats],
+        "virtual_all_running_s": [r["virtual"].get("all_running_s") for r in repeats],
+        "ratio": ratios,
+        "ratio_median": None if ratio_median is None else round(ratio_median, 2),
+    }
+    return {
+        "pods": pods,
+        "mode": mode,
+        "rate": rate,
+        "repeats": len(repeats),
+        "baseline": base,
+        "virtual": virt,
+        "spread": spread,
+        "deletes": deletes,
+        "verdicts": _verdicts(pods, base, virt, deletes, spread),
+        "per_repeat": repeats,
+    }
+
+
+def _verdicts(
+    n: int, baseline: dict[str, Any], virtual: dict[str, Any], deletes: list[dict[str, Any]], spread: dict[str, Any]
+) -> dict[str, Any]:
+    """A row's targets from its median arms, and per grace in `deletes` a delete ratio and gpufed's
+    requests per pod on delete (the first grace's as `delete_ratio`, another's as `delete_ratio_grace_<grace>`)."""
     out: dict[str, Any] = {}
 
     def at_most(key: str, b: float | None, v: float | None, limit: float, note: str = "") -> None:
         """The offloaded figure `v` against the local `b`, as a ratio of at most `limit`."""
-        ratio = round(v / b, 2) if b and v else None
-        out[key] = {"value": ratio, "target": f"<= {limit:g}{note}", "met": ratio is not None and ratio <= limit}
+        value = ratio(b, v)
+        out[key] = {"value": value, "target": f"<= {limit:g}{note}", "met": value is not None and value <= limit}
 
     at_most("ratio", baseline.get("all_running_s"), virtual.get("all_running_s"), TARGET_RATIO_MAX)
+    out["ratio"] |= {"per_repeat": spread["ratio"], "median_of_ratios": spread["ratio_median"]}
     p50 = [(arm.get("latency_s") or {}).get("p50") for arm in (baseline, virtual)]
     at_most("p50_ratio", p50[0], p50[1], TARGET_P50_RATIO_MAX)
-    grace = f" (grace {baseline.get('delete_grace', 0)})"
-    at_most("delete_ratio", baseline.get("cleanup_s"), virtual.get("cleanup_s"), TARGET_DELETE_RATIO_MAX, grace)
+    requests = {"gpufed_requests_create": _requests_verdict(virtual.get("requests_create"))}
+    for i, d in enumerate(deletes):
+        suffix = "" if i == 0 else f"_grace_{d['grace']}"
+        samples = len(d["repeats"])
+        note = f" (grace {d['grace']}, {samples} repeat{'' if samples == 1 else 's'})"
+        at_most(f"delete_ratio{suffix}", d["baseline_cleanup_s"], d["virtual_cleanup_s"], TARGET_DELETE_RATIO_MAX, note)
+        requests[f"gpufed_requests_delete{suffix}"] = _requests_verdict(d.get("virtual_requests_delete"))
     pps = virtual.get("pods_per_s")
     out["vk_pods_per_s"] = {
         "value": pps,
@@ -309,22 +399,20 @@ def _verdicts(n: int, baseline: dict[str, Any], virtual: dict[str, Any]) -> dict
         # Already above the limit with fewer pods than the target's size: it cannot be met there.
         out["vk_rss_mb"]["met"] = False
         out["vk_rss_mb"]["note"] = f"already above at {n} pods"
-    for phase in ("create", "delete"):
-        counts = virtual.get(f"requests_{phase}") or {}
-        per_side = {
-            side: round(
-                a.get(requestcount.GPUFED, {}).get("writes", 0) + a.get(requestcount.GPUFED, {}).get("reads", 0), 2
-            )
-            for side, a in counts.items()
-        }
-        worst = max(per_side.values(), default=None)
-        out[f"gpufed_requests_{phase}"] = {
-            "value": worst,
-            "target": f"<= {TARGET_GPUFED_REQUESTS_PER_POD:g} per pod per side",
-            "note": ", ".join(f"{side} {v:g}" for side, v in per_side.items()),
-            "met": worst is not None and worst <= TARGET_GPUFED_REQUESTS_PER_POD,
-        }
-    return out
+    return out | requests
+
+
+def _requests_verdict(counts: dict[str, Any] | None) -> dict[str, Any]:
+    """gpufed's requests per pod on the side that made the most, against its target."""
+    gpufed = {side: a.get(requestcount.GPUFED) or {} for side, a in (counts or {}).items()}
+    per_side = {side: round(g.get("writes", 0) + g.get("reads", 0), 2) for side, g in gpufed.items()}
+    worst = max(per_side.values(), default=None)
+    return {
+        "value": worst,
+        "target": f"<= {TARGET_GPUFED_REQUESTS_PER_POD:g} per pod per side",
+        "note": ", ".join(f"{side} {v:g}" for side, v in per_side.items()),
+        "met": worst is not None and worst <= TARGET_GPUFED_REQUESTS_PER_POD,
+    }
 
 
 def _usage(usage: dict[str, procstat.ProcessUsage]) -> dict[str, Any]:
@@ -458,22 +546,24 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
             *(("scheduled", n, None) for n in opts.scheduled_sizes),
             *((f"paced {r:g}/s", paced_pods(r, opts.paced_s), r) for r in opts.rates),
         ]
-        for mode, n, rate in plan:
+
+        async def one_repeat(mode: str, n: int, rate: float | None, i: int, grace: int | None) -> dict[str, Any]:
+            """Repeat `i` (from 1) of a row: its baseline burst and delete, then its virtual burst and delete
+            (on the first repeat with the footprint, and the profile when this row is profiled)."""
+            nonlocal profile
             bind = mode != "scheduled"
-            # pre-bound bursts are deleted with each pod's own grace period (30 s), the others at once
-            grace = None if mode == "pre-bound" else 0
-            tag = f"N={n} {mode}"
+            tag = f"N={n} {mode} repeat {i}"
             progress(f"{tag}: baseline, {n} pods on {len(consumer_nodes)} local kwok nodes")
             window = requestcount.Window.open(audit_logs)
             base = await burst(
-                consumer, LOCAL_NS, n, consumer_nodes, prefix=f"l{n}{mode[0]}-", tolerate=False,
+                consumer, LOCAL_NS, n, consumer_nodes, prefix=f"l{n}{mode[0]}{i}-", tolerate=False,
                 concurrency=opts.concurrency, bind=bind, rate=rate,
             )  # fmt: skip
             baseline = base.summary()
             baseline["requests_create"] = window.close(n)
             window = requestcount.Window.open(audit_logs)
             baseline["cleanup_s"] = round(await delete_all(consumer, LOCAL_NS, grace_s=grace), 2)
-            baseline["delete_grace"] = "default" if grace is None else grace
+            baseline["delete_grace"] = grace_label(grace)
             baseline["requests_delete"] = window.close(n)
             progress(f"{tag}: baseline all Running in {baseline['all_running_s']}s")
 
@@ -486,7 +576,7 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
             progress(f"{tag}: virtual node, {n} pods on {vnode} (virtual kubelet pid {sample['virtual-kubelet']})")
             window = requestcount.Window.open(audit_logs)
             virt = await burst(
-                consumer, VK_NS, n, [vnode], prefix=f"v{n}{mode[0]}-", tolerate=True,
+                consumer, VK_NS, n, [vnode], prefix=f"v{n}{mode[0]}{i}-", tolerate=True,
                 concurrency=opts.concurrency, sample=sample, bind=bind, rate=rate,
             )  # fmt: skip
             if profiler is not None:
@@ -501,27 +591,29 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
                 if (t.get("spec") or {}).get("nodeName") == vnode
             )  # fmt: skip
             virtual["vk_pid_after"] = procstat.find_pid("virtual-kubelet", f"--provider-cluster-id={ids[PROVIDER]}")
-            if mode == "pre-bound" and not virt.timed_out:
+            if i == 1 and mode == "pre-bound" and not virt.timed_out:
                 progress(f"{tag}: footprint with {n} pods Running ({opts.steady_s:.0f} s)")
                 footprint.append({"pods": n, **await steady(pids(), opts.steady_s)})
             window = requestcount.Window.open(audit_logs)
             virtual["cleanup_s"] = round(await delete_all(consumer, VK_NS, provider, twin_ns, grace_s=grace), 2)
-            virtual["delete_grace"] = baseline["delete_grace"]
+            virtual["delete_grace"] = grace_label(grace)
             virtual["requests_delete"] = window.close(n)
             progress(f"{tag}: gpufed's requests per pod on create: {requestcount.summary(virtual['requests_create'])}")
             progress(f"{tag}: gpufed's requests per pod on delete: {requestcount.summary(virtual['requests_delete'])}")
             virtual["logs"] = [log_findings(p, off) for p, off in offsets.items()]
             progress(f"{tag}: virtual node all Running in {virtual['all_running_s']}s")
-            runs.append(
-                {
-                    "pods": n,
-                    "mode": mode,
-                    "rate": rate,
-                    "baseline": baseline,
-                    "virtual": virtual,
-                    "verdicts": _verdicts(n, baseline, virtual),
-                }
+            return {"repeat": i, "grace": grace_label(grace), "baseline": baseline, "virtual": virtual}
+
+        for mode, n, rate in plan:
+            graces = grace_plan(mode, repeats_for(opts, mode, n))
+            repeats = [await one_repeat(mode, n, rate, i, grace) for i, grace in enumerate(graces, 1)]
+            row = aggregate(n, mode, rate, repeats)
+            progress(
+                f"N={n} {mode}: medians over {len(repeats)} repeat(s): all Running baseline "
+                f"{row['baseline']['all_running_s']}s, virtual {row['virtual']['all_running_s']}s, "
+                f"ratio {row['verdicts']['ratio']['value']} (per repeat {row['spread']['ratio']})"
             )
+            runs.append(row)
 
     return {
         "part": "offload",
@@ -534,9 +626,13 @@ async def _run(env: LocalEnvironment, opts: OffloadOptions, progress: Progress) 
             "twin_namespace": twin_ns,
             "concurrency": opts.concurrency,
             "steady_s": opts.steady_s,
+            # None: each row's repeats followed the default rule (repeats_for).
+            "repeats": opts.repeats,
         },
         "targets": {
             "ratio_max": TARGET_RATIO_MAX,
+            "p50_ratio_max": TARGET_P50_RATIO_MAX,
+            "delete_ratio_max": TARGET_DELETE_RATIO_MAX,
             "vk_pods_per_s_min": TARGET_VK_PODS_PER_S_MIN,
             "vk_rss_mb_max": TARGET_VK_RSS_MB_MAX,
             "vk_rss_at_pods": TARGET_VK_RSS_AT_PODS,

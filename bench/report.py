@@ -4,8 +4,9 @@ Owns: `machine_info` (cores, memory, CPU model, Python, kernel, Kubernetes versi
 binaries, load and other local clusters running at the start), `write_result` / `load_results`
 (one small JSON file per part), `render` (the whole of docs/benchmarks.md, regenerated from every
 results file present, so a run of one part keeps the others' sections; one section per part:
-offload, reflection, fabric, gpu-pool — the last written by bench.gpupool_report) and `TABLES` (the
-summary printed after a run of each part). Every number in the document comes from a results file;
+offload, reflection, fabric, gpu-pool — the first written by bench.report_offload, the last by
+bench.gpupool_report), the explanations of missed targets, and `TABLES` (the summary printed after
+a run of each part). Every number in the document comes from a results file;
 nothing here is hand-edited.
 """
 
@@ -19,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import apicost, gpupool_report
+from bench import apicost, gpupool_report, report_offload
+from bench.report_offload import OFFLOAD_VERDICTS, fmt, mode_of
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -106,276 +108,6 @@ def load_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------ rendering
 
 
-def _s(v: float | None, unit: str = " s") -> str:
-    return "—" if v is None else f"{v:g}{unit}"
-
-
-def _verdict(v: dict[str, Any]) -> str:
-    met = v.get("met")
-    text = "n/a" if met is None else ("**met**" if met else "**missed**")
-    return f"{text} ({v['note']})" if v.get("note") else text
-
-
-def _proc(run: dict[str, Any], name: str) -> dict[str, Any]:
-    procs: dict[str, Any] = run["virtual"].get("processes") or {}
-    p: dict[str, Any] = procs.get(name) or {}
-    return p
-
-
-def _mode(r: dict[str, Any]) -> str:
-    return str(r.get("mode", "pre-bound"))
-
-
-def _footprint_rows(data: dict[str, Any]) -> list[str]:
-    t = data["targets"]
-    at, rss_max = t["vk_rss_at_pods"], t["vk_rss_mb_max"]
-    cpu_max = t.get("vk_cpu_cores_max", 0.25)
-    lines = [
-        "### Footprint at steady state",
-        "",
-        f"After each pre-bound burst, with all N pods Running and nothing changing, both processes are sampled for "
-        f"{data['environment'].get('steady_s', '?')} s (RSS at the end, CPU over the window); 0 pods is before the "
-        f"first burst. Target: virtual kubelet ≤ {rss_max:g} MB and ≤ {cpu_max:g} core at {at} pods.",
-        "",
-        "| offloaded pods | virtual kubelet RSS | virtual kubelet CPU | controller RSS | controller CPU | target | "
-        "verdict |",
-        "|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for f in data.get("footprint") or []:
-        vk, ctl = f.get("virtual-kubelet") or {}, f.get("controller") or {}
-        target, verdict = "", ""
-        if f["pods"] == at:
-            target = f"≤ {rss_max:g} MB, ≤ {cpu_max:g} core"
-            ok = (vk.get("rss_mb") or 1e9) <= rss_max and (vk.get("cpu_cores") or 0) <= cpu_max
-            verdict = "**met**" if ok else "**missed**"
-        lines.append(
-            f"| {f['pods']} | {_s(vk.get('rss_mb'), ' MB')} | {_s(vk.get('cpu_cores'), ' cores')} | "
-            f"{_s(ctl.get('rss_mb'), ' MB')} | {_s(ctl.get('cpu_cores'), ' cores')} | {target} | {verdict} |"
-        )
-    return [*lines, ""]
-
-
-def _growth_rows(data: dict[str, Any]) -> list[str]:
-    g = data.get("growth") or {}
-    labels = {
-        "baseline_all_running_s": "baseline: time to all Running",
-        "virtual_all_running_s": "virtual node: time to all Running",
-        "vk_cpu_s_per_burst": "virtual kubelet CPU seconds per burst",
-        "virtual-kubelet_rss_growth_mb": "virtual kubelet RSS above 0 pods (steady)",
-        "controller_rss_growth_mb": "controller RSS above 0 pods (steady)",
-    }
-    rows = [(labels[k], v) for k, v in g.items() if k in labels and isinstance(v, dict) and v.get("k") is not None]
-    if not rows:
-        return []
-    lines = [
-        "### How the figures grow with N",
-        "",
-        "A least-squares fit of y = a·N^k on log-log axes over the pre-bound sizes of this run (k ≈ 1: linear; "
-        "k ≈ 0: flat). With three or four sizes this states the order, not a precise law.",
-        "",
-        "| figure | fitted k | order | sizes |",
-        "|---|---:|---|---:|",
-        *[f"| {label} | {v['k']:g} | {v.get('order', '')} | {v['points']} |" for label, v in rows],
-    ]
-    for name in ("virtual-kubelet", "controller"):
-        per = g.get(f"{name}_rss_kb_per_pod")
-        if per is not None:
-            lines.append("")
-            lines.append(f"{name}: {per:g} KB of steady RSS per offloaded pod at the largest size.")
-    return [*lines, ""]
-
-
-def _profile_rows(data: dict[str, Any]) -> list[str]:
-    prof = data.get("profile")
-    if not prof:
-        return []
-    if prof.get("error"):
-        return ["### Profile", "", f"py-spy could not profile the virtual kubelet: {prof['error']}", ""]
-    lines = [
-        "### Where the virtual kubelet spends its CPU",
-        "",
-        f"py-spy sampled the virtual kubelet at 100 Hz during the {prof['pods']}-pod {prof['mode']} burst "
-        f"({prof['samples']} samples, idle threads excluded). Own time is the frame on top of the stack; gpufed "
-        "inclusive counts every sample a gpufed function is on the stack.",
-        "",
-        "| own time: function | share | | gpufed inclusive: function | share |",
-        "|---|---:|---|---|---:|",
-    ]
-    own, inc = prof.get("self") or [], prof.get("inclusive_gpufed") or []
-
-    def cell(row: dict[str, Any] | None) -> str:
-        return f"`{row['function']}` | {row['share']:.0%}" if row else " | "
-
-    for i in range(max(len(own), len(inc))):
-        lines.append(f"| {cell(own[i] if i < len(own) else None)} | | {cell(inc[i] if i < len(inc) else None)} |")
-    return [*lines, ""]
-
-
-#: The offload part's verdicts per run, and how the report names them.
-OFFLOAD_VERDICTS = {
-    "ratio": "time ratio",
-    "p50_ratio": "p50 start latency ratio",
-    "delete_ratio": "delete time ratio",
-    "vk_pods_per_s": "pods/s per virtual kubelet",
-    "vk_rss_mb": "virtual kubelet RSS",
-    "gpufed_requests_create": "gpufed's requests per pod per side on create",
-    "gpufed_requests_delete": "gpufed's requests per pod per side on delete",
-}
-
-
-def _request_rows(data: dict[str, Any]) -> list[str]:
-    """Requests per pod per side, actor and verb, for both arms of every run that counted them."""
-    runs = [r for r in data["runs"] if (r["virtual"].get("requests_create") or {})]
-    if not runs:
-        return []
-    lines = [
-        "### Requests per pod",
-        "",
-        "Counted from both API servers' audit logs over each burst (create: from the first create until all "
-        "pods are Running; delete: the run's collection delete until every pod and twin is gone, with the "
-        "grace period its burst paragraph names), divided by the pods. Writes are what etcd stores (a "
-        "TokenRequest or a review is not). *client* is the bench's own creates and deletes, the same in "
-        "both arms.",
-        "",
-        "| mode | N | arm | phase | side | gpufed writes / reads | kwok writes | control plane writes | "
-        "client writes | gpufed's requests by verb |",
-        "|---|---:|---|---|---|---|---:|---:|---:|---|",
-    ]
-    for r in runs:
-        for arm in ("baseline", "virtual"):
-            for phase in ("create", "delete"):
-                for side, a in (r[arm].get(f"requests_{phase}") or {}).items():
-                    g = a.get("gpufed") or {}
-                    verbs = ", ".join(f"{k} {v:g}" for k, v in (g.get("by_verb") or {}).items()) or "—"
-                    lines.append(
-                        f"| {_mode(r)} | {r['pods']} | {arm} | {phase} | {side} | {g.get('writes', 0):g} / "
-                        f"{g.get('reads', 0):g} | {(a.get('kwok') or {}).get('writes', 0):g} | "
-                        f"{(a.get('control-plane') or {}).get('writes', 0):g} | "
-                        f"{(a.get('client') or {}).get('writes', 0):g} | {verbs} |"
-                    )
-    lines.append("")
-    return lines
-
-
-def _offload_section(data: dict[str, Any]) -> list[str]:
-    env, t, m = data["environment"], data["targets"], data["machine"]
-    lines = [
-        "## offload: pods on a virtual node vs. pods on local nodes",
-        "",
-        f"Run {m['date']}: {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB memory, Python {m['python']}, "
-        f"{m['kernel']}, {m['kubernetes']}. Load average at start {m['loadavg_at_start']}; "
-        f"{m['other_kube_apiservers_at_start']} kube-apiservers of other local environments were running on the "
-        "same machine (they compete for the same cores).",
-        "",
-        f"- consumer {env['consumer']}; provider {env['provider']}; virtual node `{env['virtual_node']}`",
-        f"- `bench-vk` offloaded with {env['offloaded_with']}; twins in `{env['twin_namespace']}`",
-        f"- pods created with {env['concurrency']} concurrent requests (admin identity), observed with one watch; "
-        "*pre-bound*: spec.nodeName set by the client; *scheduled*: the consumer's kube-scheduler binds them",
-        "",
-        "| mode | N | baseline: all Running | virtual: all Running | ratio | "
-        f"target ≤ {t['ratio_max']:g} | virtual pods/s | target ≥ {t['vk_pods_per_s_min']:g} | "
-        "p50 baseline / virtual | p99 baseline / virtual | creates returned baseline / virtual |",
-        "|---|---:|---:|---:|---:|---|---:|---|---|---|---|",
-    ]
-    for r in data["runs"]:
-        b, v, vd = r["baseline"], r["virtual"], r["verdicts"]
-        bl, vl = b.get("latency_s") or {}, v.get("latency_s") or {}
-        lines.append(
-            f"| {_mode(r)} | {r['pods']} | {_s(b['all_running_s'])} | {_s(v['all_running_s'])} | "
-            f"{_s(vd['ratio']['value'], '')} | {_verdict(vd['ratio'])} | {_s(v['pods_per_s'], '')} | "
-            f"{_verdict(vd['vk_pods_per_s'])} | {_s(bl.get('p50'))} / {_s(vl.get('p50'))} | "
-            f"{_s(bl.get('p99'))} / {_s(vl.get('p99'))} | {_s(b['create_s'])} / {_s(v['create_s'])} |"
-        )
-    lines.append("")
-    lines += _request_rows(data)
-    lines += _footprint_rows(data)
-    lines += _growth_rows(data)
-    lines += _profile_rows(data)
-    lines += ["### Each burst", ""]
-    for r in data["runs"]:
-        vk, ctl, v = _proc(r, "virtual-kubelet"), _proc(r, "controller"), r["virtual"]
-        lines += [
-            f"**N = {r['pods']}, {_mode(r)}.** Pods Running / failed / create errors: baseline "
-            f"{r['baseline']['running']} / {r['baseline']['failed']} / {r['baseline']['create_errors']}, virtual "
-            f"{v['running']} / {v['failed']} / {v['create_errors']}; twins Running on the provider "
-            f"{v.get('twins_running')} of {v.get('twins')}. During the burst the virtual kubelet peaked at "
-            f"{_s(vk.get('rss_peak_mb'), ' MB')} RSS and used {_s(vk.get('cpu_cores'), ' cores')}; the consumer "
-            f"controller {_s(ctl.get('rss_peak_mb'), ' MB')} / {_s(ctl.get('cpu_cores'), ' cores')}. Deleting "
-            f"them all (grace {r['baseline'].get('delete_grace', 0)}) took {_s(r['baseline'].get('cleanup_s'))} "
-            f"locally and {_s(v.get('cleanup_s'))} offloaded.",
-            "",
-            *[f"- {n}" for n in _analysis(r)],
-            *[f"- {n}" for n in _observations(r)],
-            "",
-        ]
-    lines += _offload_summary(data)
-    return lines
-
-
-def _analysis(r: dict[str, Any]) -> list[str]:
-    """Sentences derived from one size's numbers (no judgement beyond arithmetic)."""
-    b, v, n = r["baseline"], r["virtual"], r["pods"]
-    out = [
-        f"creating the {n} pods took {v['create_s']:g} s in the offloaded namespace vs {b['create_s']:g} s locally "
-        "(creates there also pass gpufed's offloading webhook, served by the consumer's controller)",
-    ]
-    if b["all_running_s"] is not None and v["all_running_s"] is not None:
-        out.append(
-            f"after the last create returned, all pods were Running {v['all_running_s'] - v['create_s']:.2f} s later "
-            f"on the virtual node vs {b['all_running_s'] - b['create_s']:.2f} s on local nodes"
-        )
-    vk = _proc(r, "virtual-kubelet")
-    if vk.get("cpu_s") is not None:
-        out.append(
-            f"the virtual kubelet used {vk['cpu_s']:g} s CPU for {n} pods ({vk['cpu_s'] / n * 1000:.1f} ms per pod, "
-            f"{vk['cpu_cores']:g} cores on average over the burst), and its RSS grew by "
-            f"{vk['rss_peak_mb'] - vk['rss_start_mb']:.1f} MB"
-        )
-    return out
-
-
-def _observations(r: dict[str, Any]) -> list[str]:
-    v = r["virtual"]
-    out = []
-    for side in ("baseline", "virtual"):
-        s = r[side]
-        if s["timed_out"]:
-            out.append(f"{side}: timed out with {s['running']} of {s['pods']} pods Running")
-        for e in s.get("first_create_errors") or []:
-            out.append(f"{side}: create error: `{e}`")
-    vk = _proc(r, "virtual-kubelet")
-    if vk.get("gone") or (v.get("vk_pid_after") not in (None, vk.get("pid"))):
-        out.append(
-            f"the virtual kubelet process changed during the burst (pid {vk.get('pid')} -> {v.get('vk_pid_after')})"
-        )
-    for log in v.get("logs") or []:
-        levels = log.get("levels") or {}
-        bad = {k: n for k, n in levels.items() if k not in ("info", "debug")}
-        if bad:
-            top = "; ".join(f"{x['count']}× `{x['event']}`" for x in log.get("top") or [])
-            out.append(f"`{log['log']}`: {log['lines']} lines, {bad}" + (f" — {top}" if top else ""))
-        elif "error" in log:
-            out.append(f"`{log['log']}` unreadable: {log['error']}")
-    return out
-
-
-def _offload_summary(data: dict[str, Any]) -> list[str]:
-    met: list[str] = []
-    missed: list[str] = []
-    for r in data["runs"]:
-        for key, label in OFFLOAD_VERDICTS.items():
-            v = r["verdicts"].get(key)
-            if v is None or v["met"] is None:
-                continue
-            (met if v["met"] else missed).append(f"{label} at N={r['pods']} ({v['value']}; target {v['target']})")
-    lines = ["### Verdict", ""]
-    lines.append("Met: " + ("; ".join(met) if met else "none") + ".")
-    lines.append("")
-    lines.append("Missed: " + ("; ".join(missed) if missed else "none") + ".")
-    lines.append("")
-    return lines
-
-
 def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:g} ms"
 
@@ -429,7 +161,7 @@ def reflection_table(data: dict[str, Any]) -> str:
 def _ratio_row(label: str, v: dict[str, Any], note: str = "") -> str:
     target = str(v.get("target", "")).replace(">=", "≥").replace("<=", "≤")
     mark = "—" if v.get("met") is None else ("✅" if v["met"] else "❌")
-    return f"| {label} | {_s(v.get('value'), '')} | {target}{note} | {mark} |"
+    return f"| {label} | {fmt(v.get('value'), '')} | {target}{note} | {mark} |"
 
 
 def _filter_rows(sc: dict[str, Any], vd: dict[str, Any]) -> list[str]:
@@ -450,8 +182,8 @@ def _filter_rows(sc: dict[str, Any], vd: dict[str, Any]) -> list[str]:
         rows.append(_ratio_row("RTT p50", vd["filter_rtt_p50"]))
     rows += [
         "",
-        f"The filter costs {_s(None if cost is None else round((1 - cost) * 100, 1), '%')} of the throughput "
-        f"(full / nofilter per interleaved round: {', '.join(_s(x, '') for x in paired) or '—'}); it dropped "
+        f"The filter costs {fmt(None if cost is None else round((1 - cost) * 100, 1), '%')} of the throughput "
+        f"(full / nofilter per interleaved round: {', '.join(fmt(x, '') for x in paired) or '—'}); it dropped "
         f"{dropped} packets of the measured traffic (all of it is legitimate).",
     ]
     return rows
@@ -472,7 +204,7 @@ def _fabric_section(data: dict[str, Any]) -> list[str]:
         f"{m.get('loadavg_at_start', '?')}); {versions.get('wireguard_go', 'wireguard-go ?')}, "
         f"{versions.get('iperf3', 'iperf3 ?')}. Three paths between a client pod and a server pod, all in network "
         "namespaces on this machine, measured interleaved "
-        f"({env.get('order', '?')}). Throughput: one TCP stream, `iperf3 -c -t {_s(env.get('seconds_per_run'), '')}`, "
+        f"({env.get('order', '?')}). Throughput: one TCP stream, `iperf3 -c -t {fmt(env.get('seconds_per_run'), '')}`, "
         "rate received by the server, median of the runs. RTT: "
         f"{env.get('round_trips_per_run', '?')} sequential {env.get('request_bytes', '?')}-byte request/response "
         f"round trips per run on one TCP connection (TCP_NODELAY, the first {env.get('warmup_round_trips', '?')} "
@@ -489,7 +221,7 @@ def _fabric_section(data: dict[str, Any]) -> list[str]:
         runs = ", ".join(f"{x:g}" for x in thr.get("runs") or [])
         lines.append(
             f"| **{key}**: {s.get('label', '')} | {s.get('client', '?')} → {s.get('dials', '?')} | "
-            f"{_s(thr.get('median'), '')} | {runs} | {_ms(rtt.get('p50_ms'))} | {_ms(rtt.get('p99_ms'))} |"
+            f"{fmt(thr.get('median'), '')} | {runs} | {_ms(rtt.get('p50_ms'))} | {_ms(rtt.get('p99_ms'))} |"
         )
     lines += [
         "",
@@ -510,9 +242,10 @@ def _fabric_section(data: dict[str, Any]) -> list[str]:
     if worst is not None:
         lines += [
             "",
-            f"Noise: the throughput runs of one path lie up to {worst:g}% apart (full {_s(spreads['full'], '%')}, "
-            f"bare {_s(spreads['bare'], '%')}). Full / bare per interleaved round: throughput "
-            f"{', '.join(_s(x, '') for x in paired) or '—'}; RTT p50 {', '.join(_s(x, '') for x in paired_rtt) or '—'}."
+            f"Noise: the throughput runs of one path lie up to {worst:g}% apart (full {fmt(spreads['full'], '%')}, "
+            f"bare {fmt(spreads['bare'], '%')}). Full / bare per interleaved round: throughput "
+            f"{', '.join(fmt(x, '') for x in paired) or '—'}; "
+            f"RTT p50 {', '.join(fmt(x, '') for x in paired_rtt) or '—'}."
             + (
                 " That is more than the 10% margin the targets allow, so this run cannot tell a 10% difference "
                 "from the machine's noise; more or longer runs (`--fabric-runs`, `--fabric-seconds`) narrow it."
@@ -562,8 +295,10 @@ def _fabric_section(data: dict[str, Any]) -> list[str]:
         "filter_throughput": "filter throughput ratio",
     }
     judged = {k: vd[k] for k in names if k in vd}
-    met = [f"{names[k]} {_s(v.get('value'), '')} ({v.get('target')})" for k, v in judged.items() if v.get("met")]
-    missed = [f"{names[k]} {_s(v.get('value'), '')} ({v.get('target')})" for k, v in judged.items() if not v.get("met")]
+    met = [f"{names[k]} {fmt(v.get('value'), '')} ({v.get('target')})" for k, v in judged.items() if v.get("met")]
+    missed = [
+        f"{names[k]} {fmt(v.get('value'), '')} ({v.get('target')})" for k, v in judged.items() if not v.get("met")
+    ]
     lines += [
         f"Verdict: met {'; '.join(met) or 'none'}. Missed: {'; '.join(missed) or 'none'}.",
         "",
@@ -577,8 +312,8 @@ def fabric_table(data: dict[str, Any]) -> str:
     for key, s in (data.get("scenarios") or {}).items():
         thr, rtt = s.get("throughput_mbps") or {}, s.get("rtt") or {}
         rows.append(
-            f"{key:<8} {_s(thr.get('median'), ''):>9} {_s(rtt.get('p50_ms'), ''):>11} "
-            f"{_s(rtt.get('p99_ms'), ''):>11}  {thr.get('runs')}"
+            f"{key:<8} {fmt(thr.get('median'), ''):>9} {fmt(rtt.get('p50_ms'), ''):>11} "
+            f"{fmt(rtt.get('p99_ms'), ''):>11}  {thr.get('runs')}"
         )
     for k, v in (data.get("verdicts") or {}).items():
         state = "shown" if v.get("met") is None else ("met" if v["met"] else "MISSED")
@@ -599,7 +334,7 @@ def missed_targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, s
                 v = (r.get("verdicts") or {}).get(key) or {}
                 if v.get("met") is False:
                     out.append(
-                        (f"offload.{key}", f"N={r['pods']} {_mode(r)}", f"{v.get('value')} (target {v['target']})")
+                        (f"offload.{key}", f"N={r['pods']} {mode_of(r)}", f"{v.get('value')} (target {v['target']})")
                     )
         t = off.get("targets") or {}
         for f in off.get("footprint") or []:
@@ -622,7 +357,7 @@ def missed_targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, s
 
 def _run_of(data: dict[str, Any] | None, n: int, mode: str = "pre-bound") -> dict[str, Any]:
     for r in (data or {}).get("runs") or []:
-        if r["pods"] == n and _mode(r) == mode:
+        if r["pods"] == n and mode_of(r) == mode:
             return dict(r)
     return {}
 
@@ -652,7 +387,7 @@ def _before_after(results: dict[str, dict[str, Any]]) -> str:
         "|---:|---|---|---|---|",
     ]
     for r in after.get("runs") or []:
-        b = _run_of(before, r["pods"], _mode(r))
+        b = _run_of(before, r["pods"], mode_of(r))
         if not b:
             continue
         vb, va = b["virtual"], r["virtual"]
@@ -661,9 +396,9 @@ def _before_after(results: dict[str, dict[str, Any]]) -> str:
         fb = (_foot(before, r["pods"]).get("virtual-kubelet") or {}).get("rss_mb")
         fa = (_foot(after, r["pods"]).get("virtual-kubelet") or {}).get("rss_mb")
         rows.append(
-            f"| {r['pods']} {_mode(r)} | {_s(vb.get('all_running_s'))} → {_s(va.get('all_running_s'))} | "
-            f"{_s(b['verdicts']['ratio']['value'], '')} → {_s(r['verdicts']['ratio']['value'], '')} | "
-            f"{_s(cb)} → {_s(ca)} | {_s(fb, ' MB')} → {_s(fa, ' MB')} |"
+            f"| {r['pods']} {mode_of(r)} | {fmt(vb.get('all_running_s'))} → {fmt(va.get('all_running_s'))} | "
+            f"{fmt(b['verdicts']['ratio']['value'], '')} → {fmt(r['verdicts']['ratio']['value'], '')} | "
+            f"{fmt(cb)} → {fmt(ca)} | {fmt(fb, ' MB')} → {fmt(fa, ' MB')} |"
         )
     mb = (before or {}).get("machine") or {}
     ma = after.get("machine") or {}
@@ -702,9 +437,9 @@ def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
         "the client, two API servers, two etcds and kwok share 2 cores. **The ratio** is the fair figure, and it "
         "is missed: each offloaded pod is created on the consumer through the offloading webhook (served by the "
         "consumer's controller: creates alone returned after "
-        f"{_s(v.get('create_s'))} vs {_s(b.get('create_s'))} locally), then gets a TokenRequest, its token Secret "
+        f"{fmt(v.get('create_s'))} vs {fmt(b.get('create_s'))} locally), then gets a TokenRequest, its token Secret "
         "and its twin (created, scheduled and admitted against the grant's quota on the provider), and its status "
-        "patched back." + floor + f" The virtual kubelet itself used {_s(vk.get('cpu_cores'), ' cores')} on average "
+        "patched back." + floor + f" The virtual kubelet itself used {fmt(vk.get('cpu_cores'), ' cores')} on average "
         "over the burst: it is not the bottleneck. The first run's py-spy profile (bench/results/offload-profiled.json)"
         f" found `PoolManager.usage` on the stack in {share}"
         " of the samples: every bound pod poked the node-status loop, which re-read the pool's usage, O(pods), "
@@ -721,7 +456,7 @@ def _why_footprint(results: dict[str, dict[str, Any]]) -> str:
     g = off.get("growth") or {}
     zero = (_foot(off, 0).get("virtual-kubelet") or {}).get("rss_mb")
     return (
-        f"The virtual kubelet starts at {_s(zero, ' MB')} and grows by about "
+        f"The virtual kubelet starts at {fmt(zero, ' MB')} and grows by about "
         f"{g.get('virtual-kubelet_rss_kb_per_pod', '—')} KB per offloaded pod: it keeps every local pod and every "
         "twin as decoded JSON (two watches), plus token state, so 1000 pods cost it about as much again as the "
         "process itself. Two fixes from measuring it: kubernetes-asyncio's ~850 generated modules are no longer "
@@ -758,11 +493,11 @@ def _why_pollers(results: dict[str, dict[str, Any]]) -> str:
         "reconcile of its ForeignCluster; it now checks them from a watch of its Secrets (read only when the "
         "watch does not show the current one, so a lagging watch never refuses credentials), which also "
         f"reconciles a peering at once when its Secret changes. In the run above, with {last.get('providers', '?')} "
-        f"providers, the consumer controller made {_s(lists, ' lists/s')} (before the first fix: "
-        f"{before['consumer_controller_lists_per_s']}) and {_s(secrets, ' Secret reads/s')} (before the second: "
+        f"providers, the consumer controller made {fmt(lists, ' lists/s')} (before the first fix: "
+        f"{before['consumer_controller_lists_per_s']}) and {fmt(secrets, ' Secret reads/s')} (before the second: "
         f"{before2['consumer_controller_secret_gets_per_s']}; what is left is the offloading controller's read of "
         "each provider's credentials at its 30 s resync), and gpufed as a whole made "
-        f"{_s(per_provider, ' requests/s')} per provider (before the first fix: {before['gpufed_rps_per_provider']}; "
+        f"{fmt(per_provider, ' requests/s')} per provider (before the first fix: {before['gpufed_rps_per_provider']}; "
         f"before the second: {before2['gpufed_rps_per_provider']}). "
         "Left as they are, by design: the virtual kubelet's `GET /version` health "
         "probe of its provider every 5 s (a watch alone does not notice a half-open connection; it is the "
@@ -789,42 +524,49 @@ def _why_reflection(results: dict[str, dict[str, Any]]) -> str:
 
 #: Why a target is missed, from the profiles and measurements behind this page (bench.report keeps
 #: the words; the figures come from the results). A missed target without an entry says so.
-def _why_requests(phase: str) -> Callable[[dict[str, dict[str, Any]]], str]:
+def _why_requests(key: str) -> Callable[[dict[str, dict[str, Any]]], str]:
+    """`key`: create, delete (the row's first grace) or delete_grace_<grace>."""
+    phase, _, grace = key.partition("_grace_")
+
     def why(results: dict[str, dict[str, Any]]) -> str:
-        """gpufed's requests per pod of the run that made the most, by side and verb."""
-        runs = ((results.get("offload") or {}).get("runs")) or []
+        """gpufed's requests per pod of the row that made the most, by side and verb."""
         worst = max(
-            runs,
-            key=lambda r: ((r.get("verdicts") or {}).get(f"gpufed_requests_{phase}") or {}).get("value") or 0,
+            report_offload.rows(results.get("offload") or {}),
+            key=lambda r: (r["verdicts"].get(f"gpufed_requests_{key}") or {}).get("value") or 0,
             default=None,
         )
         if worst is None:
             return "No run counted its requests."
-        counts = worst["virtual"].get(f"requests_{phase}") or {}
+        if phase == "create":
+            counts = worst["virtual"].get("requests_create") or {}
+        else:
+            ds = [d for d in worst["deletes"][1:] if str(d["grace"]) == grace] if grace else worst["deletes"][:1]
+            counts = (ds[0] if ds else {}).get("virtual_requests_delete") or {}
         parts = []
         for side, a in counts.items():
             verbs = ", ".join(f"{k} {v:g}" for k, v in ((a.get("gpufed") or {}).get("by_verb") or {}).items())
             parts.append(f"on the {side}: {verbs or 'none'}")
+        what = phase + (f" with grace {grace}" if grace else "")
         return (
-            f"At N={worst['pods']} {_mode(worst)}, gpufed's requests per pod {phase} were " + "; ".join(parts) + ". "
-            "Each one beyond the twin's write and the one status report is a lookup a watch cache could answer or "
-            "an intermediate status that a debounced patch would fold into the next."
+            f"At N={worst['pods']} {mode_of(worst)}, gpufed's requests per pod on {what} were "
+            + "; ".join(parts)
+            + ". Each one beyond the twin's write and the one status report is a lookup a watch cache could answer "
+            "or an intermediate status that a debounced patch would fold into the next."
         )
 
     return why
 
 
 def _why_delete(results: dict[str, dict[str, Any]]) -> str:
-    runs = [
-        r for r in (results.get("offload") or {}).get("runs") or [] if (r.get("verdicts") or {}).get("delete_ratio")
-    ]
     seen = "; ".join(
-        f"N={r['pods']} {_mode(r)} (grace {r['baseline'].get('delete_grace', 0)}): {_s(r['baseline'].get('cleanup_s'))}"
-        f" locally, {_s(r['virtual'].get('cleanup_s'))} offloaded"
-        for r in runs
+        f"N={r['pods']} {mode_of(r)} (grace {d['grace']}, {len(d['repeats'])} repeat"
+        f"{'s' if len(d['repeats']) > 1 else ''}): {fmt(d['baseline_cleanup_s'])} locally, "
+        f"{fmt(d['virtual_cleanup_s'])} offloaded"
+        for r in report_offload.rows(results.get("offload") or {})
+        for d in r["deletes"]
     )
     return (
-        f"Deleting them all: {seen or '—'}. An offloaded pod is gone only once its twin is: the virtual "
+        f"Deleting them all (medians): {seen or '—'}. An offloaded pod is gone only once its twin is: the virtual "
         "kubelet deletes the twin with the pod's grace period, waits for the provider to report it gone, "
         "then removes the local pod at its UID, and the twin's token Secret is deleted with it (two provider "
         "writes per pod against none locally), so deletes queue behind the provider's API server on the same "
@@ -837,8 +579,10 @@ def _why_delete(results: dict[str, dict[str, Any]]) -> str:
 EXPLANATIONS: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "offload.p50_ratio": lambda _r: "See offload.ratio: the same chain of requests sets each pod's start latency.",
     "offload.delete_ratio": _why_delete,
+    "offload.delete_ratio_grace_0": _why_delete,
     "offload.gpufed_requests_create": _why_requests("create"),
     "offload.gpufed_requests_delete": _why_requests("delete"),
+    "offload.gpufed_requests_delete_grace_0": _why_requests("delete_grace_0"),
     "offload.ratio": _why_offload_speed,
     "offload.vk_pods_per_s": lambda _r: "See offload.ratio: the baseline itself stays far below 200 pods/s here.",
     "offload.vk_rss_mb": _why_footprint,
@@ -860,7 +604,7 @@ def _why_filter(results: dict[str, dict[str, Any]]) -> str:
     if worst is not None and worst > 5:
         return (
             f"The throughput runs of full and nofilter lie up to {worst:g}% apart, more than the 5% the target "
-            f"allows (per interleaved round: {', '.join(_s(x, '') for x in paired or []) or '—'}): this run cannot "
+            f"allows (per interleaved round: {', '.join(fmt(x, '') for x in paired or []) or '—'}): this run cannot "
             "tell the filter's cost from the machine's noise. Rerun on a quiet machine, with more or longer runs "
             "(`--fabric-runs`, `--fabric-seconds`)."
         )
@@ -887,7 +631,7 @@ def _missed_section(results: dict[str, dict[str, Any]]) -> list[str]:
 MISSED_SECTION = _missed_section
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "offload": _offload_section,
+    "offload": report_offload.section,
     "reflection": _reflection_section,
     "fabric": _fabric_section,
     "gpu-pool": gpupool_report.section,
@@ -914,6 +658,7 @@ def render(results: dict[str, dict[str, Any]], figures: dict[str, list[str]] | N
         "make bench BENCH_ARGS='--parts offload'         # one part (offload, reflection, fabric, gpu-pool, api-cost)",
         "make bench BENCH_ARGS='--pods 100,500,1000,2000 --scheduled-pods 500,2000'  # other burst sizes",
         "make bench BENCH_ARGS='--pods 500 --keep'       # leave the bench clusters running afterwards",
+        "make bench BENCH_ARGS='--parts offload --repeats 5'  # each offload row 5 times (medians)",
         "make bench BENCH_ARGS='--parts gpu-pool --gpu-jobs 80 --gpu-modes live,kueue'  # smaller, two modes",
         "make bench BENCH_ARGS='--report-only'           # regenerate this file and the plots from bench/results",
         "```",
@@ -922,20 +667,13 @@ def render(results: dict[str, dict[str, Any]], figures: dict[str, list[str]] | N
         "all five parts) took 18 min 4 s on a fresh clone of 2026-11-22 on the 2-core development machine, "
         "venv created, Kubernetes binaries already built (a cold build adds about 10 min); that was before the "
         "gpu-pool part gained its groups and its Kueue mode: the gpu-pool part alone now takes about 14 min "
-        "(2026-11-27, same machine). Each section "
+        "(2026-11-27, same machine). Those times are of one run per offload row; the offload part now runs each "
+        "burst of up to 2000 pods three times by default (`--repeats 1` for a single pass). Each section "
         "below gives the date of the run it shows; the `offload` section is the latest run, with its request "
         "counts; the first run, which went to 2000 pods and profiled the virtual kubelet, is kept in "
         "bench/results/offload-profiled.json and set beside the latest in the before/after table.",
         "",
-        "How the offload part measures: N pods, each requesting 10m CPU / 16Mi, created concurrently with "
-        "kubernetes-asyncio, either pre-bound with `spec.nodeName` (so the scheduler is not part of either path) or "
-        "left to the consumer's kube-scheduler. The baseline puts them on the consumer's kwok nodes (kwok marks them "
-        "Running); the virtual path puts them on the virtual node, where they also pass gpufed's offloading webhook "
-        "and the virtual kubelet creates a twin on the provider, whose kwok marks it Running, and copies the status "
-        "back. Time to all Running is from the first create to the last pod our watch saw Running; start latency "
-        "per pod is from its create returning to the watch seeing it Running; pods/s = N / time to all Running. RSS "
-        "is VmRSS sampled every 0.2 s; CPU is utime+stime over a window divided by its wall time. Client, API "
-        "servers, etcd, kwok and gpufed all share the machine's cores.",
+        report_offload.METHOD,
         "",
     ]
     figures = figures or {}
@@ -960,34 +698,9 @@ def write_docs(results_dir: Path = RESULTS_DIR, docs: Path = DOCS) -> Path:
     return docs
 
 
-def text_table(data: dict[str, Any]) -> str:
-    """A plain summary of one offload run for the terminal."""
-    head = f"{'N':>6} {'path':<9} {'all Running':>12} {'p50':>8} {'p99':>8} {'pods/s':>8} {'RSS MB':>8} {'CPU':>6}"
-    rows = [head, "-" * len(head)]
-    for r in data["runs"]:
-        for side in ("baseline", "virtual"):
-            s = r[side]
-            lat = s.get("latency_s") or {}
-            vk = _proc(r, "virtual-kubelet") if side == "virtual" else {}
-            rows.append(
-                f"{r['pods']:>6} {side:<9} {_s(s['all_running_s']):>12} {_s(lat.get('p50')):>8} "
-                f"{_s(lat.get('p99')):>8} {_s(s['pods_per_s'], ''):>8} {_s(vk.get('rss_peak_mb'), ''):>8} "
-                f"{_s(vk.get('cpu_cores'), ''):>6}"
-            )
-        vd = r["verdicts"]
-        rows.append(
-            "       "
-            + ", ".join(
-                f"{k}: {v['value']} ({v['target']}) {'n/a' if v['met'] is None else 'met' if v['met'] else 'MISSED'}"
-                for k, v in vd.items()
-            )
-        )
-    return "\n".join(rows)
-
-
 #: The terminal summary printed after each part.
 TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "offload": text_table,
+    "offload": report_offload.text_table,
     "reflection": reflection_table,
     "fabric": fabric_table,
     "gpu-pool": gpupool_report.table,
