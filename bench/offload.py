@@ -403,14 +403,22 @@ def _verdicts(
 
 
 def _requests_verdict(counts: dict[str, Any] | None) -> dict[str, Any]:
-    """gpufed's requests per pod on the side that made the most, against its target."""
+    """gpufed's pod requests per pod (`requestcount.POD_RESOURCES`) on the side that made the most,
+    against its target; the note gives each side's pod requests, all its requests per pod, and its
+    background requests per second (counts without the split: all requests are judged)."""
     gpufed = {side: a.get(requestcount.GPUFED) or {} for side, a in (counts or {}).items()}
-    per_side = {side: round(g.get("writes", 0) + g.get("reads", 0), 2) for side, g in gpufed.items()}
-    worst = max(per_side.values(), default=None)
+    total = {side: round(g.get("writes", 0) + g.get("reads", 0), 2) for side, g in gpufed.items()}
+    pod = {side: g.get("pod", total[side]) for side, g in gpufed.items()}
+    worst = max(pod.values(), default=None)
+    notes = [
+        f"{side} {pod[side]:g}"
+        + (f" (all {total[side]:g}, background {g['background_per_s']:g}/s)" if "background_per_s" in g else "")
+        for side, g in gpufed.items()
+    ]
     return {
         "value": worst,
         "target": f"<= {TARGET_GPUFED_REQUESTS_PER_POD:g} per pod per side",
-        "note": ", ".join(f"{side} {v:g}" for side, v in per_side.items()),
+        "note": ", ".join(notes),
         "met": worst is not None and worst <= TARGET_GPUFED_REQUESTS_PER_POD,
     }
 

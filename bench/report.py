@@ -550,8 +550,10 @@ def _why_requests(key: str) -> Callable[[dict[str, dict[str, Any]]], str]:
         return (
             f"At N={worst['pods']} {mode_of(worst)}, gpufed's requests per pod on {what} were "
             + "; ".join(parts)
-            + ". Each one beyond the twin's write and the one status report is a lookup a watch cache could answer "
-            "or an intermediate status that a debounced patch would fold into the next."
+            + ". The target judges pod requests (the verdict's note gives them per side, with all requests per "
+            "pod and the background per second): per offloaded pod the floor is the twin's write and its token "
+            "Secret on the provider and, on the consumer, the TokenRequest and one status report on create, the "
+            "local pod's terminal status and its removal on delete."
         )
 
     return why
@@ -568,11 +570,9 @@ def _why_delete(results: dict[str, dict[str, Any]]) -> str:
     return (
         f"Deleting them all (medians): {seen or '—'}. An offloaded pod is gone only once its twin is: the virtual "
         "kubelet deletes the twin with the pod's grace period, waits for the provider to report it gone, "
-        "then removes the local pod at its UID, and the twin's token Secret is deleted with it (two provider "
-        "writes per pod against none locally), so deletes queue behind the provider's API server on the same "
-        "shared cores. At 10,000 pods the virtual kubelet itself is the limit: during that delete every twin "
-        "was gone minutes before the local pods, which it removed at about 20 per second with its process at "
-        "one full core (watched with kubectl and top during the run; not profiled yet)."
+        "then writes the pod's terminal status and removes it at its UID; the twin's token Secret names the "
+        "twin as its owner, so the provider's garbage collector removes it. Deletes queue behind the "
+        "provider's API server and its garbage collector on the same shared cores."
     )
 
 

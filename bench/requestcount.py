@@ -11,6 +11,11 @@ writes (what etcd stores) and the rest apart. The actor of a request is its user
 consumer's identity there), a user naming kwok is kwok, other `system:*` users are the control plane
 (kube-scheduler, kube-controller-manager, the API server itself), anyone else is the bench's client.
 
+gpufed's requests are also split in two: *pod* requests, on a pod or on what belongs to it (the pod
+and its status, its token and token Secret, the ConfigMaps and Secrets it references, its Events:
+`POD_RESOURCES`), counted per pod; and *background* requests (node status, leases, health probes,
+quota and slice status), which follow time, not pods, counted per second of the window.
+
 Does not: parse audit lines (`bench.audit`), run bursts, or judge targets.
 """
 
@@ -43,6 +48,22 @@ NOT_STORED = frozenset(
 )
 
 
+#: Resources whose requests a pod causes (see the module docstring); the rest is background.
+POD_RESOURCES = frozenset(
+    {
+        "pods",
+        "pods/status",
+        "pods/binding",
+        "pods/eviction",
+        "serviceaccounts/token",
+        "secrets",
+        "configmaps",
+        "events",
+        "events.events.k8s.io",
+    }
+)
+
+
 def stored(verb_resource: str) -> bool:
     """Whether a request ("create pods") writes to etcd."""
     verb, _, resource = verb_resource.partition(" ")
@@ -59,10 +80,11 @@ def actor(user: str) -> str:
     return CLIENT
 
 
-def per_pod(requests: Iterable[AuditEvent], pods: int) -> dict[str, Any]:
+def per_pod(requests: Iterable[AuditEvent], pods: int, seconds: float | None = None) -> dict[str, Any]:
     """What the requests cost per pod: per actor, `writes` (what etcd stores) and `reads` (everything
     else: gets, lists, watches, token requests, reviews) per pod, and `by_verb` ("create pods": n per
-    pod), largest first."""
+    pod), largest first; with the window's `seconds`, `pod` (requests on `POD_RESOURCES` per pod) and
+    `background_per_s` (the others per second)."""
     by: dict[str, Counter[str]] = {a: Counter() for a in ACTORS}
     for e in requests:
         by[actor(e.user)][f"{e.verb} {e.resource}"] += 1
@@ -75,6 +97,10 @@ def per_pod(requests: Iterable[AuditEvent], pods: int) -> dict[str, Any]:
             "reads": round((sum(counts.values()) - writes) / n, 2),
             "by_verb": {k: round(c / n, 2) for k, c in counts.most_common() if c / n >= 0.01},
         }
+        if seconds:
+            pod = sum(c for k, c in counts.items() if k.partition(" ")[2] in POD_RESOURCES)
+            out[a]["pod"] = round(pod / n, 2)
+            out[a]["background_per_s"] = round((sum(counts.values()) - pod) / seconds, 2)
     return out
 
 
@@ -93,7 +119,7 @@ class Window:
         """Per side, what was received since `open`, per pod (see `per_pod`)."""
         t1 = time.time()
         return {
-            side: per_pod(count_window(parse_lines(read_since(m)), self.t0, t1).requests, pods)
+            side: per_pod(count_window(parse_lines(read_since(m)), self.t0, t1).requests, pods, t1 - self.t0)
             for side, m in self.marks.items()
         }
 

@@ -152,7 +152,7 @@ def test_the_page_shows_every_figure_against_its_target_and_lists_what_was_misse
     assert "offload.footprint_cpu" not in missed, "0.02 cores is within 0.25"
     # gpufed's requests: 3 per pod on the provider when created (missed), 1 when deleted (met)
     assert "offload.gpufed_requests_create" in missed and "offload.gpufed_requests_delete" not in missed
-    assert "| pre-bound | 1000 | virtual | create | provider | 2 / 1 | 1 |" in page
+    assert "| pre-bound | 1000 | virtual | create | provider | 2 / 1 | — | 1 |" in page
     assert "on the provider: create pods 1, create secrets 1, get secrets 1" in page
     assert "## Missed targets and why" in page
     for key in missed:
@@ -334,7 +334,7 @@ def test_the_page_reads_a_results_file_of_single_runs() -> None:
     assert "### Spread over the repeats" not in page, "nothing to spread over with one repeat"
     assert "| pre-bound | 1000 | default | 1 (1) | 1 s | 1 s | 1 s / 1 s | 1 | **met** |" in page
     assert "| scheduled | 1000 | 0 | 1 (1) | 1 s | 1 s | 1 s / 1 s | 1 | **met** |" in page
-    assert "| pre-bound | 1000 | virtual | delete (grace default) | provider | 1 / 0 | 0 |" in page
+    assert "| pre-bound | 1000 | virtual | delete (grace default) | provider | 1 / 0 | — | 0 |" in page
     assert "**N = 1000, pre-bound** (1 repeat)." in page
     text = report.TABLES["offload"](results()["offload"])
     assert "pre-bound, medians of 1 repeat(s); ratio per repeat 2.5, median of the ratios 2.5" in text
@@ -370,3 +370,22 @@ def test_the_committed_results_render() -> None:
     page = report.render(results_, {})
     for row in (results_.get("offload") or {}).get("runs") or []:
         assert f"**N = {row['pods']}, {row.get('mode', 'pre-bound')}** (" in page
+
+
+def test_the_requests_verdict_judges_pod_requests_and_names_the_background() -> None:
+    counts = {
+        "consumer": {"gpufed": {"writes": 1.1, "reads": 1.0, "pod": 2.0, "background_per_s": 3.5}},
+        "gpu-a": {"gpufed": {"writes": 1.1, "reads": 0.05, "pod": 1.0, "background_per_s": 1.25}},
+    }
+    verdict = offload._requests_verdict(counts)
+    assert verdict["value"] == 2.0 and verdict["met"] is True
+    assert verdict["note"] == "consumer 2 (all 2.1, background 3.5/s), gpu-a 1 (all 1.15, background 1.25/s)"
+    counts["consumer"]["gpufed"]["pod"] = 2.01
+    assert offload._requests_verdict(counts)["met"] is False
+    old = {"consumer": {"gpufed": {"writes": 2.0, "reads": 0.13}}}  # counted before the split: all of them
+    assert offload._requests_verdict(old) | {"note": ""} == {
+        "value": 2.13,
+        "target": "<= 2 per pod per side",
+        "note": "",
+        "met": False,
+    }

@@ -75,8 +75,28 @@ def test_a_window_counts_only_what_each_log_gained_after_it_opened(tmp_path: Pat
         f.write(_line("gpufed:consumer:c-1", "create", "secrets") + "\n")
     got = window.close(pods=1)
     assert got["consumer"]["gpufed"]["by_verb"] == {"patch pods/status": 1.0, "watch pods": 1.0}
-    assert got["provider"]["gpufed"] == {
+    assert got["provider"]["gpufed"]["pod"] == 2.0
+    assert got["provider"]["gpufed"]["background_per_s"] == 0.0
+    assert {k: v for k, v in got["provider"]["gpufed"].items() if k not in ("pod", "background_per_s")} == {
         "writes": 2.0,
         "reads": 0.0,
         "by_verb": {"create pods": 1.0, "create secrets": 1.0},
     }
+
+
+def test_pod_requests_are_counted_per_pod_and_the_rest_per_second() -> None:
+    def ev(verb: str, resource: str) -> AuditEvent:
+        return AuditEvent("i", "ResponseComplete", verb, "gpufed:vk", "", resource, "ns", "p", "", 200, 0.0, 0.0)
+
+    requests = [
+        *(ev("create", "serviceaccounts/token") for _ in range(10)),
+        *(ev("patch", "pods/status") for _ in range(10)),
+        *(ev("create", "events") for _ in range(2)),
+        *(ev("patch", "nodes/status") for _ in range(6)),
+        *(ev("update", "leases.coordination.k8s.io") for _ in range(2)),
+    ]
+    got = requestcount.per_pod(requests, 10, seconds=4.0)["gpufed"]
+    assert got["pod"] == 2.2, "token, status and Events are the pods'"
+    assert got["background_per_s"] == 2.0, "8 node and lease writes over 4 s"
+    assert got["writes"] + got["reads"] == 3.0
+    assert "pod" not in requestcount.per_pod(requests, 10)["gpufed"], "no window length: no split"
