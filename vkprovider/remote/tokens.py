@@ -147,6 +147,7 @@ class PodTokens:
         self.ready = asyncio.Event()
         #: (consumer CA PEM, monotonic time read) — see _consumer_ca.
         self._ca_cache: tuple[str, float] | None = None
+        self._ca_lock = asyncio.Lock()
         self._schedule: dict[Key, _Entry] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
         self._gen = 0
@@ -586,12 +587,14 @@ class PodTokens:
     async def _consumer_ca(self, namespace: str, fallback: str | None) -> str:
         # Every namespace's kube-root-ca.crt holds the same cluster CA: one read serves all pods for a
         # while instead of one more request per offloaded pod (a rotated CA is picked up within the TTL).
-        cached = self._ca_cache
-        if cached is not None and time.monotonic() - cached[1] < CA_CACHE_S:
-            return cached[0]
-        ca = await self._read_consumer_ca(namespace, fallback)
-        self._ca_cache = (ca, time.monotonic())
-        return ca
+        # One read at a time: the pods of a burst that all miss the cache share it.
+        async with self._ca_lock:
+            cached = self._ca_cache
+            if cached is not None and time.monotonic() - cached[1] < CA_CACHE_S:
+                return cached[0]
+            ca = await self._read_consumer_ca(namespace, fallback)
+            self._ca_cache = (ca, time.monotonic())
+            return ca
 
     async def _read_consumer_ca(self, namespace: str, fallback: str | None) -> str:
         url = rest.path("v1", "configmaps", meta.ROOT_CA_CONFIGMAP, namespace=namespace)

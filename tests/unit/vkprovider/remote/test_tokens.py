@@ -654,6 +654,15 @@ async def test_the_consumer_ca_is_read_once_for_many_pods(world: World) -> None:
     assert len(world.issuer.requests) == 3
 
 
+async def test_a_burst_of_pods_that_all_miss_the_ca_cache_reads_it_once(world: World) -> None:
+    tokens = world.tokens()
+    pods = [make_pod(KUBE_API_ACCESS, uid=f"uid-{i}", name=f"trainer-{i}") for i in range(8)]
+    for pod in pods:
+        world.consumer.create("pods", pod)
+    await asyncio.gather(*(tokens.prepare(pod, TARGET) for pod in pods))
+    assert len(world.consumer.calls("GET", "/api/v1/namespaces/team/configmaps/kube-root-ca.crt")) == 1
+
+
 async def test_forget_deletes_the_secret_and_drops_it_from_the_schedule(world: World) -> None:
     pod = world.add_pod(KUBE_API_ACCESS)
     tokens = world.tokens()
