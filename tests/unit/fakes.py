@@ -371,6 +371,9 @@ class FakeApiServer:
         self.reviewers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         #: Whether pods/binding is served (binds the pod) or refused (403).
         self.bindings = True
+        #: resource -> how many of the next creates of it lose a race for the namespace's quota (409
+        #: Conflict, nothing stored), as kube-apiserver's ResourceQuota admission answers under a burst.
+        self.contend: dict[str, int] = {}
 
     # ---- state (tests use these directly; they emit watch events like the HTTP verbs)
 
@@ -461,6 +464,14 @@ class FakeApiServer:
                     meta["namespace"] = namespace
                 if (resource, namespace, meta.get("name")) in self.objects:
                     return _status(409, "AlreadyExists", f'{resource} "{meta.get("name")}" already exists')
+                if self.contend.get(resource, 0) > 0:
+                    self.contend[resource] -= 1
+                    return _status(
+                        409,
+                        "Conflict",
+                        'Operation cannot be fulfilled on resourcequotas "gpufed-grant": the object has been '
+                        "modified; please apply your changes to the latest version and try again",
+                    )
                 return web.json_response(self.create(resource, body, api_version), status=201)
             if request.query.get("watch") == "true":
                 return await self._watch(request, resource, namespace)

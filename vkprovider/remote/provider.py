@@ -73,6 +73,7 @@ from gpufed.apis.wire import (
 )
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.contention import contended, retry_contended
 from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
 from vkprovider.forge import podpolicy
@@ -534,9 +535,11 @@ class RemoteProvider:
             body["spec"]["resourceClaims"] = twin_pod_claims(pod, {e: c["metadata"]["name"] for e, c in claims})
         url = rest.path("v1", "pods", namespace=target.namespace)
         try:
-            created = await rest.create(self.remote, url, body, what=f"create twin {target.namespace}/{name}")
+            created = await retry_contended(
+                lambda: rest.create(self.remote, url, body, what=f"create twin {target.namespace}/{name}")
+            )
         except KubeError as e:
-            if e.conflict:
+            if e.conflict and not contended(e):  # AlreadyExists
                 await self._adopt(pod, target)
                 adopted = self._twins.get((namespace, name))
                 if adopted is not None and identity is not None and self.tokens is not None:

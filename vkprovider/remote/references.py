@@ -21,6 +21,7 @@ from typing import Any
 
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.contention import retry_contended
 from vkprovider.forge import reflection
 from vkprovider.forge.meta import Target, owned_by
 from vkprovider.forge.pods import Reference
@@ -111,7 +112,7 @@ class ReferenceCopier:
                 reason="NameCollision",
             )
         try:
-            await rest.apply(self.remote, url, twin, what=f"copy {ref.kind} {ref.name}")
+            await retry_contended(lambda: rest.apply(self.remote, url, twin, what=f"copy {ref.kind} {ref.name}"))
         except KubeError as e:
             raise refusal(e, f"cannot copy {ref.kind} {ref.name} to {self.provider}") from e
         self._copied[cache_key] = rv

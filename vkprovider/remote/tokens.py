@@ -55,6 +55,7 @@ from prometheus_client import Counter
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.contention import contended, retry_contended
 from gpufed.kube.times import time_or_none
 from vkprovider.forge import meta
 from vkprovider.forge import tokens as tf
@@ -533,8 +534,10 @@ class PodTokens:
         body = tf.with_owners(await self._secret(binding, fallback_ca), owners)
         url = rest.path("v1", "secrets", binding.secret_name, namespace=binding.twin_namespace)
         try:
-            return await rest.apply(
-                self.remote, url, body, what=f"apply token Secret {binding.twin_namespace}/{binding.secret_name}"
+            return await retry_contended(
+                lambda: rest.apply(
+                    self.remote, url, body, what=f"apply token Secret {binding.twin_namespace}/{binding.secret_name}"
+                )
             )
         except KubeError as e:
             raise _provider_refusal(e, f"cannot write Secret {binding.twin_namespace}/{binding.secret_name}") from e
@@ -548,16 +551,18 @@ class PodTokens:
         body = tf.with_owners(prepared if prepared is not None else await self._secret(binding, None), owners)
         where = f"{binding.twin_namespace}/{binding.secret_name}"
         try:
-            return await rest.request(
-                self.remote,
-                "POST",
-                rest.path("v1", "secrets", namespace=binding.twin_namespace),
-                body=body,
-                params={"fieldManager": rest.FIELD_MANAGER},
-                what=f"create token Secret {where}",
+            return await retry_contended(
+                lambda: rest.request(
+                    self.remote,
+                    "POST",
+                    rest.path("v1", "secrets", namespace=binding.twin_namespace),
+                    body=body,
+                    params={"fieldManager": rest.FIELD_MANAGER},
+                    what=f"create token Secret {where}",
+                )
             )
         except KubeError as e:
-            if e.conflict:
+            if e.conflict and not contended(e):  # AlreadyExists
                 return None
             raise _provider_refusal(e, f"cannot write Secret {where}") from e
 

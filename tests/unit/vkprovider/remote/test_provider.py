@@ -33,6 +33,20 @@ async def test_a_pod_naming_a_secret_outside_its_namespace_is_refused_before_any
     assert world.remote.items("pods") == []
 
 
+async def test_a_twin_create_that_lost_a_quota_race_is_sent_again(world: World) -> None:
+    world.offload("team", PROVIDER)
+    world.claim("team")
+    await until(lambda: "team" in world.provider.twin_ns, what="the twin namespace")
+    world.remote.contend["pods"] = 2
+    await world.provider.create_pod(pod("team"))
+    assert [t["metadata"]["name"] for t in world.remote.items("pods")] == ["train"]
+    assert len(world.remote.calls("POST", f"/api/v1/namespaces/team-{CONSUMER}/pods")) == 3
+    world.remote.contend["pods"] = 10  # still contended after every attempt: the provider's refusal
+    with pytest.raises(ProviderError) as refused:
+        await world.provider.create_pod(pod("team", name="other"))
+    assert "resourcequotas" in str(refused.value) and refused.value.reason != "TwinConflict"
+
+
 def test_twin_names_from_the_provider_must_be_kubernetes_names() -> None:
     provider = RemoteProvider(None, None, RemoteSettings(CONSUMER, PROVIDER, "gpufed-gpu-a"))
     provider.local_ns[f"team-{CONSUMER}"] = "team"

@@ -700,6 +700,16 @@ async def test_prepare_asks_for_the_tokens_and_ensure_writes_them_owned_by_the_t
     assert len(world.issuer.requests) == 2
 
 
+async def test_a_token_secret_create_that_lost_a_quota_race_is_sent_again(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens()
+    world.provider.contend["secrets"] = 2
+    assert await tokens.ensure(pod, TARGET, owner=twin_of(pod)) == IDENTITY
+    assert [r.method for r in world.provider.requests] == ["POST", "POST", "POST"], "no read: it was not there"
+    assert world.token() == "jwt-0"
+    assert len(world.issuer.requests) == 1, "the same tokens sent again"
+
+
 async def test_a_secret_owned_by_its_twin_is_left_to_the_garbage_collector(world: World) -> None:
     pod = world.add_pod(KUBE_API_ACCESS)
     tokens = world.tokens()
