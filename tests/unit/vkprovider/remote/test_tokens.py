@@ -743,6 +743,19 @@ async def test_a_known_fresh_secret_of_another_twin_gets_this_twin_as_owner(worl
     assert [r["uid"] for r in world.live()["metadata"]["ownerReferences"]] == ["twin-1", "twin-2"]
 
 
+async def test_a_provider_deleting_a_token_secret_gets_it_written_at_most_once_per_listing(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens(resync_s=3600)  # one listing in this test
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        assert tokens.missing(pod, TARGET)
+        await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        for _ in range(3):
+            world.provider.remove("secrets", TWIN_NS, SECRET)
+            assert not tokens.missing(pod, TARGET), "written since the listing: not missing before the next one"
+    assert len(world.issuer.requests) == 1, "no TokenRequest per deletion"
+
+
 async def test_a_refresh_keeps_the_owners(world: World) -> None:
     pod = world.add_pod(KUBE_API_ACCESS)
     tokens = world.tokens()
