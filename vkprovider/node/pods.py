@@ -351,7 +351,7 @@ class PodController:
         twin = self.provider.twin(namespace, name)
         if pod is None:
             if twin is not None:  # deleted here (also force deletes): nothing may keep running there
-                self._log.info("removing twin of a deleted pod", namespace=namespace, pod=name)
+                self._log.debug("removing twin of a deleted pod", namespace=namespace, pod=name)
                 await self._delete_twin(twin, 0)
             self._refusals.pop(key, None)
             self._debounced.pop(key, None)

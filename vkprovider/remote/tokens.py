@@ -280,7 +280,9 @@ class PodTokens:
                 existing = await rest.get(self.remote, url)
             except KubeError as e:
                 raise _provider_refusal(e, f"cannot read Secret {twin_namespace}/{key[1]}") from e
-            if existing is not None:
+            if existing is not None and tf.pod_owner_references(existing):
+                self._log.debug("token secret left to the garbage collector", namespace=twin_namespace, secret=key[1])
+            elif existing is not None:
                 state = tf.read_token_secret(existing)
                 same_pod = state is None or (state.binding.pod_namespace, state.binding.pod_name) == (
                     namespace,

@@ -47,6 +47,24 @@ async def test_a_twin_create_that_lost_a_quota_race_is_sent_again(world: World) 
     assert "resourcequotas" in str(refused.value) and refused.value.reason != "TwinConflict"
 
 
+async def test_a_twin_deleted_with_grace_0_is_not_taken_back_from_an_event_under_way(world: World) -> None:
+    world.offload("team", PROVIDER)
+    world.claim("team")
+    await until(lambda: "team" in world.provider.twin_ns, what="the twin namespace")
+    await world.provider.create_pod(pod("team"))
+    twin = world.remote.items("pods")[0]
+    await world.provider.delete_pod("team", "train", "uid-train", 0)
+    assert world.provider.twin("team", "train") is None
+    world.provider._on_twin("MODIFIED", twin)  # written before the delete, delivered after it
+    assert world.provider.twin("team", "train") is None
+    deletes = len(world.remote.calls("DELETE", f"/api/v1/namespaces/team-{CONSUMER}/pods/train"))
+    await world.provider.delete_pod("team", "train", "uid-train", 0)
+    assert len(world.remote.calls("DELETE", f"/api/v1/namespaces/team-{CONSUMER}/pods/train")) == deletes == 1
+    world.provider._on_twin("DELETED", twin)
+    world.provider._on_twin("ADDED", {**twin, "metadata": {**twin["metadata"], "uid": "a-new-twin"}})
+    assert world.provider.twin("team", "train") is not None, "another twin of that name is seen"
+
+
 def test_twin_names_from_the_provider_must_be_kubernetes_names() -> None:
     provider = RemoteProvider(None, None, RemoteSettings(CONSUMER, PROVIDER, "gpufed-gpu-a"))
     provider.local_ns[f"team-{CONSUMER}"] = "team"

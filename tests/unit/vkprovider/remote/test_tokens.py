@@ -719,6 +719,10 @@ async def test_a_secret_owned_by_its_twin_is_left_to_the_garbage_collector(world
     assert len(world.provider.requests) == before, "no request: the provider's garbage collector removes it"
     assert world.secret() is not None
     assert tokens.scheduled() == {}
+    # Not known to this process (restarted): read, and left alone since a twin owns it.
+    await world.tokens().forget("team", POD, TWIN_NS, uid=UID)
+    assert [r.method for r in world.provider.requests[before:]] == ["GET"]
+    assert world.secret() is not None
 
 
 async def test_a_secret_rewritten_for_a_new_incarnation_keeps_the_old_owner_and_adds_the_new(world: World) -> None:
