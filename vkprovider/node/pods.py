@@ -79,6 +79,9 @@ DEFAULT_UNPLACED_TIMEOUT_S = defaults.UNPLACED_TIMEOUT_S
 MIN_UNPLACED_TIMEOUT_S = 10.0
 
 Key = tuple[str, str]
+#: Pods deleted here remembered until their DELETED event (beyond: the oldest forgotten; an event
+#: under way about it then costs one more delete, answered 404).
+MAX_REMOVED = 10_000
 
 
 #: Why a container of a starting pod waits when nothing is wrong.
@@ -201,6 +204,9 @@ class PodController:
         self._offloading: dict[str, tuple[float, bool]] = {}
         #: key -> (UID, monotonic time) of twins this controller created whose Pending status is held back.
         self._debounced: dict[Key, tuple[str, float]] = {}
+        #: UIDs of pods this controller deleted whose DELETED event has not come yet (oldest first, at
+        #: most MAX_REMOVED): a reconcile started by an event under way does not delete them again.
+        self._removed: dict[str, None] = {}
         provider.subscribe(self._notify)
 
     def _count(self, key: Key, phase: str | None) -> None:
@@ -236,6 +242,7 @@ class PodController:
         uid = meta.get("uid")
         if kind == "DELETED":
             self.pods.pop(key, None)
+            self._removed.pop(uid, None)
             self._finished.discard(uid)
             self._failing.pop(uid, None)
             self._offloading.pop(uid, None)
@@ -358,6 +365,8 @@ class PodController:
             return None
         meta = pod["metadata"]
         uid = meta["uid"]
+        if uid in self._removed:
+            return None  # deleted here; its DELETED event follows
         if twin is not None and twin.origin_uid != uid:
             # A twin of an earlier pod with the same name (e.g. a StatefulSet replica): never adopt it.
             self._log.info("removing stale twin", namespace=namespace, pod=name, origin_uid=twin.origin_uid)
@@ -527,6 +536,9 @@ class PodController:
         except KubeError as e:
             if not e.conflict:  # 409: the UID precondition failed, a new pod took the name
                 raise
+        self._removed[meta["uid"]] = None
+        if len(self._removed) > MAX_REMOVED:
+            del self._removed[next(iter(self._removed))]
         self._log.debug("pod deleted", namespace=namespace, pod=name)
         return None
 
