@@ -107,7 +107,7 @@ def virtual_kubelet(
         float, typer.Option("--qps", envvar="GPUFED_QPS", help="requests/s per API server")
     ] = VIRTUAL_KUBELET_QPS,
     burst: Annotated[int, typer.Option("--burst", envvar="GPUFED_BURST", help="request burst")] = VIRTUAL_KUBELET_BURST,
-    workers: Annotated[int, typer.Option("--workers", envvar="GPUFED_WORKERS", help="concurrent twin creates")] = 64,
+    workers: Annotated[int, typer.Option("--workers", envvar="GPUFED_WORKERS", help="concurrent twin creates")] = 32,
     consumer_api_server: Annotated[
         str | None,
         typer.Option(

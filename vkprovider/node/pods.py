@@ -140,8 +140,10 @@ FAILED_BACK = Counter(
 @dataclass(frozen=True)
 class PodSettings:
     #: Concurrent reconciles of pods that need a twin (the create lane). A create is three requests
-    #: in a row (TokenRequest, twin, token Secret), so the lane's rate is workers / their latency.
-    workers: int = 64
+    #: in a row (TokenRequest, twin, token Secret), so the lane's rate is workers / their latency; more
+    #: did not start pods sooner in `make bench` (the API servers were the limit) and made the
+    #: provider's quota admission lose races (409 Conflict) on up to a tenth of the creates.
+    workers: int = 32
     #: Concurrent reconciles of everything else: status, deletion, fail-back (the update lane). A
     #: deletion waits for the node's re-advertisement, shared by the deletions of the same moment
     #: and spaced by the node's `min_poke_interval_s`: the lane keeps that many deletions in flight.
