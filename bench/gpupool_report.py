@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from bench.offload import describe_findings
+
 #: Column order of the modes (the order the part runs them).
 MODE_ORDER = ("live", "kueue", "static")
 HEADINGS = {"live": "live (gpufed)", "kueue": "kueue (live + Kueue)", "static": "static slices (baseline)"}
@@ -320,14 +322,7 @@ def observations(modes: dict[str, dict[str, Any]]) -> list[str]:
                 f"{mode}: {r['pods_unplaced']} pods succeeded without their twin seen bound (their place is unknown "
                 "and does not count towards a split)"
             )
-        for log in r.get("logs") or []:
-            levels = log.get("levels") or {}
-            bad = {k: n for k, n in levels.items() if k not in ("info", "debug")}
-            if bad:
-                top = "; ".join(f"{x['count']}× `{x['event']}`" for x in log.get("top") or [])
-                out.append(f"{mode}: `{log['log']}`: {log['lines']} lines, {bad}" + (f" — {top}" if top else ""))
-            elif "error" in log:
-                out.append(f"{mode}: `{log['log']}` unreadable: {log['error']}")
+        out += [f"{mode}: {line}" for log in r.get("logs") or [] if (line := describe_findings(log)) is not None]
     return out
 
 

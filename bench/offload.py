@@ -269,6 +269,19 @@ def log_findings(path: Path, offset: int, limit: int = 5) -> dict[str, Any]:
     }
 
 
+def describe_findings(log: dict[str, Any], where: str = "") -> str | None:
+    """One line for a report about what `log_findings` found (`where` follows the log's name); None
+    when the log had nothing above info."""
+    levels = log.get("levels") or {}
+    bad = {k: n for k, n in levels.items() if k not in ("info", "debug")}
+    if bad:
+        top = "; ".join(f"{x['count']}× `{x['event']}`" for x in log.get("top") or [])
+        return f"`{log['log']}`{where}: {log['lines']} lines, {bad}" + (f" — {top}" if top else "")
+    if "error" in log:
+        return f"`{log['log']}`{where} unreadable: {log['error']}"
+    return None
+
+
 # ------------------------------------------------------------------------------------ the part
 
 

@@ -448,8 +448,15 @@ def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
         "back to back, so a burst cost O(pods²), with `pod_requests` re-parsing every pod's quantities each time. "
         "Fixed: reads coalesce to one per 0.25 s, and requests are parsed once per pod generation. "
         + _before_after(results)
-        + "\n\nWhat remains is API-server work on shared cores, which a virtual kubelet cannot remove: on a "
-        "machine where the API servers have their own cores the ratio is the figure to watch."
+        + "\n\nWhat remains at 1000 pods is API-server work on shared cores, which a virtual kubelet cannot remove: "
+        "on a machine where the API servers have their own cores the ratio is the figure to watch. At "
+        f"{(off.get('profile') or {}).get('pods', '—')} pods the virtual kubelet's own CPU grows faster than its "
+        f"pods (`vk_cpu_s_per_burst` {((off.get('growth') or {}).get('vk_cpu_s_per_burst') or {}).get('order', '—')}"
+        f" above): this run's profile finds `PoolManager.usage` on the stack in "
+        f"{_profile_share(off, 'gpufed/app/pools.py:PoolManager.usage')} of its samples. Even read at most every "
+        "0.25 s, each read walks every pod of the node (their twins, requests and phases), so at 10,000 pods the "
+        "reads alone take about half of the process's CPU; keeping running totals that each pod event updates, "
+        "instead of a walk per read, is the next step."
     )
 
 

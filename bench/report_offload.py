@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.offload import TARGET_DELETE_RATIO_MAX, aggregate
+from bench.offload import TARGET_DELETE_RATIO_MAX, aggregate, describe_findings
 
 METHOD = (
     "How the offload part measures: N pods, each requesting 10m CPU / 16Mi, created concurrently with "
@@ -393,14 +393,7 @@ def _observations(r: dict[str, Any]) -> list[str]:
                 f"the virtual kubelet process changed during the burst{where} "
                 f"(pid {vk.get('pid')} -> {v.get('vk_pid_after')})"
             )
-        for log in v.get("logs") or []:
-            levels = log.get("levels") or {}
-            bad = {k: n for k, n in levels.items() if k not in ("info", "debug")}
-            if bad:
-                top = "; ".join(f"{x['count']}× `{x['event']}`" for x in log.get("top") or [])
-                out.append(f"`{log['log']}`{where}: {log['lines']} lines, {bad}" + (f" — {top}" if top else ""))
-            elif "error" in log:
-                out.append(f"`{log['log']}`{where} unreadable: {log['error']}")
+        out += [line for log in v.get("logs") or [] if (line := describe_findings(log, where)) is not None]
     return out
 
 
