@@ -139,3 +139,18 @@ async def test_objects_reflections_watches_hold_are_not_read_again(world: World)
     assert not world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/configmaps/settings")[1:], (
         "only the first copy read the provider"
     )
+
+
+async def test_a_held_copy_the_consumer_does_not_own_is_never_taken_for_its_own(world: World) -> None:
+    local = world.consumer.create("configmaps", config_map())
+    stranger = world.provider.create(
+        "configmaps", {"metadata": {"name": "settings", "namespace": TWIN_NS}, "data": {"lr": "0.1"}}
+    )
+    held = {"local": local, "remote": stranger}  # the provider's own object, same contents
+    copier = ReferenceCopier(
+        world.copier.local, world.copier.remote, CONSUMER, "gpu-a", lambda _ns: {}, lambda s, _k, _ns, _n: held[s]
+    )
+    with pytest.raises(ProviderError) as e:
+        await copier.copy("team", CONFIG, TARGET)
+    assert e.value.reason == "NameCollision"
+    assert world.applies() == 0
