@@ -53,6 +53,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from gpufed.apis.wire import GANG_LABEL, UNPLACED_TIMEOUT_ANNOTATION
 from gpufed.kube import events, rest
 from gpufed.kube.client import KubeError
+from gpufed.kube.deleted import RecentlyDeleted
 from gpufed.kube.queue import WorkQueue
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
@@ -79,9 +80,6 @@ DEFAULT_UNPLACED_TIMEOUT_S = defaults.UNPLACED_TIMEOUT_S
 MIN_UNPLACED_TIMEOUT_S = 10.0
 
 Key = tuple[str, str]
-#: Pods deleted here remembered until their DELETED event (beyond: the oldest forgotten; an event
-#: under way about it then costs one more delete, answered 404).
-MAX_REMOVED = 10_000
 
 
 #: Why a container of a starting pod waits when nothing is wrong.
@@ -206,9 +204,9 @@ class PodController:
         self._offloading: dict[str, tuple[float, bool]] = {}
         #: key -> (UID, monotonic time) of twins this controller created whose Pending status is held back.
         self._debounced: dict[Key, tuple[str, float]] = {}
-        #: UIDs of pods this controller deleted whose DELETED event has not come yet (oldest first, at
-        #: most MAX_REMOVED): a reconcile started by an event under way does not delete them again.
-        self._removed: dict[str, None] = {}
+        #: Pods this controller deleted: a reconcile started by an event under way does not delete
+        #: them again.
+        self._removed = RecentlyDeleted()
         provider.subscribe(self._notify)
 
     def _count(self, key: Key, phase: str | None) -> None:
@@ -244,7 +242,7 @@ class PodController:
         uid = meta.get("uid")
         if kind == "DELETED":
             self.pods.pop(key, None)
-            self._removed.pop(uid, None)
+            self._removed.discard(uid)
             self._finished.discard(uid)
             self._failing.pop(uid, None)
             self._offloading.pop(uid, None)
@@ -538,9 +536,7 @@ class PodController:
         except KubeError as e:
             if not e.conflict:  # 409: the UID precondition failed, a new pod took the name
                 raise
-        self._removed[meta["uid"]] = None
-        if len(self._removed) > MAX_REMOVED:
-            del self._removed[next(iter(self._removed))]
+        self._removed.add(meta["uid"])
         self._log.debug("pod deleted", namespace=namespace, pod=name)
         return None
 

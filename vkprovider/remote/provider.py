@@ -74,6 +74,7 @@ from gpufed.apis.wire import (
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.contention import contended, retry_contended
+from gpufed.kube.deleted import RecentlyDeleted
 from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
 from vkprovider.forge import podpolicy
@@ -151,11 +152,6 @@ class NamespaceReflection(Protocol):
         ...
 
 
-#: Twins deleted with grace 0 remembered until their DELETED event (beyond: the oldest forgotten; an
-#: event under way about it then costs one more delete, answered 404).
-MAX_GONE = 10_000
-
-
 def _published_ingress_annotations(twin_namespace: Mapping[str, Any]) -> list[str] | None:
     """The Ingress annotations a TwinNamespace's status says the provider allows (None: it says nothing,
     or nothing readable)."""
@@ -216,10 +212,9 @@ class RemoteProvider:
         self.local_ns: dict[str, str] = {}
         #: (local namespace, name) -> the twin pod as last seen (or as created).
         self._twins: dict[tuple[str, str], dict[str, Any]] = {}
-        #: UIDs of twins deleted here with grace 0 whose DELETED event has not come yet (oldest first,
-        #: at most MAX_GONE): an event about one of them that was under way is not taken as the twin
-        #: being back, so it is not deleted twice.
-        self._gone: dict[str, None] = {}
+        #: Twins deleted here with grace 0: an event about one of them that was under way is not taken
+        #: as the twin being back, so it is not deleted twice.
+        self._gone = RecentlyDeleted()
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._synced: dict[str, asyncio.Event] = {}
         #: Told when a twin namespace becomes Ready or goes (None: nothing is reflected).
@@ -440,7 +435,7 @@ class RemoteProvider:
         key = (local_ns, obj["metadata"]["name"])
         uid = str(obj["metadata"].get("uid") or "")
         if kind == "DELETED":
-            self._gone.pop(uid, None)
+            self._gone.discard(uid)
             current = self._twins.get(key)
             if current is not None and current["metadata"].get("uid") == obj["metadata"].get("uid"):
                 del self._twins[key]
@@ -655,9 +650,7 @@ class RemoteProvider:
             with contextlib.suppress(KeyError):
                 if self._twins[(namespace, name)]["metadata"].get("uid") == meta["uid"]:
                     del self._twins[(namespace, name)]
-                    self._gone[meta["uid"]] = None
-                    if len(self._gone) > MAX_GONE:
-                        del self._gone[next(iter(self._gone))]
+                    self._gone.add(meta["uid"])
 
     def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
         return self.addresses.local_status(pod, twin.raw)
