@@ -28,15 +28,23 @@ Needs root, /dev/net/tun, `ip`, `nft`, `ping` (the agents' probes), `unshare` an
 everything this object created, WireGuard links before their namespaces (wireguard-go keeps a
 deleted namespace alive otherwise).
 
+A run that is killed (SIGKILL, a machine snapshot, a session that ends) cannot tear down. So each
+object holds an exclusive lock on `<registry>/<tag>.lock` from before its first namespace until its
+teardown; the kernel drops the lock with the process. `prepare` (called before the first namespace)
+removes the namespaces of every tag whose lock nobody holds: the processes left in them, their
+WireGuard links, the namespaces.
+
 Does not: configure the fabric (`gpufed peer` / `network connect` do, through the clusters), choose
-any address (the clusters and their RemoteNetworks do), or touch namespaces, links or processes it
-did not create.
+any address (the clusters and their RemoteNetworks do), or touch namespaces, links or processes
+outside the namespaces of its own prefix; of those, it removes only ones no living run holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import secrets
@@ -57,6 +65,8 @@ from netfabric.render import INTERFACE_PREFIX
 GW_LINK = "169.254.1.1"
 #: Prefix of every namespace this module creates (then a random tag, then the role).
 NS_PREFIX = "gfdemo"
+#: Where each living run holds the lock of its tag (see the module docstring).
+REGISTRY = Path("/run/gpufed/podnet")
 #: Where wireguard-go opens its UAPI sockets (made private per gateway agent).
 WIREGUARD_RUN_DIR = "/run/wireguard"
 #: nftables table of the kube-proxy stand-in in the client pod.
@@ -162,10 +172,12 @@ class PodNetwork:
     gpufed: Sequence[str]
     logs: Path
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
+    registry: Path = REGISTRY
     namespaces: list[str] = field(default_factory=list)
     agents: dict[str, _Process] = field(default_factory=dict)
     servers: list[_Process] = field(default_factory=list)
     _links: dict[str, int] = field(default_factory=dict)
+    _lock: int | None = None
 
     def ns(self, role: str) -> str:
         return f"{NS_PREFIX}{self.tag}-{role}"
@@ -179,10 +191,28 @@ class PodNetwork:
         self._links[f"{ns}/{prefix}"] = n + 1
         return f"{prefix}{n}"
 
+    async def prepare(self) -> list[str]:
+        """Hold this run's tag (a new one if a living run holds it), then remove what killed runs
+        left (`reap_stale`); returns what was removed. Idempotent: once held, does nothing."""
+        if self._lock is not None:
+            return []
+        while (fd := hold_tag(self.registry, self.tag)) is None:
+            self.tag = secrets.token_hex(2)
+        self._lock = fd
+        return await reap_stale(self.registry)
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self.registry / f"{self.tag}.lock").unlink()
+            os.close(self._lock)
+            self._lock = None
+
     async def _add_ns(self, role: str) -> str:
         name = self.ns(role)
         if name in self.namespaces:
             return name
+        await self.prepare()
         await _run(["ip", "netns", "add", name])
         self.namespaces.append(name)
         await _run(["ip", "-n", name, "link", "set", "lo", "up"])
@@ -367,7 +397,79 @@ class PodNetwork:
         self._links.clear()
         if errors:
             raise PodNetworkError("; ".join(errors))
+        self._release()
         return done
+
+
+def hold_tag(registry: Path, tag: str) -> int | None:
+    """An open descriptor holding the exclusive lock of `tag`, or None when a living run holds it.
+
+    The lock file may be removed by a reaper between open and lock; the lock then holds a file no
+    one else can find, so it is taken again on the file now at the path."""
+    registry.mkdir(parents=True, exist_ok=True)
+    path = registry / f"{tag}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return None
+            raise
+        try:
+            if os.fstat(fd).st_ino == path.stat().st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _tag_of(namespace: str) -> str:
+    return namespace[len(NS_PREFIX) :].split("-", 1)[0]
+
+
+async def reap_stale(registry: Path = REGISTRY) -> list[str]:
+    """Remove the namespaces of this module whose tag no living run holds: kill the processes left
+    in them, delete their WireGuard links, then the namespaces; returns what was removed. A namespace
+    that cannot be removed is named in PodNetworkError, after everything possible was removed."""
+    done: list[str] = []
+    errors: list[str] = []
+    by_tag: dict[str, list[str]] = {}
+    for ns in await leftover_namespaces():
+        by_tag.setdefault(_tag_of(ns), []).append(ns)
+    for tag, namespaces in sorted(by_tag.items()):
+        fd = hold_tag(registry, tag)
+        if fd is None:
+            continue  # a living run's
+        try:
+            for ns in namespaces:
+                try:
+                    pids = [int(p) for p in (await _run(["ip", "netns", "pids", ns])).split()]
+                except (process.CommandError, ValueError):
+                    pids = []
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                if pids:
+                    done.append(f"killed {len(pids)} process(es) left in {ns}")
+                with contextlib.suppress(process.CommandError):
+                    links = await _run(["ip", "-n", ns, "-br", "link"])
+                    for name in (line.split()[0].split("@")[0] for line in links.splitlines() if line.strip()):
+                        if name.startswith(INTERFACE_PREFIX):
+                            await _run(["ip", "-n", ns, "link", "del", name])
+                try:
+                    await _run(["ip", "netns", "del", ns])
+                    done.append(f"deleted netns {ns}")
+                except process.CommandError as e:
+                    errors.append(str(e))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                (registry / f"{tag}.lock").unlink()
+            os.close(fd)
+    if errors:
+        raise PodNetworkError("; ".join(errors))
+    return done
 
 
 async def leftover_namespaces(tag: str | None = None) -> list[str]:

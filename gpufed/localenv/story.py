@@ -239,6 +239,11 @@ class Story:
         net = self.podnet
         assert net is not None
         topo = self.env.topology
+        reaped = await net.prepare()
+        if reaped:
+            self.narrator.note(
+                "removed what a killed earlier run left (nothing living held it): " + "; ".join(reaped)
+            )
         gateways = []
         for i, provider in enumerate(self.providers):
             gateways.append(await net.add_peering(i, topo.gateway_endpoint(CONSUMER), topo.gateway_endpoint(provider)))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from gpufed.localenv.podnet import PodNetwork, missing_requirements, service_ruleset
+from gpufed.localenv.podnet import PodNetwork, hold_tag, missing_requirements, service_ruleset
 
 
 def test_service_ruleset_dnats_the_cluster_ip_round_robin_to_every_endpoint() -> None:
@@ -40,3 +41,38 @@ def test_missing_requirements_name_what_is_missing(tmp_path: Path, monkeypatch: 
     assert any("`ping`" in w and "iputils-ping" in w for w in why)
     assert any("wireguard-go" in w and "make binaries" in w for w in why)
     assert not any("`ip`" in w for w in why)
+
+
+def test_a_tag_is_held_by_one_run_until_it_releases_it(tmp_path: Path) -> None:
+    first = hold_tag(tmp_path, "ab12")
+    assert first is not None
+    assert hold_tag(tmp_path, "ab12") is None  # held: another run must take another tag
+    os.close(first)  # what the kernel does when the holder dies
+    again = hold_tag(tmp_path, "ab12")
+    assert again is not None
+    os.close(again)
+
+
+async def test_prepare_takes_another_tag_when_a_living_run_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reaped: list[Path] = []
+
+    async def reap(registry: Path) -> list[str]:
+        reaped.append(registry)
+        return ["deleted netns gfdemo0000-cgw0"]
+
+    monkeypatch.setattr("gpufed.localenv.podnet.reap_stale", reap)
+    held = hold_tag(tmp_path, "ab12")
+    assert held is not None
+    net = PodNetwork(
+        wireguard_go=tmp_path / "wg", kubeconfig=tmp_path / "kc", gpufed=["gpufed"], logs=tmp_path, tag="ab12",
+        registry=tmp_path,
+    )  # fmt: skip
+    assert await net.prepare() == ["deleted netns gfdemo0000-cgw0"]
+    assert net.tag != "ab12" and (tmp_path / f"{net.tag}.lock").exists()
+    assert hold_tag(tmp_path, net.tag) is None
+    assert await net.prepare() == [] and reaped == [tmp_path]  # once held, nothing more
+    assert await net.teardown() == []
+    assert not (tmp_path / f"{net.tag}.lock").exists()
+    os.close(held)
