@@ -241,9 +241,7 @@ class Story:
         topo = self.env.topology
         reaped = await net.prepare()
         if reaped:
-            self.narrator.note(
-                "removed what a killed earlier run left (nothing living held it): " + "; ".join(reaped)
-            )
+            self.narrator.note("removed what a killed earlier run left (nothing living held it): " + "; ".join(reaped))
         gateways = []
         for i, provider in enumerate(self.providers):
             gateways.append(await net.add_peering(i, topo.gateway_endpoint(CONSUMER), topo.gateway_endpoint(provider)))
