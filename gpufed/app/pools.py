@@ -5,7 +5,8 @@ live capacity snapshot and the grant; nodes of this provider that already exist 
 those no longer wanted keep running as *draining* pools — advertising only what their pods hold —
 until no pod is bound to them, then their Node is deleted); per pool a `PoolView`, a
 `NodeController`, a `PodController`, a `ServingCertManager` and a `KubeletAPI` on its own port from
-the process's range; the consumer's usage per pool (what `PoolView.node_state` advertises against)
+the process's range; the consumer's usage per pool (what `PoolView.node_state` advertises
+against), kept by a `UsageLedger` fed the pod controllers' events, releases and twin notifications;
 and waking every pool's node controller when pods, twins, the grant or the capacity change, so a
 bound pod lowers the pool's allocatable within milliseconds.
 
@@ -20,10 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 import structlog
@@ -32,8 +31,6 @@ from gpufed.apis.pool import GPU_PRODUCT_LABEL
 from gpufed.apis.wire import POOL_PRODUCT_LABEL, REMOTE_CLUSTER_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
-from peering.grants import pod_requests
-from vkprovider.forge.pods import is_terminal
 from vkprovider.forge.pools import Pool, plan_pools
 from vkprovider.kubelet.server import DEFAULT_STREAM_IDLE_S, KubeletAPI, KubeletAPISettings
 from vkprovider.kubelet.servingcert import ServingCertManager, ServingCertSettings, ServingTLS
@@ -44,6 +41,7 @@ from vkprovider.remote.capacity import FIRST_SNAPSHOT_WAIT_S, CapacityFeed
 from vkprovider.remote.devices import ClaimCache, SlicePublisher
 from vkprovider.remote.pools import PoolView, Usage
 from vkprovider.remote.provider import RemoteProvider
+from vkprovider.remote.usage import UsageLedger
 
 #: Seconds between checks whether draining pools are empty (changes also trigger one).
 REPLAN_S = 10.0
@@ -107,12 +105,8 @@ class PoolManager:
         self.ready = asyncio.Event()
         self._replan = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
-        #: UIDs of pods about to stop holding resources (no longer counted as held).
-        self._releasing: set[str] = set()
-        #: UID -> monotonic time we first saw its twin placed at the provider.
-        self._placed_at: dict[str, float] = {}
-        #: uid -> (spec generation, or resourceVersion without one; its parsed requests).
-        self._requests: dict[str, tuple[str, Mapping[str, Decimal]]] = {}
+        #: What the consumer's pods hold on each pool node, kept per pod event.
+        self.ledger = UsageLedger(SNAPSHOT_LAG_S)
         self._log = structlog.get_logger().bind(remote_cluster=provider.settings.provider)
         provider.subscribe(self._broadcast)
         provider.slice_listeners.append(self._on_grant)
@@ -124,70 +118,31 @@ class PoolManager:
     # ---- usage and wake-ups
 
     def usage(self, node: str) -> Usage:
-        total: dict[str, Decimal] = {}
-        here: dict[str, Decimal] = {}
-        in_flight: list[Mapping[str, Decimal]] = []
-        seen: set[str] = set()
-        for name, running in list(self.pools.items()):
-            for pod in running.pods.bound_pods():
-                uid = pod["metadata"].get("uid")
-                seen.add(uid)
-                if is_terminal(pod) or running.pods.finished(pod):
-                    self._releasing.discard(uid)
-                    continue
-                if uid in self._releasing:
-                    continue
-                req = self._requests_of(pod)
-                for r, v in req.items():
-                    total[r] = total.get(r, Decimal(0)) + v
-                if name != node:
-                    continue
-                for r, v in req.items():
-                    here[r] = here.get(r, Decimal(0)) + v
-                meta = pod["metadata"]
-                twin = running.view.twin(meta["namespace"], meta["name"])
-                if twin is None or twin.unplaced_since is not None:
-                    in_flight.append(req)
-                    continue
-                # Placed, but the snapshot may not show it yet: until one arrives well after the
-                # placement, its GPUs would count twice (held here, and free in the histogram).
-                placed = self._placed_at.setdefault(uid, time.monotonic())
-                if self.feed is not None and self.feed.received_at < placed + SNAPSHOT_LAG_S:
-                    in_flight.append(req)
-        self._releasing &= seen
-        for gone in self._placed_at.keys() - seen:
-            del self._placed_at[gone]
-        for gone in self._requests.keys() - seen:
-            del self._requests[gone]
+        running = self.pools.get(node)
+        twin_of = running.view.twin if running is not None else (lambda namespace, name: None)
+        total, here, in_flight = self.ledger.usage(
+            node, twin_of, self.feed.received_at if self.feed is not None else None
+        )
         if self.devices is None:
-            return Usage(total, here, tuple(in_flight))
+            return Usage(total, here, in_flight)
         claims = self.devices.claims
         return Usage(
             total,
             here,
-            tuple(in_flight),
+            in_flight,
             held_devices=frozenset(claims.held(node)),
             held_all=claims.held_count(lambda pool: pool in self.pools),
         )
 
-    def _requests_of(self, pod: Mapping[str, Any]) -> Mapping[str, Decimal]:
-        """`pod_requests`, parsed once per pod and spec generation (parsing quantities for every
-        pod at every node-status read was a fifth of the virtual kubelet's CPU in a burst)."""
-        meta = pod["metadata"]
-        # Pods carry a spec generation (Kubernetes >= 1.33); without one, any change may be a resize.
-        key = str(meta.get("generation") or f"rv:{meta.get('resourceVersion', '')}")
-        cached = self._requests.get(meta.get("uid"))
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        req = pod_requests(pod)
-        self._requests[meta.get("uid")] = (key, req)
-        return req
+    def _on_pod(self, node: str, kind: str, pod: Mapping[str, Any]) -> None:
+        self.ledger.on_pod(node, kind, pod)
+        self._poke()
 
     async def _release(self, node: str, pod: Mapping[str, Any]) -> None:
         """Before a pod's resources are freed in the scheduler's eyes (terminal, deleted), advertise
         the node without them: the scheduler never sees the pod gone while the node still offers
         what the pod held on top of what the provider can place (capacity capping stays a bound)."""
-        self._releasing.add(pod["metadata"]["uid"])
+        self.ledger.release(pod["metadata"]["uid"])
         running = self.pools.get(node)
         if running is not None:
             try:
@@ -208,6 +163,7 @@ class PoolManager:
         self._poke()
 
     def _broadcast(self, namespace: str, name: str) -> None:
+        self.ledger.twin_changed(namespace, name)
         for running in list(self.pools.values()):
             running.view.notify(namespace, name)
         self._poke()
@@ -256,7 +212,7 @@ class PoolManager:
             view,
             pool.node,
             s.pods,
-            on_change=self._poke,
+            on_change=functools.partial(self._on_pod, pool.node),
             releasing=functools.partial(self._release, pool.node),
         )
         tls = ServingTLS()
@@ -289,6 +245,7 @@ class PoolManager:
         running = self.pools.pop(name)
         running.task.cancel()
         await asyncio.wait([running.task])  # its CancelledError is not ours (ours still propagates)
+        self.ledger.forget_node(name)
         self.provider.pool_products.pop(name, None)
         if delete:
             with contextlib.suppress(KubeError):

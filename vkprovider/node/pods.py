@@ -162,10 +162,11 @@ class PodSettings:
 class PodController:
     """Keeps the twins of the pods bound to `node` in line with them (see the module docstring).
 
-    `on_change` is called after every change of a local pod bound to the node (e.g. to re-advertise
-    capacity); `releasing` is awaited before a pod stops holding the node's resources (terminal
-    status, deletion), so the node can lower what it advertises before the scheduler sees the
-    resources free. The controller subscribes to `provider`'s twin notifications when constructed.
+    `on_change(kind, pod)` is called after every watch event of a local pod bound to the node (e.g. to
+    count what it holds and re-advertise capacity); `releasing` is awaited before a pod stops holding
+    the node's resources (terminal status, deletion), so the node can lower what it advertises before
+    the scheduler sees the resources free. The controller subscribes to `provider`'s twin
+    notifications when constructed.
     """
 
     def __init__(
@@ -175,7 +176,7 @@ class PodController:
         node: str,
         settings: PodSettings | None = None,
         *,
-        on_change: Callable[[], None] | None = None,
+        on_change: Callable[[str, Mapping[str, Any]], None] | None = None,
         releasing: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.api = api
@@ -257,7 +258,7 @@ class PodController:
                 self._offloading.pop(uid, None)
         self._enqueue(key)
         if self._on_change is not None:
-            self._on_change()
+            self._on_change(kind, obj)
 
     # ---- what the kubelet API serves (vkprovider.kubelet.server.PodSource)
 
