@@ -154,6 +154,9 @@ class ProductCapacity:
     gpu_memory_mib: int | None = None
     #: "nvml" when every node of the product is described by the GPU node agent from NVML, else "labels".
     source: str = SOURCE_LABELS
+    #: GPU allocatable of the largest counted node: the most GPUs one pod could ever get there
+    #: (0: unknown, e.g. from an estimator that does not send it).
+    largest_node: int = 0
 
 
 @dataclass(frozen=True)

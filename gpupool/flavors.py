@@ -3,8 +3,11 @@ quotas that never promise more than the providers granted.
 
 Owns:
 - `flavor`: the ResourceFlavor of a pool node — named after the node, its `nodeLabels` pinning an
-  admitted workload to that node (`kubernetes.io/hostname`) and its `tolerations` letting it onto a
-  virtual node; labelled as gpufed's (`app.kubernetes.io/managed-by`) and with its provider;
+  admitted workload to that node (`kubernetes.io/hostname`) and saying the most GPUs one pod can get
+  there (`POD_GPUS_LABEL`, which the node affinity the webhook gives queued GPU Jobs is matched
+  against: Kueue then never admits a Job to a flavor none of whose provider nodes can hold one of
+  its pods), and its `tolerations` letting it onto a virtual node; labelled as gpufed's
+  (`app.kubernetes.io/managed-by`) and with its provider;
 - `caps`: how many GPUs each flavor may be promised in all (the pool's GPUs of its product at the
   provider, at most the grant) and each provider across its flavors (the grant: a provider's pools
   share one grant);
@@ -28,6 +31,7 @@ from gpufed.apis.pool import GPU_RESOURCE
 from gpufed.apis.wire import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    POD_GPUS_LABEL,
     REMOTE_CLUSTER_LABEL,
     VIRTUAL_NODE_TAINT_KEY,
 )
@@ -55,6 +59,8 @@ class Pool:
     total: int | None
     #: The provider's whole grant in GPUs (shared by its pools).
     granted: int
+    #: The most GPUs one pod can get on the pool (its node's `POD_GPUS_LABEL`; None: not known).
+    pod_gpus: int | None = None
 
 
 def flavor(pool: Pool, version: str = KUEUE_VERSION) -> dict[str, Any]:
@@ -67,7 +73,10 @@ def flavor(pool: Pool, version: str = KUEUE_VERSION) -> dict[str, Any]:
             "labels": {MANAGED_BY_LABEL: MANAGED_BY, REMOTE_CLUSTER_LABEL: pool.provider},
         },
         "spec": {
-            "nodeLabels": {HOSTNAME_LABEL: pool.node},
+            "nodeLabels": {
+                HOSTNAME_LABEL: pool.node,
+                **({POD_GPUS_LABEL: str(pool.pod_gpus)} if pool.pod_gpus else {}),
+            },
             "tolerations": [{"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}],
         },
     }

@@ -138,6 +138,7 @@ class _Agg:
         self.in_use = 0
         self.free = 0
         self.largest = 0
+        self.largest_node = 0
         self.hist: Counter[int] = Counter()
         self.cpu = 0
         self.mem = 0
@@ -275,6 +276,7 @@ class Inventory:
             free = (allocatable - used).floored()
             a.nodes += 1
             a.allocatable += allocatable.gpus
+            a.largest_node = max(a.largest_node, allocatable.gpus)
             a.in_use += used.gpus
             a.free += free.gpus
             a.hist[free.gpus] += 1
@@ -308,6 +310,7 @@ class Inventory:
                     labels=labels,
                     gpu_memory_mib=int(mem) if mem.isdigit() else None,
                     source=SOURCE_NVML if a.all_nvml and a.seen else SOURCE_LABELS,
+                    largest_node=a.largest_node,
                 )
             )
         return Snapshot(

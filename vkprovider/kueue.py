@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
+from gpufed.apis.wire import MANAGED_BY, MANAGED_BY_LABEL, POD_GPUS_LABEL, TYPE_LABEL, VIRTUAL_NODE_TYPE
 from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.watch import watch
@@ -69,8 +69,13 @@ def pool_of(node: Mapping[str, Any]) -> Pool | None:
         return None
     try:
         total = None if figures.total is None else int(figures.total)
+        pod_gpus = meta.labels(node).get(POD_GPUS_LABEL, "")
         return Pool(
-            node=meta.name(node), provider=str(figures.provider), total=total, granted=int(figures.granted or 0)
+            node=meta.name(node),
+            provider=str(figures.provider),
+            total=total,
+            granted=int(figures.granted or 0),
+            pod_gpus=int(pod_gpus) if pod_gpus.isdigit() and int(pod_gpus) > 0 else None,
         )
     except (TypeError, ValueError):
         return None

@@ -171,6 +171,10 @@ DRA_DEVICE_CLASS = "gpu.gpufed.io"
 PROVIDER_ALLOCATION_ANNOTATION = "gpufed.io/provider-allocation"
 #: On virtual nodes of a per-product pool: the GPU product (also in nvidia.com/gpu.product).
 POOL_PRODUCT_LABEL = "gpufed.io/gpu-pool-product"
+#: On a pool's virtual node and its Kueue ResourceFlavor: the most GPUs one pod can ever get there (its
+#: provider's largest node of the product, at most the grant). Queued Jobs' GPU pod templates get a
+#: node affinity on it, so Kueue chooses only a flavor whose pool can hold one of their pods.
+POD_GPUS_LABEL = "gpufed.io/pod-gpus-max"
 #: On a consumer's ForeignCluster of a provider (per peering; the virtual kubelet restarts to apply):
 #: `live` (default: the provider's capacity estimator, pools, fit checks, fail-back) or `static`
 #: (capacity = grant, one node, no fit check, no fail-back: how other federations behave).

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!gpupool/estimator/estimator.proto\x12\x13gpufed.estimator.v1\"\x11\n\x0f\x43\x61pacityRequest\"\x0e\n\x0cWatchRequest\"*\n\x06\x42ucket\x12\x11\n\tfree_gpus\x18\x01 \x01(\x03\x12\r\n\x05nodes\x18\x02 \x01(\x03\"\xcb\x03\n\x0fProductCapacity\x12\x0f\n\x07product\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x03\x12\x17\n\x0funhealthy_nodes\x18\x03 \x01(\x03\x12\r\n\x05total\x18\x04 \x01(\x03\x12\x13\n\x0b\x61llocatable\x18\x05 \x01(\x03\x12\x0e\n\x06in_use\x18\x06 \x01(\x03\x12\x0c\n\x04\x66ree\x18\x07 \x01(\x03\x12\x15\n\rlargest_shape\x18\x08 \x01(\x03\x12.\n\thistogram\x18\t \x03(\x0b\x32\x1b.gpufed.estimator.v1.Bucket\x12\x17\n\x0f\x66ree_cpu_millis\x18\n \x01(\x03\x12\x19\n\x11\x66ree_memory_bytes\x18\x0b \x01(\x03\x12\x11\n\tfree_pods\x18\x0c \x01(\x03\x12@\n\x06labels\x18\r \x03(\x0b\x32\x30.gpufed.estimator.v1.ProductCapacity.LabelsEntry\x12\x1b\n\x0egpu_memory_mib\x18\x0e \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06source\x18\x0f \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_gpu_memory_mib\"6\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\",\n\rCapacityEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xf9\x01\n\x0b\x44\x65viceGroup\x12\x0f\n\x07product\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x16\n\x0e\x64\x65vice_classes\x18\x03 \x03(\t\x12\x32\n\nattributes\x18\x04 \x03(\x0b\x32\x1e.gpufed.estimator.v1.Attribute\x12\x34\n\x08\x63\x61pacity\x18\x05 \x03(\x0b\x32\".gpufed.estimator.v1.CapacityEntry\x12\x19\n\x11\x65xtended_resource\x18\x06 \x01(\t\x12\r\n\x05total\x18\x07 \x01(\x03\x12\x0c\n\x04\x66ree\x18\x08 \x01(\x03\x12\x0f\n\x07largest\x18\t \x01(\x03\"\xaf\x01\n\x08Snapshot\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x36\n\x08products\x18\x02 \x03(\x0b\x32$.gpufed.estimator.v1.ProductCapacity\x12\x13\n\x0bobserved_at\x18\x03 \x01(\x01\x12\x11\n\theartbeat\x18\x04 \x01(\x08\x12\x31\n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32 .gpufed.estimator.v1.DeviceGroup\"J\n\nToleration\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\"*\n\x0cSelectorPair\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xdc\x01\n\x08PodShape\x12\x0c\n\x04gpus\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x18\n\x0bgpu_product\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x38\n\rnode_selector\x18\x05 \x03(\x0b\x32!.gpufed.estimator.v1.SelectorPair\x12\x34\n\x0btolerations\x18\x06 \x03(\x0b\x32\x1f.gpufed.estimator.v1.TolerationB\x0e\n\x0c_gpu_product\"=\n\tPlacement\x12\x11\n\tplaceable\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x01(\x03\",\n\x08Replicas\x12\x10\n\x08replicas\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xc4\x02\n\tEstimator\x12R\n\x0bGetCapacity\x12$.gpufed.estimator.v1.CapacityRequest\x1a\x1d.gpufed.estimator.v1.Snapshot\x12I\n\x08\x43\x61nPlace\x12\x1d.gpufed.estimator.v1.PodShape\x1a\x1e.gpufed.estimator.v1.Placement\x12K\n\x0bMaxReplicas\x12\x1d.gpufed.estimator.v1.PodShape\x1a\x1d.gpufed.estimator.v1.Replicas\x12K\n\x05Watch\x12!.gpufed.estimator.v1.WatchRequest\x1a\x1d.gpufed.estimator.v1.Snapshot0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!gpupool/estimator/estimator.proto\x12\x13gpufed.estimator.v1\"\x11\n\x0f\x43\x61pacityRequest\"\x0e\n\x0cWatchRequest\"*\n\x06\x42ucket\x12\x11\n\tfree_gpus\x18\x01 \x01(\x03\x12\r\n\x05nodes\x18\x02 \x01(\x03\"\xe1\x03\n\x0fProductCapacity\x12\x0f\n\x07product\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x03\x12\x17\n\x0funhealthy_nodes\x18\x03 \x01(\x03\x12\r\n\x05total\x18\x04 \x01(\x03\x12\x13\n\x0b\x61llocatable\x18\x05 \x01(\x03\x12\x0e\n\x06in_use\x18\x06 \x01(\x03\x12\x0c\n\x04\x66ree\x18\x07 \x01(\x03\x12\x15\n\rlargest_shape\x18\x08 \x01(\x03\x12.\n\thistogram\x18\t \x03(\x0b\x32\x1b.gpufed.estimator.v1.Bucket\x12\x17\n\x0f\x66ree_cpu_millis\x18\n \x01(\x03\x12\x19\n\x11\x66ree_memory_bytes\x18\x0b \x01(\x03\x12\x11\n\tfree_pods\x18\x0c \x01(\x03\x12@\n\x06labels\x18\r \x03(\x0b\x32\x30.gpufed.estimator.v1.ProductCapacity.LabelsEntry\x12\x1b\n\x0egpu_memory_mib\x18\x0e \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06source\x18\x0f \x01(\t\x12\x14\n\x0clargest_node\x18\x10 \x01(\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_gpu_memory_mib\"6\n\tAttribute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\",\n\rCapacityEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xf9\x01\n\x0b\x44\x65viceGroup\x12\x0f\n\x07product\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x16\n\x0e\x64\x65vice_classes\x18\x03 \x03(\t\x12\x32\n\nattributes\x18\x04 \x03(\x0b\x32\x1e.gpufed.estimator.v1.Attribute\x12\x34\n\x08\x63\x61pacity\x18\x05 \x03(\x0b\x32\".gpufed.estimator.v1.CapacityEntry\x12\x19\n\x11\x65xtended_resource\x18\x06 \x01(\t\x12\r\n\x05total\x18\x07 \x01(\x03\x12\x0c\n\x04\x66ree\x18\x08 \x01(\x03\x12\x0f\n\x07largest\x18\t \x01(\x03\"\xaf\x01\n\x08Snapshot\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x36\n\x08products\x18\x02 \x03(\x0b\x32$.gpufed.estimator.v1.ProductCapacity\x12\x13\n\x0bobserved_at\x18\x03 \x01(\x01\x12\x11\n\theartbeat\x18\x04 \x01(\x08\x12\x31\n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32 .gpufed.estimator.v1.DeviceGroup\"J\n\nToleration\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\"*\n\x0cSelectorPair\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xdc\x01\n\x08PodShape\x12\x0c\n\x04gpus\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x18\n\x0bgpu_product\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x38\n\rnode_selector\x18\x05 \x03(\x0b\x32!.gpufed.estimator.v1.SelectorPair\x12\x34\n\x0btolerations\x18\x06 \x03(\x0b\x32\x1f.gpufed.estimator.v1.TolerationB\x0e\n\x0c_gpu_product\"=\n\tPlacement\x12\x11\n\tplaceable\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x01(\x03\",\n\x08Replicas\x12\x10\n\x08replicas\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xc4\x02\n\tEstimator\x12R\n\x0bGetCapacity\x12$.gpufed.estimator.v1.CapacityRequest\x1a\x1d.gpufed.estimator.v1.Snapshot\x12I\n\x08\x43\x61nPlace\x12\x1d.gpufed.estimator.v1.PodShape\x1a\x1e.gpufed.estimator.v1.Placement\x12K\n\x0bMaxReplicas\x12\x1d.gpufed.estimator.v1.PodShape\x1a\x1d.gpufed.estimator.v1.Replicas\x12K\n\x05Watch\x12!.gpufed.estimator.v1.WatchRequest\x1a\x1d.gpufed.estimator.v1.Snapshot0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,27 +40,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUCKET']._serialized_start=93
   _globals['_BUCKET']._serialized_end=135
   _globals['_PRODUCTCAPACITY']._serialized_start=138
-  _globals['_PRODUCTCAPACITY']._serialized_end=597
-  _globals['_PRODUCTCAPACITY_LABELSENTRY']._serialized_start=533
-  _globals['_PRODUCTCAPACITY_LABELSENTRY']._serialized_end=578
-  _globals['_ATTRIBUTE']._serialized_start=599
-  _globals['_ATTRIBUTE']._serialized_end=653
-  _globals['_CAPACITYENTRY']._serialized_start=655
-  _globals['_CAPACITYENTRY']._serialized_end=699
-  _globals['_DEVICEGROUP']._serialized_start=702
-  _globals['_DEVICEGROUP']._serialized_end=951
-  _globals['_SNAPSHOT']._serialized_start=954
-  _globals['_SNAPSHOT']._serialized_end=1129
-  _globals['_TOLERATION']._serialized_start=1131
-  _globals['_TOLERATION']._serialized_end=1205
-  _globals['_SELECTORPAIR']._serialized_start=1207
-  _globals['_SELECTORPAIR']._serialized_end=1249
-  _globals['_PODSHAPE']._serialized_start=1252
-  _globals['_PODSHAPE']._serialized_end=1472
-  _globals['_PLACEMENT']._serialized_start=1474
-  _globals['_PLACEMENT']._serialized_end=1535
-  _globals['_REPLICAS']._serialized_start=1537
-  _globals['_REPLICAS']._serialized_end=1581
-  _globals['_ESTIMATOR']._serialized_start=1584
-  _globals['_ESTIMATOR']._serialized_end=1908
+  _globals['_PRODUCTCAPACITY']._serialized_end=619
+  _globals['_PRODUCTCAPACITY_LABELSENTRY']._serialized_start=555
+  _globals['_PRODUCTCAPACITY_LABELSENTRY']._serialized_end=600
+  _globals['_ATTRIBUTE']._serialized_start=621
+  _globals['_ATTRIBUTE']._serialized_end=675
+  _globals['_CAPACITYENTRY']._serialized_start=677
+  _globals['_CAPACITYENTRY']._serialized_end=721
+  _globals['_DEVICEGROUP']._serialized_start=724
+  _globals['_DEVICEGROUP']._serialized_end=973
+  _globals['_SNAPSHOT']._serialized_start=976
+  _globals['_SNAPSHOT']._serialized_end=1151
+  _globals['_TOLERATION']._serialized_start=1153
+  _globals['_TOLERATION']._serialized_end=1227
+  _globals['_SELECTORPAIR']._serialized_start=1229
+  _globals['_SELECTORPAIR']._serialized_end=1271
+  _globals['_PODSHAPE']._serialized_start=1274
+  _globals['_PODSHAPE']._serialized_end=1494
+  _globals['_PLACEMENT']._serialized_start=1496
+  _globals['_PLACEMENT']._serialized_end=1557
+  _globals['_REPLICAS']._serialized_start=1559
+  _globals['_REPLICAS']._serialized_end=1603
+  _globals['_ESTIMATOR']._serialized_start=1606
+  _globals['_ESTIMATOR']._serialized_end=1930
 # @@protoc_insertion_point(module_scope)

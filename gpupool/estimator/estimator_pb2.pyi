@@ -25,7 +25,7 @@ class Bucket(_message.Message):
     def __init__(self, free_gpus: _Optional[int] = ..., nodes: _Optional[int] = ...) -> None: ...
 
 class ProductCapacity(_message.Message):
-    __slots__ = ("product", "nodes", "unhealthy_nodes", "total", "allocatable", "in_use", "free", "largest_shape", "histogram", "free_cpu_millis", "free_memory_bytes", "free_pods", "labels", "gpu_memory_mib", "source")
+    __slots__ = ("product", "nodes", "unhealthy_nodes", "total", "allocatable", "in_use", "free", "largest_shape", "histogram", "free_cpu_millis", "free_memory_bytes", "free_pods", "labels", "gpu_memory_mib", "source", "largest_node")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class ProductCapacity(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_NODE_FIELD_NUMBER: _ClassVar[int]
     product: str
     nodes: int
     unhealthy_nodes: int
@@ -63,7 +64,8 @@ class ProductCapacity(_message.Message):
     labels: _containers.ScalarMap[str, str]
     gpu_memory_mib: int
     source: str
-    def __init__(self, product: _Optional[str] = ..., nodes: _Optional[int] = ..., unhealthy_nodes: _Optional[int] = ..., total: _Optional[int] = ..., allocatable: _Optional[int] = ..., in_use: _Optional[int] = ..., free: _Optional[int] = ..., largest_shape: _Optional[int] = ..., histogram: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., free_cpu_millis: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., free_pods: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpu_memory_mib: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    largest_node: int
+    def __init__(self, product: _Optional[str] = ..., nodes: _Optional[int] = ..., unhealthy_nodes: _Optional[int] = ..., total: _Optional[int] = ..., allocatable: _Optional[int] = ..., in_use: _Optional[int] = ..., free: _Optional[int] = ..., largest_shape: _Optional[int] = ..., histogram: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., free_cpu_millis: _Optional[int] = ..., free_memory_bytes: _Optional[int] = ..., free_pods: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpu_memory_mib: _Optional[int] = ..., source: _Optional[str] = ..., largest_node: _Optional[int] = ...) -> None: ...
 
 class Attribute(_message.Message):
     __slots__ = ("name", "kind", "value")

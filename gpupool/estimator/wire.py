@@ -44,6 +44,7 @@ def product_to_pb(p: ProductCapacity) -> pb.ProductCapacity:
         free_pods=p.free_pods,
         labels=dict(p.labels),
         source=p.source,
+        largest_node=p.largest_node,
     )
     if p.gpu_memory_mib is not None:
         msg.gpu_memory_mib = p.gpu_memory_mib
@@ -67,6 +68,7 @@ def product_from_pb(m: pb.ProductCapacity) -> ProductCapacity:
         labels=dict(sorted(m.labels.items())),
         gpu_memory_mib=m.gpu_memory_mib if m.HasField("gpu_memory_mib") else None,
         source=m.source,
+        largest_node=m.largest_node,
     )
 
 

@@ -2,7 +2,12 @@
 module, the default topology's `kueue: true`), peers with gpu-a (4 x 8 H100) and two teams share the
 pool node through the ResourceFlavor gpufed keeps for it.
 
-- gpufed creates the flavor for the pool node (pinned to it, tolerating virtual nodes);
+- gpufed creates the flavor for the pool node (pinned to it, tolerating virtual nodes, saying the
+  most GPUs one pod can get there);
+- with gpu-b (2 x 4 A100, 4 x 1 L4) peered too, a ClusterQueue lists gpu-b's A100 flavor before
+  gpu-a's: a queued Job of 8-GPU pods gets the fit affinity from gpufed's webhook and Kueue admits it
+  to gpu-a's flavor (quota alone would have put it on the A100s, where it could never start), while
+  a 2-GPU Job still goes to the A100 flavor; both run on their flavor's pool node;
 - a JobSet with the queue label (a leader and 3 workers, 2 GPUs each, more than team-a's own quota)
   is Kueue's, not gpufed's gang path's: Kueue admits it whole to the flavor by borrowing, its 4 pods
   run ungated on the pool node, it completes and gives the quota back;
@@ -21,6 +26,7 @@ twin namespace could never hold all 8 GPUs Kueue lets it borrow while team-b's h
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
@@ -29,7 +35,15 @@ from typing import Any
 
 import pytest
 
-from gpufed.apis.wire import GANG_GATE, GANG_LABEL, JOBSET_API_VERSION, JOBSET_NAME_LABEL, ClusterID
+from gpufed.apis.wire import (
+    GANG_GATE,
+    GANG_LABEL,
+    JOBSET_API_VERSION,
+    JOBSET_NAME_LABEL,
+    POD_GPUS_LABEL,
+    REMOTE_CLUSTER_LABEL,
+    ClusterID,
+)
 from gpufed.localenv import kueue, kwokcfg, manifests
 from tests.e2e.conftest import Clusters
 from tests.e2e.helpers import eventually, offload, out, peer, peered_session
@@ -40,6 +54,7 @@ GPU = "nvidia.com/gpu"
 #: The Kueue API the test writes (served by Kueue v0.17 as its storage version).
 API = "kueue.x-k8s.io/v1beta2"
 GRANT = 16
+A100 = "NVIDIA-A100-SXM4-40GB"
 #: Each team's nominal GPU quota in the pool's flavor.
 NOMINAL = 4
 
@@ -107,7 +122,7 @@ def queued_jobset(name: str, namespace: str, queue: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def ids(clusters: Clusters) -> Iterator[dict[str, ClusterID]]:
-    yield from peered_session(clusters, {"gpu-a": ("--gpus", str(GRANT))})
+    yield from peered_session(clusters, {"gpu-a": ("--gpus", str(GRANT)), "gpu-b": ("--gpus", "8")})
 
 
 @pytest.fixture(scope="module")
@@ -203,10 +218,61 @@ def test_gpufed_keeps_a_flavor_pinned_to_the_pool_node(
         "app.kubernetes.io/managed-by": "gpufed",
         "gpufed.io/remote-cluster-id": ids["gpu-a"],
     }
-    assert rf["spec"]["nodeLabels"] == {"kubernetes.io/hostname": flavor}
+    # gpu-a's H100 nodes have 8 GPUs each, the grant 16: one pod can get 8
+    assert rf["spec"]["nodeLabels"] == {"kubernetes.io/hostname": flavor, POD_GPUS_LABEL: "8"}
     assert {"key": "gpufed.io/virtual-node", "operator": "Exists", "effect": "NoExecute"} in rf["spec"]["tolerations"]
     node = clusters.kubectl_json("consumer", "get", "node", flavor)
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == flavor
+
+
+def test_a_queued_job_goes_only_to_a_flavor_whose_pool_holds_one_of_its_pods(
+    clusters: Clusters, ids: dict[str, ClusterID], flavor: str
+) -> None:
+    def a100_pool() -> str | None:
+        nodes = clusters.kubectl_json(
+            "consumer", "get", "nodes", "-l", f"{REMOTE_CLUSTER_LABEL}={ids['gpu-b']},nvidia.com/gpu.product={A100}"
+        )["items"]
+        return str(nodes[0]["metadata"]["name"]) if nodes else None
+
+    a100 = eventually("gpu-b's A100 pool node", a100_pool, timeout=60)
+
+    def labels_of(name: str) -> dict[str, str] | None:
+        got = clusters.kubectl("consumer", "get", "resourceflavor", name, "-o", "json", check=False)
+        return json.loads(got.stdout)["spec"]["nodeLabels"] if got.returncode == 0 else None
+
+    eventually("the A100 flavor says 4 GPUs a pod", lambda: (labels_of(a100) or {}).get(POD_GPUS_LABEL) == "4")
+    assert (labels_of(flavor) or {}).get(POD_GPUS_LABEL) == "8"
+
+    name = f"fit-{secrets.token_hex(3)}"
+    cq = cluster_queue(name, name, a100, 8)  # a cohort of its own
+    cq["spec"]["resourceGroups"][0]["flavors"].append(
+        {"name": flavor, "resources": [{"name": GPU, "nominalQuota": "8"}]}
+    )
+    try:
+        clusters.create("consumer", cq)
+        clusters.kubectl("consumer", "create", "namespace", name)
+        offload(clusters, name)
+        clusters.create("consumer", local_queue(name, name, name))
+        clusters.create("consumer", queued_job("big", name, name, pods=1, gpus=8))
+        clusters.create("consumer", queued_job("small", name, name, pods=1, gpus=2))
+        big = clusters.kubectl_json("consumer", "get", "job", "big", "-n", name)
+        terms = big["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert {"key": POD_GPUS_LABEL, "operator": "Gt", "values": ["7"]} in [
+            e for t in terms for e in t["matchExpressions"]
+        ]
+        for job, want in (("big", flavor), ("small", a100)):
+            wl = eventually(f"{job} admitted", functools.partial(admitted, clusters, name, job), timeout=30)
+            (assignment,) = wl["status"]["admission"]["podSetAssignments"]
+            assert assignment["flavors"] == {GPU: want}, (job, assignment)
+            nodes = eventually(
+                f"{job}'s pod Running", functools.partial(running_on, clusters, name, job, 1), timeout=60
+            )
+            assert nodes == {want}, (job, nodes)
+    finally:
+        clusters.kubectl("consumer", "delete", "namespace", name, "--wait=false", check=False)
+        clusters.kubectl("consumer", "delete", "clusterqueue", name, "--wait=false", check=False)
 
 
 def test_a_queued_jobset_is_admitted_whole_to_one_flavor_and_runs_on_its_pool_node(

@@ -43,7 +43,7 @@ from typing import Any
 
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
 from gpufed.apis.quantity import format_quantity
-from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
+from gpufed.apis.wire import POD_GPUS_LABEL, POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, buckets_of
 from gpupool.gang import Offer
 from peering.grants import GPU_LABEL_PREFIXES
@@ -257,6 +257,7 @@ def _merge(products: Sequence[ProductCapacity]) -> ProductCapacity | None:
         in_use=sum(p.in_use for p in products),
         free=sum(p.free for p in products),
         largest_shape=max((p.largest_shape for p in products), default=0),
+        largest_node=max((p.largest_node for p in products), default=0),
         histogram=tuple(Bucket(f, n) for f, n in sorted(buckets.items(), reverse=True)),
         free_cpu_millis=sum(p.free_cpu_millis for p in products),
         free_memory_bytes=sum(p.free_memory_bytes for p in products),
@@ -321,6 +322,9 @@ def advertise(
             labels.update(filter_node_labels(cap.labels, label_allow).kept)
             if cap.gpu_memory_mib and pool.product:
                 labels[GPU_MEMORY_LABEL] = str(cap.gpu_memory_mib)
+            pod_gpus = min(cap.largest_node, _gpu(granted))
+            if pod_gpus > 0:
+                labels[POD_GPUS_LABEL] = str(pod_gpus)
             waiting = {r: sum((p.get(r, Decimal(0)) for p in in_flight), Decimal(0)) for r in SLICE_RESOURCES}
             free_now = _free_of(cap)
             extra = {r: max(Decimal(0), min(headroom[r], free_now[r] - waiting[r])) for r in SLICE_RESOURCES}

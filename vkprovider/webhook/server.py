@@ -10,8 +10,12 @@ Owns:
   is gone), each read once and kept a minute, `JobCache`; where the pod's claims keep their data,
   read live, `ClaimPlaces`: a pod is pinned to the provider its claims are bound on, or to local
   nodes for the cluster's own storage) and
+  `POST /mutate-workloads` for Jobs and JobSets queued to Kueue (`kueue.x-k8s.io/queue-name`): their
+  multi-GPU pod templates get the node affinity of `vkprovider.forge.queued`, so Kueue never admits
+  one to a flavor whose pool cannot hold its pod (failure policy Ignore: without it a Job is admitted
+  as Kueue alone would);
   `GET /healthz`, and the MutatingWebhookConfiguration `gpufed-offloading` that points the API
-  server at it (server-side applied on start and whenever the certificate changes);
+  server at both (server-side applied on start and whenever the certificate changes);
 - a watch cache of NamespaceOffloadings: a namespace whose offloading is being deleted (or that has
   none) gets no patch; a cache miss is checked with one live read, since the namespace label the
   webhook is selected by may be set before this watch has seen the new object.
@@ -57,6 +61,7 @@ from aiohttp import web
 from gpufed.apis.meta import API_VERSION
 from gpufed.apis.wire import (
     JOBSET_API_VERSION,
+    KUEUE_QUEUE_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAMESPACE_OFFLOADING,
@@ -78,11 +83,17 @@ from vkprovider.forge.offloading import (
     mark_kept_local,
     mutate,
 )
+from vkprovider.forge.queued import fit_affinity_patch
 
 WEBHOOK_CONFIGURATION = "gpufed-offloading"
 WEBHOOK_NAME = "pods.offloading.gpufed.io"
 TLS_SECRET = "gpufed-webhook-tls"  # noqa: S105 -- a Secret's name, not a password
 MUTATE_PATH = "/mutate-pods"
+#: The webhook for queued Jobs and JobSets (their GPU pod templates' fit affinity), and its path.
+WORKLOADS_WEBHOOK_NAME = "workloads.offloading.gpufed.io"
+MUTATE_WORKLOADS_PATH = "/mutate-workloads"
+#: Without it a queued Job is only admitted as Kueue alone would (no fit affinity): not worth refusing it.
+WORKLOADS_FAILURE_POLICY = "Ignore"
 #: Lifetime of the CA and serving certificate.
 DEFAULT_CERT_DAYS = servingtls.DEFAULT_CERT_DAYS
 #: Re-issue the certificate when it has less than this left.
@@ -132,19 +143,28 @@ def _is_ip(host: str) -> bool:
 def webhook_configuration(
     host: str, port: int, ca_pem: bytes, *, service: tuple[str, str, int] | None = None
 ) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration that sends pod creations in offloaded namespaces to us
-    (through `service` (namespace, name, port) when given, else `https://host:port`)."""
+    """The MutatingWebhookConfiguration that sends pod creations in offloaded namespaces to us, and
+    creations of Jobs and JobSets queued to Kueue there (through `service` (namespace, name, port)
+    when given, else `https://host:port`). The pods' webhook comes first (`gpufed doctor` checks it)."""
     url_host = f"[{host}]" if _is_ip(host) and ":" in host else host
-    client_config: dict[str, Any] = {"caBundle": base64.b64encode(ca_pem).decode()}
-    if service is not None:
-        client_config["service"] = {
-            "namespace": service[0],
-            "name": service[1],
-            "port": service[2],
-            "path": MUTATE_PATH,
-        }
-    else:
-        client_config["url"] = f"https://{url_host}:{port}{MUTATE_PATH}"
+
+    def client_config(path: str) -> dict[str, Any]:
+        config: dict[str, Any] = {"caBundle": base64.b64encode(ca_pem).decode()}
+        if service is not None:
+            config["service"] = {"namespace": service[0], "name": service[1], "port": service[2], "path": path}
+        else:
+            config["url"] = f"https://{url_host}:{port}{path}"
+        return config
+
+    common = {
+        "namespaceSelector": {"matchExpressions": [{"key": OFFLOADING_LABEL, "operator": "Exists"}]},
+        "matchPolicy": "Equivalent",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "reinvocationPolicy": "IfNeeded",
+    }
+    group, version = JOBSET_API_VERSION.split("/")
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -152,7 +172,7 @@ def webhook_configuration(
         "webhooks": [
             {
                 "name": WEBHOOK_NAME,
-                "clientConfig": client_config,
+                "clientConfig": client_config(MUTATE_PATH),
                 "rules": [
                     {
                         "operations": ["CREATE"],
@@ -162,15 +182,56 @@ def webhook_configuration(
                         "scope": "Namespaced",
                     }
                 ],
-                "namespaceSelector": {"matchExpressions": [{"key": OFFLOADING_LABEL, "operator": "Exists"}]},
                 "failurePolicy": FAILURE_POLICY,
-                "matchPolicy": "Equivalent",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": TIMEOUT_SECONDS,
-                "reinvocationPolicy": "IfNeeded",
-            }
+                **common,
+            },
+            {
+                "name": WORKLOADS_WEBHOOK_NAME,
+                "clientConfig": client_config(MUTATE_WORKLOADS_PATH),
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": ["batch"],
+                        "apiVersions": ["v1"],
+                        "resources": ["jobs"],
+                        "scope": "Namespaced",
+                    },
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [group],
+                        "apiVersions": [version],
+                        "resources": ["jobsets"],
+                        "scope": "Namespaced",
+                    },
+                ],
+                "objectSelector": {"matchExpressions": [{"key": KUEUE_QUEUE_LABEL, "operator": "Exists"}]},
+                "failurePolicy": WORKLOADS_FAILURE_POLICY,
+                **common,
+            },
         ],
+    }
+
+
+def workloads_response(review: Any) -> dict[str, Any]:
+    """The AdmissionReview answer for a queued Job or JobSet: the fit affinity of its multi-GPU pod
+    templates (`forge.queued`). Raises ValueError for a malformed review (answered 400)."""
+    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
+        raise ValueError("not an AdmissionReview")
+    req = review.get("request")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
+        raise ValueError("an AdmissionReview without request.uid")
+    response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+    obj = req.get("object")
+    kind = req.get("kind") or {}
+    if isinstance(obj, dict) and isinstance(kind, dict) and kind.get("kind") in ("Job", "JobSet"):
+        ops = fit_affinity_patch({**obj, "kind": kind["kind"]})
+        if ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return {
+        "apiVersion": review.get("apiVersion") or "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
     }
 
 
@@ -395,6 +456,18 @@ class Webhook:
         owner = job_owner(pod)
         return await self.jobs.lookup(namespace, owner) if owner else None
 
+    async def _mutate_workloads(self, request: web.Request) -> web.Response:
+        try:
+            review = json.loads(await request.read())
+            answer = workloads_response(review)
+        except (ValueError, UnicodeDecodeError) as e:
+            return web.json_response({"error": f"malformed AdmissionReview: {e}"}, status=400)
+        except RecursionError:
+            return web.json_response({"error": "malformed AdmissionReview: nested too deeply"}, status=400)
+        if "patch" in answer["response"]:
+            self._log.info("queued workload given its pods' fit affinity", object=_pod_name(review))
+        return web.json_response(answer)
+
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -472,6 +545,7 @@ class Webhook:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post(MUTATE_PATH, self._mutate)
+        app.router.add_post(MUTATE_WORKLOADS_PATH, self._mutate_workloads)
         app.router.add_get("/healthz", self._healthz)
         return app
 

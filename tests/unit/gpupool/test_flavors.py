@@ -3,6 +3,7 @@ never promise more than the grant."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hypothesis import given
@@ -26,6 +27,11 @@ def test_a_flavor_pins_to_its_pool_node_and_tolerates_virtual_nodes() -> None:
     assert f["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     old = flavor(H100, "v1beta1")
     assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1" and old["spec"] == f["spec"]
+
+
+def test_a_flavor_says_the_most_gpus_one_pod_can_get_on_its_pool_when_known() -> None:
+    sized = flavor(dataclasses.replace(H100, pod_gpus=8))
+    assert sized["spec"]["nodeLabels"] == {"kubernetes.io/hostname": H100.node, "gpufed.io/pod-gpus-max": "8"}
 
 
 def test_caps_are_the_product_within_the_grant_and_the_grant_per_provider() -> None:

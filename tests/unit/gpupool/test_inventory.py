@@ -45,6 +45,7 @@ def test_snapshot_figures_per_product() -> None:
     assert (h.nodes, h.unhealthy_nodes, h.total, h.allocatable, h.in_use, h.free) == (3, 1, 32, 24, 9, 15)
     assert h.largest_shape == 8
     assert h.histogram == (Bucket(8, 1), Bucket(5, 1), Bucket(2, 1))
+    assert h.largest_node == 8  # the most one pod could ever get on one counted node
     assert h.free_cpu_millis == 3 * 96_000 - 10_000 - 2_000
     assert h.free_memory_bytes == 3 * 1024 * GiB - 100 * GiB - 2 * GiB
     assert h.free_pods == 3 * 110 - 3

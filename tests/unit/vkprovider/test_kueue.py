@@ -87,6 +87,13 @@ def test_pools_and_asks_are_read_from_their_objects() -> None:
     pool = pool_of(node())
     assert pool is not None and (pool.node, pool.provider, pool.total, pool.granted) == (POOL, "gpu-a", 32, 8)
     assert pool_of({"metadata": {"name": "x", "annotations": {POOL_ANNOTATION: "not json"}}}) is None
+    assert pool.pod_gpus is None  # the node does not say
+    sized = node()
+    sized["metadata"].setdefault("labels", {})["gpufed.io/pod-gpus-max"] = "8"
+    assert (pool := pool_of(sized)) is not None and pool.pod_gpus == 8
+    for bad in ("0", "-1", "eight", ""):
+        sized["metadata"]["labels"]["gpufed.io/pod-gpus-max"] = bad
+        assert (pool := pool_of(sized)) is not None and pool.pod_gpus is None
     cq = queue("team-a", 4)
     assert asked_of(cq, {POOL}) == {POOL: 4}
     # what gpufed wrote last stands for what was asked before it

@@ -527,6 +527,7 @@ def test_wire_round_trips() -> None:
                 labels={"nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.product": H100},
                 gpu_memory_mib=81559,
                 source="nvml",
+                largest_node=8,
             ),
             ProductCapacity("", 1, 0, 0, 0, 0, 0, 0, (Bucket(0, 1),), 1, 2, 3),
         ),

@@ -10,7 +10,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufed.apis.wire import POOL_ANNOTATION, POOL_PRODUCT_LABEL
+from gpufed.apis.wire import POD_GPUS_LABEL, POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpufed.ops.pool import report
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, largest_after
 from gpupool.gang import Offer
@@ -59,6 +59,7 @@ def cap(
         labels={"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(per_node)},
         gpu_memory_mib=memory_mib,
         source="labels",
+        largest_node=per_node if n else 0,
     )
 
 
@@ -320,3 +321,24 @@ def test_a_pool_node_offers_what_its_figures_say() -> None:
     bad = json.loads(ad.annotations[POOL_ANNOTATION]) | {"free_nodes": [["x", 1]]}
     odd = figures_of({"metadata": {"name": "gpufed-a", "annotations": {POOL_ANNOTATION: json.dumps(bad)}}})
     assert odd is not None and offer_of(odd) is None
+
+
+def test_a_pool_node_says_the_most_gpus_one_pod_can_get_there_at_most_the_grant() -> None:
+    s = snap(cap(H100, [0, 0, 8]), cap(A100, [4, 4], per_node=4))
+    h100 = advertise("a", Pool("gpufed-a-h100", H100), s, granted=GRANT, used_all={}, used_here={})
+    a100 = advertise("a", Pool("gpufed-a-a100", A100), s, granted=GRANT, used_all={}, used_here={})
+    assert h100.labels[POD_GPUS_LABEL] == "8" and a100.labels[POD_GPUS_LABEL] == "4"
+    small = advertise("a", Pool("gpufed-a-h100", H100), s, granted={**GRANT, GPU: dec(2)}, used_all={}, used_here={})
+    assert small.labels[POD_GPUS_LABEL] == "2"
+    merged = advertise("a", Pool("gpufed-a", None), s, granted=GRANT, used_all={}, used_here={})
+    assert merged.labels[POD_GPUS_LABEL] == "8"
+    # unknown without a snapshot, and none without a GPU grant
+    assert (
+        POD_GPUS_LABEL
+        not in advertise("a", Pool("gpufed-a", H100), None, granted=GRANT, used_all={}, used_here={}).labels
+    )
+    cpu_only = {**GRANT, GPU: dec(0)}
+    assert (
+        POD_GPUS_LABEL
+        not in advertise("a", Pool("gpufed-a", H100), s, granted=cpu_only, used_all={}, used_here={}).labels
+    )

@@ -77,6 +77,51 @@ def test_webhook_configuration() -> None:
         server.webhook_configuration("::1", 1, b"")["webhooks"][0]["clientConfig"]["url"]
         == "https://[::1]:1/mutate-pods"
     )
+    # queued Jobs and JobSets: their own path, only those with Kueue's queue label, failing open
+    queued = cfg["webhooks"][1]
+    assert queued["name"] == "workloads.offloading.gpufed.io"
+    assert queued["clientConfig"]["url"] == "https://127.0.0.1:19443/mutate-workloads"
+    assert [(r["apiGroups"], r["resources"], r["operations"]) for r in queued["rules"]] == [
+        (["batch"], ["jobs"], ["CREATE"]),
+        (["jobset.x-k8s.io"], ["jobsets"], ["CREATE"]),
+    ]
+    assert queued["objectSelector"] == {
+        "matchExpressions": [{"key": "kueue.x-k8s.io/queue-name", "operator": "Exists"}]
+    }
+    assert queued["namespaceSelector"] == hook["namespaceSelector"] and queued["failurePolicy"] == "Ignore"
+    in_cluster = server.webhook_configuration("h", 1, b"CA", service=("gpufed", "gpufed-webhook", 443))
+    assert [h["clientConfig"]["service"]["path"] for h in in_cluster["webhooks"]] == [
+        "/mutate-pods",
+        "/mutate-workloads",
+    ]
+
+
+def queued_job_review(gpus: str) -> dict[str, Any]:
+    container = {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+    job = {"metadata": {"name": "train"}, "spec": {"template": {"spec": {"containers": [container]}}}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u-2", "kind": {"group": "batch", "version": "v1", "kind": "Job"}, "object": job},
+    }
+
+
+async def test_queued_jobs_get_their_pods_fit_affinity() -> None:
+    hook = Webhook(None, WebhookServerSettings(port=0))
+    async with TestClient(TestServer(hook.app())) as client:
+        r = await client.post("/mutate-workloads", json=queued_job_review("8"))
+        body = await r.json()
+        assert r.status == 200 and body["response"]["uid"] == "u-2" and body["response"]["allowed"]
+        ops = json.loads(base64.b64decode(body["response"]["patch"]))
+        assert [o["path"] for o in ops] == ["/spec/template/spec/affinity"]
+        r = await client.post("/mutate-workloads", json=queued_job_review("1"))
+        assert (await r.json())["response"] == {"uid": "u-2", "allowed": True}
+        r = await client.post("/mutate-workloads", json=queued_job_review("eight"))  # the API server refuses it
+        assert (await r.json())["response"] == {"uid": "u-2", "allowed": True}
+        r = await client.post("/mutate-workloads", data=b"{not json")
+        assert r.status == 400
+        r = await client.post("/mutate-workloads", json={"kind": "AdmissionReview", "request": {}})
+        assert r.status == 400
 
 
 def test_review_response() -> None:
