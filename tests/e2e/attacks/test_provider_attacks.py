@@ -343,6 +343,15 @@ def test_provider_impersonates_another_provider_by_node_label(clusters: Clusters
         _assert_labels_refused(clusters, ids, labels)
 
 
+def test_provider_claims_larger_nodes_by_node_label(clusters: Clusters, ids: dict[str, ClusterID]) -> None:
+    # gpufed.io/pod-gpus-max is computed on the consumer (the estimator's largest node, at most the
+    # grant); a provider's own value for it is refused like every label of gpufed's domain.
+    labels = {"gpufed.io/pod-gpus-max": "64"}
+    with provider_controller_paused(clusters):
+        _claim_labels(clusters, ids, labels)
+        _assert_labels_refused(clusters, ids, labels)
+
+
 # ---------------------------------------------------------------------------- tokens
 
 

@@ -342,3 +342,10 @@ def test_a_pool_node_says_the_most_gpus_one_pod_can_get_there_at_most_the_grant(
         POD_GPUS_LABEL
         not in advertise("a", Pool("gpufed-a", H100), s, granted=cpu_only, used_all={}, used_here={}).labels
     )
+
+
+def test_attack_a_provider_reporting_absurd_node_sizes_gets_at_most_its_grant() -> None:
+    for largest_node, want in ((10**12, "32"), (-5, None), (0, None)):
+        s = snap(dataclasses.replace(cap(H100, [8]), largest_node=largest_node))
+        ad = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={}, used_here={})
+        assert ad.labels.get(POD_GPUS_LABEL) == want, largest_node
