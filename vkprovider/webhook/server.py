@@ -212,27 +212,37 @@ def webhook_configuration(
     }
 
 
-def workloads_response(review: Any) -> dict[str, Any]:
-    """The AdmissionReview answer for a queued Job or JobSet: the fit affinity of its multi-GPU pod
-    templates (`forge.queued`). Raises ValueError for a malformed review (answered 400)."""
+def _request_of(review: Any) -> dict[str, Any]:
+    """The request of an AdmissionReview; ValueError when it is malformed (answered 400)."""
     if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
         raise ValueError("not an AdmissionReview")
     req = review.get("request")
     if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
         raise ValueError("an AdmissionReview without request.uid")
-    response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
-    obj = req.get("object")
-    kind = req.get("kind") or {}
-    if isinstance(obj, dict) and isinstance(kind, dict) and kind.get("kind") in ("Job", "JobSet"):
-        ops = fit_affinity_patch({**obj, "kind": kind["kind"]})
-        if ops:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return req
+
+
+def _answer(review: Mapping[str, Any], response: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The AdmissionReview that answers `review` with `response`, patched by `ops` when there are any."""
+    if ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
     return {
         "apiVersion": review.get("apiVersion") or "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "response": response,
     }
+
+
+def workloads_response(review: Any) -> dict[str, Any]:
+    """The AdmissionReview answer for a queued Job or JobSet: the fit affinity of its multi-GPU pod
+    templates (`forge.queued`). Raises ValueError for a malformed review (answered 400)."""
+    req = _request_of(review)
+    obj, kind = req.get("object"), req.get("kind") or {}
+    ops: list[dict[str, Any]] = []
+    if isinstance(obj, dict) and isinstance(kind, dict) and kind.get("kind") in ("Job", "JobSet"):
+        ops = fit_affinity_patch({**obj, "kind": kind["kind"]})
+    return _answer(review, {"uid": req["uid"], "allowed": True}, ops)
 
 
 def review_response(
@@ -250,14 +260,11 @@ def review_response(
 
     Raises ValueError for a malformed review (answered 400).
     """
-    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
-        raise ValueError("not an AdmissionReview")
-    req = review.get("request")
-    if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
-        raise ValueError("an AdmissionReview without request.uid")
+    req = _request_of(review)
     response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
     obj = req.get("object")
     kind = req.get("kind") or {}
+    ops: list[dict[str, Any]] = []
     if offloading is not None and isinstance(obj, dict) and isinstance(kind, dict) and kind.get("kind") == "Pod":
         spec = offloading.get("spec") or {}
         strategy = str(spec.get("podOffloadingStrategy") or "LocalAndRemote")
@@ -279,14 +286,7 @@ def review_response(
             except (GroupError, ClaimConflictError) as e:
                 response.update(allowed=False, status={"code": 422, "reason": "Invalid", "message": f"gpufed: {e}"})
                 ops = []
-            if ops:
-                response["patchType"] = "JSONPatch"
-                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-    return {
-        "apiVersion": review.get("apiVersion") or "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    }
+    return _answer(review, response, ops)
 
 
 class OffloadingCache:
