@@ -205,6 +205,10 @@ async def burst(
     return b
 
 
+#: Collection deletes sent before giving up when the API server's own request timeout ends each.
+COLLECTION_DELETE_ATTEMPTS = 5
+
+
 async def delete_all(
     api: Any,
     namespace: str,
@@ -253,14 +257,21 @@ async def delete_all(
             await asyncio.wait_for(e.wait(), 60)
         t0 = time.monotonic()
         params = {} if grace_s is None else {"gracePeriodSeconds": str(grace_s)}
-        try:
-            # A collection delete of thousands of pods outlasts the default request timeout.
-            await rest.request(
-                api, "DELETE", f"/api/v1/namespaces/{namespace}/pods", params=params, request_timeout=600
-            )
-        except KubeError as e:
-            if e.status:  # refused; no answer in time means the API server carries on deleting
-                raise
+        for attempt in range(1, COLLECTION_DELETE_ATTEMPTS + 1):
+            try:
+                # A collection delete of thousands of pods outlasts the default request timeout.
+                await rest.request(
+                    api, "DELETE", f"/api/v1/namespaces/{namespace}/pods", params=params, request_timeout=600
+                )
+                break
+            except KubeError as e:
+                if not e.status:
+                    break  # no answer in time: the API server carries on deleting
+                if e.status != 504 or attempt == COLLECTION_DELETE_ATTEMPTS:
+                    raise
+                # The API server's own request timeout (60 s) ended the request, perhaps midway: the
+                # pods it reached are being deleted, and asking again deletes the rest.
+                print(f"  collection delete of {namespace}'s pods timed out at the API server; again", flush=True)
         await asyncio.wait_for(empty.wait(), limit_s)
         return time.monotonic() - t0
     finally:

@@ -366,9 +366,10 @@ def _foot(data: dict[str, Any] | None, n: int) -> dict[str, Any]:
     return next((f for f in (data or {}).get("footprint") or [] if f["pods"] == n), {})
 
 
-def _profile_share(data: dict[str, Any] | None, function: str) -> str:
+def _profile_share(data: dict[str, Any] | None, function: str, table: str = "inclusive_gpufed") -> str:
+    """The share of the profile's samples with `function` on the stack (`table` "self": on top)."""
     prof = (data or {}).get("profile") or {}
-    for row in prof.get("inclusive_gpufed") or []:
+    for row in prof.get(table) or []:
         if row["function"] == function:
             return f"{row['share']:.0%}"
     return "—"
@@ -452,11 +453,15 @@ def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
         "on a machine where the API servers have their own cores the ratio is the figure to watch. At "
         f"{(off.get('profile') or {}).get('pods', '—')} pods the virtual kubelet's own CPU grows faster than its "
         f"pods (`vk_cpu_s_per_burst` {((off.get('growth') or {}).get('vk_cpu_s_per_burst') or {}).get('order', '—')}"
-        f" above): this run's profile finds `PoolManager.usage` on the stack in "
-        f"{_profile_share(off, 'gpufed/app/pools.py:PoolManager.usage')} of its samples. Even read at most every "
-        "0.25 s, each read walks every pod of the node (their twins, requests and phases), so at 10,000 pods the "
-        "reads alone take about half of the process's CPU; keeping running totals that each pod event updates, "
-        "instead of a walk per read, is the next step."
+        " above). What the pods on a pool node hold is kept as running totals that each pod event, release and "
+        "twin change updates (`vkprovider.remote.usage.UsageLedger`), so a node-status read no longer walks every "
+        "pod; it still looks at each pod the provider has not placed yet, which during a burst are thousands: this "
+        "run's profile finds `UsageLedger.usage` on top of the stack in "
+        f"{_profile_share(off, 'vkprovider/remote/usage.py:UsageLedger.usage', 'self')} of its samples and "
+        f"`PoolView.node_state` (which sums those in-flight pods again for the advertisement) in "
+        f"{_profile_share(off, 'vkprovider/remote/pools.py:PoolView.node_state')}; keeping the in-flight sums as "
+        "running totals too is the next step. The rest is the pod path itself (`PodController.reconcile` "
+        f"{_profile_share(off, 'vkprovider/node/pods.py:PodController.reconcile')}) and JSON and HTTP work."
     )
 
 
