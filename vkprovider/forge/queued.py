@@ -28,8 +28,8 @@ from decimal import Decimal
 from typing import Any
 
 from gpufed.apis.pool import GPU_RESOURCE
-from gpufed.apis.quantity import QuantityError, parse
 from gpufed.apis.wire import POD_GPUS_LABEL
+from peering.grants import pod_requests
 
 
 def template_paths(obj: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -49,20 +49,21 @@ def template_paths(obj: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, A
 
 
 def pod_gpus(spec: Mapping[str, Any]) -> int:
-    """GPUs one pod of this spec asks for (a container's limit where it sets no request, as the API
-    server defaults it), max(sum of containers, largest init container). Raises ValueError."""
+    """GPUs one pod of this spec holds (`pod_requests`), each container's requests defaulted from its
+    limits as the API server defaults a pod's. Raises ValueError for a quantity that does not parse."""
 
-    def gpus(c: Any) -> Decimal:
+    def defaulted(c: Any) -> dict[str, Any]:
         res = (c or {}).get("resources") or {}
-        value = (res.get("requests") or {}).get(GPU_RESOURCE) or (res.get("limits") or {}).get(GPU_RESOURCE)
-        try:
-            return parse(value) if value is not None else Decimal(0)
-        except QuantityError as e:
-            raise ValueError(f"{GPU_RESOURCE}: {e}") from e
+        return {**c, "resources": {**res, "requests": {**(res.get("limits") or {}), **(res.get("requests") or {})}}}
 
-    total = sum((gpus(c) for c in spec.get("containers") or []), Decimal(0))
-    init = max((gpus(c) for c in spec.get("initContainers") or []), default=Decimal(0))
-    return int(max(total, init))
+    pod = {
+        "spec": {
+            **spec,
+            "containers": [defaulted(c) for c in spec.get("containers") or []],
+            "initContainers": [defaulted(c) for c in spec.get("initContainers") or []],
+        }
+    }
+    return int(pod_requests(pod).get(GPU_RESOURCE, Decimal(0)))
 
 
 def _names_key(affinity: Mapping[str, Any]) -> bool:
