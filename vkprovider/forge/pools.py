@@ -37,7 +37,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -277,6 +277,28 @@ def _free_of(cap: ProductCapacity) -> dict[str, Decimal]:
     }
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A pool's pods the provider has not placed yet (or placed after its last capacity snapshot):
+    how many, their requests summed, and the GPUs of each one that asks for any (largest first)."""
+
+    pods: int = 0
+    requests: Resources = field(default_factory=dict)
+    gpus: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, pods: Sequence[Resources]) -> InFlight:
+        total: dict[str, Decimal] = {}
+        for p in pods:
+            for r, v in p.items():
+                total[r] = total.get(r, Decimal(0)) + v
+        gpus = sorted((g for g in (_gpu(p) for p in pods) if g > 0), reverse=True)
+        return cls(len(pods), {r: v for r, v in total.items() if v}, tuple(gpus))
+
+
+NOTHING_IN_FLIGHT = InFlight()
+
+
 def advertise(
     provider: str,
     pool: Pool,
@@ -286,7 +308,7 @@ def advertise(
     requested: Resources | None = None,
     used_all: Resources,
     used_here: Resources,
-    in_flight: Sequence[Resources] = (),
+    in_flight: InFlight = NOTHING_IN_FLIGHT,
     static_reason: str = "no capacity estimator answer",
     label_allow: Iterable[str] = (),
 ) -> Advertised:
@@ -294,8 +316,8 @@ def advertise(
 
     granted: the provider's grant (all accepted slices); requested: what those slices ask for;
     used_all: requests of the consumer's non-terminal pods on every pool of this provider; used_here:
-    on this pool; in_flight: requests of this pool's pods that the provider has not placed yet
-    (already part of used_here);
+    on this pool; in_flight: this pool's pods that the provider has not placed yet (their requests
+    are already part of used_here);
     label_allow: the consumer's allow-list of provider labels beyond the GPU ones (`label_allowed`).
     """
     headroom = {r: max(Decimal(0), granted.get(r, Decimal(0)) - used_all.get(r, Decimal(0))) for r in SLICE_RESOURCES}
@@ -325,10 +347,10 @@ def advertise(
             pod_gpus = min(cap.largest_node, _gpu(granted))
             if pod_gpus > 0:
                 labels[POD_GPUS_LABEL] = str(pod_gpus)
-            waiting = {r: sum((p.get(r, Decimal(0)) for p in in_flight), Decimal(0)) for r in SLICE_RESOURCES}
+            waiting = {r: in_flight.requests.get(r, Decimal(0)) for r in SLICE_RESOURCES}
             free_now = _free_of(cap)
             extra = {r: max(Decimal(0), min(headroom[r], free_now[r] - waiting[r])) for r in SLICE_RESOURCES}
-            free_after, _ = best_fit(cap.histogram, [_gpu(p) for p in in_flight])
+            free_after, _ = best_fit(cap.histogram, in_flight.gpus)
             free_nodes = [[b.free_gpus, b.nodes] for b in buckets_of(free_after)]
             extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(max(free_after, default=0)))
             total, free = cap.total, cap.free
@@ -347,7 +369,7 @@ def advertise(
         free=free,
         largest_placeable=int(extra.get(GPU_RESOURCE, Decimal(0))),
         capacity_source=source,
-        in_flight=len(in_flight),
+        in_flight=in_flight.pods,
         headroom=int(headroom.get(GPU_RESOURCE, Decimal(0))),
         free_nodes=free_nodes,
     )

@@ -34,7 +34,7 @@ from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
 from gpufed.kube.client import KubeError
 from gpupool.capacity import DeviceGroup, Snapshot
 from vkprovider.forge.devices import Kind, kinds_for, offer
-from vkprovider.forge.pools import Pool, advertise
+from vkprovider.forge.pools import NOTHING_IN_FLIGHT, InFlight, Pool, advertise
 from vkprovider.node.provider import NodeState, Notify, Twin
 from vkprovider.remote.capacity import CapacityFeed
 from vkprovider.remote.devices import SlicePublisher
@@ -51,8 +51,8 @@ class Usage:
     all: Resources = field(default_factory=dict)
     #: On this pool.
     here: Resources = field(default_factory=dict)
-    #: This pool's pods the provider has not placed yet (one entry per pod; part of `here`).
-    in_flight: tuple[Resources, ...] = ()
+    #: This pool's pods the provider has not placed yet (part of `here`).
+    in_flight: InFlight = NOTHING_IN_FLIGHT
     #: gpufed DRA devices consumer claims hold on this pool node (by device name).
     held_devices: frozenset[str] = frozenset()
     #: gpufed DRA devices consumer claims hold on every pool node of the provider (each one GPU).

@@ -9,10 +9,12 @@ keeps the sums instead, updated per pod event:
   controller is about to end it: terminal, deleted, failed back), becomes terminal, or is gone;
   a released pod never counts again (released is final for a UID);
 - `all` sums the counted pods of every pool node of the provider, `here` those of one node;
-- a counted pod is *unsettled* until its twin is placed at the provider and a capacity snapshot has
-  arrived `snapshot_lag_s` after that placement (before, the snapshot may still show its GPUs as
-  free, so it counts in flight); each `usage` read looks at the unsettled pods of its node only,
-  and a twin notification makes a pod unsettled again until it is checked once more.
+- a counted pod is *in flight* until its twin is placed at the provider and a capacity snapshot has
+  arrived `snapshot_lag_s` after that placement (before, the snapshot may still show its resources
+  as free). The in-flight pods of each node are running totals too (`forge.pools.InFlight`): a read
+  looks only at the pods whose twin changed since the last read (a new pod counts as changed) and
+  at the placed ones whose snapshot has come, oldest placement first, so a burst of thousands of
+  unplaced pods costs nothing per read.
 
 Does not: watch anything (the pool manager feeds it the pod controllers' events, releases and twin
 notifications), parse the provider's snapshot, or count DRA claims (`ClaimCache` does).
@@ -20,14 +22,18 @@ notifications), parse the provider's snapshot, or count DRA claims (`ClaimCache`
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from gpufed.apis.pool import GPU_RESOURCE
 from peering.grants import pod_requests
 from vkprovider.forge.pods import is_terminal
+from vkprovider.forge.pools import InFlight
 from vkprovider.node.provider import Twin
 
 Resources = Mapping[str, Decimal]
@@ -56,8 +62,14 @@ class UsageLedger:
         self._here: dict[str, dict[str, Decimal]] = {}
         #: UIDs that never count again (released or terminal), until their pod is gone.
         self._released: set[str] = set()
-        #: node -> UIDs of counted pods to look at in the next read of that node.
-        self._unsettled: dict[str, set[str]] = {}
+        #: node -> UIDs of counted pods to look at in the next read of that node (new, twin changed).
+        self._changed: dict[str, set[str]] = {}
+        #: node -> its in-flight pods (UIDs), their summed requests, and how many ask for n GPUs.
+        self._flying: dict[str, set[str]] = {}
+        self._flying_sum: dict[str, dict[str, Decimal]] = {}
+        self._flying_gpus: dict[str, Counter[int]] = {}
+        #: node -> (time placed, UID) of in-flight pods whose twin is placed: a heap, oldest first.
+        self._landing: dict[str, list[tuple[float, str]]] = {}
         #: (namespace, name) -> UID of the counted pod under that name.
         self._by_key: dict[tuple[str, str], str] = {}
         #: UID -> monotonic time its twin was first seen placed.
@@ -98,7 +110,8 @@ class UsageLedger:
         _add(self._all, requests, 1)
         _add(self._here.setdefault(node, {}), requests, 1)
         self._by_key[(entry.namespace, entry.name)] = uid
-        self._unsettled.setdefault(node, set()).add(uid)
+        self._fly(uid, entry)
+        self._changed.setdefault(node, set()).add(uid)
 
     def release(self, uid: str) -> None:
         """The pod's controller is about to end it: it holds nothing from now on."""
@@ -109,48 +122,90 @@ class UsageLedger:
         """The twin under this name changed: its pod is looked at again at the next read."""
         uid = self._by_key.get((namespace, name))
         if uid is not None:
-            self._unsettled.setdefault(self._held[uid].node, set()).add(uid)
+            self._changed.setdefault(self._held[uid].node, set()).add(uid)
 
     def forget_node(self, node: str) -> None:
         """The node's pod controller stopped: none of its pods counts any more."""
         for uid in [u for u, h in self._held.items() if h.node == node]:
             self._drop(uid)
-        self._here.pop(node, None)
-        self._unsettled.pop(node, None)
+        for per_node in (self._here, self._changed, self._flying, self._flying_sum, self._flying_gpus, self._landing):
+            per_node.pop(node, None)
 
     def _drop(self, uid: str) -> None:
         held = self._held.pop(uid, None)
         if held is None:
             return
+        self._land(uid, held)
         _add(self._all, held.requests, -1)
         _add(self._here.setdefault(held.node, {}), held.requests, -1)
         if self._by_key.get((held.namespace, held.name)) == uid:
             del self._by_key[(held.namespace, held.name)]
-        self._unsettled.get(held.node, set()).discard(uid)
+        self._changed.get(held.node, set()).discard(uid)
+
+    def _fly(self, uid: str, held: _Held) -> None:
+        """Count the pod in flight on its node (once)."""
+        flying = self._flying.setdefault(held.node, set())
+        if uid in flying:
+            return
+        flying.add(uid)
+        _add(self._flying_sum.setdefault(held.node, {}), held.requests, 1)
+        gpus = int(held.requests.get(GPU_RESOURCE, Decimal(0)))
+        if gpus > 0:
+            self._flying_gpus.setdefault(held.node, Counter())[gpus] += 1
+
+    def _land(self, uid: str, held: _Held) -> None:
+        """The pod no longer counts in flight on its node."""
+        flying = self._flying.get(held.node)
+        if flying is None or uid not in flying:
+            return
+        flying.discard(uid)
+        _add(self._flying_sum.setdefault(held.node, {}), held.requests, -1)
+        gpus = int(held.requests.get(GPU_RESOURCE, Decimal(0)))
+        if gpus > 0:
+            counter = self._flying_gpus[held.node]
+            counter[gpus] -= 1
+            if counter[gpus] <= 0:
+                del counter[gpus]
 
     # ---- reads
 
-    def usage(
-        self, node: str, twin_of: TwinOf, snapshot_at: float | None
-    ) -> tuple[dict[str, Decimal], dict[str, Decimal], tuple[Resources, ...]]:
+    def usage(self, node: str, twin_of: TwinOf, snapshot_at: float | None) -> tuple[Resources, Resources, InFlight]:
         """(all, here, in flight) for `node`. `twin_of` is that node's view of twins; `snapshot_at`
         the monotonic time the last capacity snapshot arrived (None: no capacity feed)."""
-        in_flight: list[Resources] = []
-        unsettled = self._unsettled.get(node, set())
         now = time.monotonic()
-        for uid in list(unsettled):
-            held = self._held[uid]
-            twin = twin_of(held.namespace, held.name)
-            if twin is None or twin.unplaced_since is not None:
-                in_flight.append(held.requests)
-                continue
-            placed = self._placed_at.setdefault(uid, now)
-            if snapshot_at is not None and snapshot_at < placed + self.snapshot_lag_s:
-                in_flight.append(held.requests)
-                continue
-            unsettled.discard(uid)
+        landing = self._landing.setdefault(node, [])
+        for uid in self._changed.pop(node, ()):
+            self._check(uid, twin_of, snapshot_at, now, landing)
+        if snapshot_at is not None:
+            while landing and landing[0][0] + self.snapshot_lag_s <= snapshot_at:
+                _, uid = heapq.heappop(landing)
+                self._check(uid, twin_of, snapshot_at, now, landing)
+        gpus = self._flying_gpus.get(node) or Counter()
+        in_flight = InFlight(
+            pods=len(self._flying.get(node, ())),
+            requests={r: v for r, v in self._flying_sum.get(node, {}).items() if v},
+            gpus=tuple(sorted(gpus.elements(), reverse=True)),
+        )
         return (
             {r: v for r, v in self._all.items() if v},
             {r: v for r, v in self._here.get(node, {}).items() if v},
-            tuple(in_flight),
+            in_flight,
         )
+
+    def _check(
+        self, uid: str, twin_of: TwinOf, snapshot_at: float | None, now: float, landing: list[tuple[float, str]]
+    ) -> None:
+        """Whether the counted pod `uid` is in flight, from its twin as the node's view sees it now."""
+        held = self._held.get(uid)
+        if held is None:
+            return  # gone since it was queued
+        twin = twin_of(held.namespace, held.name)
+        if twin is None or twin.unplaced_since is not None:
+            self._fly(uid, held)
+            return
+        placed = self._placed_at.setdefault(uid, now)
+        if snapshot_at is None or snapshot_at >= placed + self.snapshot_lag_s:
+            self._land(uid, held)
+            return
+        self._fly(uid, held)
+        heapq.heappush(landing, (placed, uid))

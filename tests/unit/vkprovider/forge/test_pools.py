@@ -15,6 +15,7 @@ from gpufed.ops.pool import report
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, largest_after
 from gpupool.gang import Offer
 from vkprovider.forge.pools import (
+    InFlight,
     Pool,
     advertise,
     figures_of,
@@ -145,7 +146,7 @@ def test_pods_already_bound_stay_counted_and_in_flight_ones_use_the_histogram() 
         granted=GRANT,
         used_all=held,
         used_here=held,
-        in_flight=({GPU: dec(8)}, {GPU: dec(4)}),  # accepted, not placed yet: not in the snapshot's in_use
+        in_flight=InFlight.of(({GPU: dec(8)}, {GPU: dec(4)})),  # accepted, not placed yet: not in the snapshot's in_use
     )
     # the histogram after them: 8, 8, 4 (or 0) -> one more pod of 8 fits; the grant leaves 20
     assert ad.allocatable[GPU] == str(12 + 8)
@@ -349,3 +350,11 @@ def test_attack_a_provider_reporting_absurd_node_sizes_gets_at_most_its_grant() 
         s = snap(dataclasses.replace(cap(H100, [8]), largest_node=largest_node))
         ad = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={}, used_here={})
         assert ad.labels.get(POD_GPUS_LABEL) == want, largest_node
+
+
+def test_in_flight_of_sums_the_pods_and_lists_their_gpus_largest_first() -> None:
+    flight = InFlight.of(({GPU: dec(2), "cpu": dec(1)}, {"cpu": dec("0.5")}, {GPU: dec(8)}))
+    assert flight.pods == 3
+    assert flight.requests == {GPU: dec(10), "cpu": dec("1.5")}
+    assert flight.gpus == (8, 2)
+    assert InFlight.of(()) == InFlight()
