@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import orjson
 from prometheus_client import Counter
 
 from gpufed.kube.budget import budget_of
@@ -152,7 +153,7 @@ async def request(
             _request_timeout=request_timeout,
         )
         async with resp:
-            text = await resp.text()
+            data = await resp.read()
             status = resp.status
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         API_REQUESTS.labels(method, resource_of(url_path), "0").inc()
@@ -162,11 +163,11 @@ async def request(
         raise KubeError(f"{what}: {e.reason}", status=int(e.status or 0)) from e
     API_REQUESTS.labels(method, resource_of(url_path), str(status)).inc()
     if not 200 <= status < 300:
-        raise error_from(status, text, what)
-    if not text:
+        raise error_from(status, data.decode(errors="replace"), what)
+    if not data:
         return {}
     try:
-        out = json.loads(text)
+        out = orjson.loads(data)
     except ValueError as e:
         raise KubeError(f"{what}: the API server sent something that is not JSON") from e
     return out if isinstance(out, dict) else {"items": out}

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import orjson
 import structlog
 
 from gpufed.kube import rest
@@ -277,7 +277,7 @@ class _Watcher:
 
     async def handle_line(self, line: bytes) -> None:
         try:
-            event = json.loads(line)
+            event = orjson.loads(line)
             t = event["type"]
             obj = event["object"]
         except (ValueError, KeyError, TypeError) as e:
