@@ -34,14 +34,17 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpufed.apis.quantity import parse
 from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, ClusterID
 from gpufed.localenv import supervise
 from gpufed.localenv.kwokcfg import EXIT_CODE_ANNOTATION
+from peering.grants import pod_requests
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, PodRecord, Snapshot, record, running
 from tests.e2e.helpers import deployment, eventually, offload, peered_session, processes
@@ -383,10 +386,28 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
         alloc: str = c.kubectl_json("consumer", "get", "node", node)["status"]["allocatable"]["cpu"]
         return alloc
 
+    def cpu_held() -> Decimal:
+        """CPU the node's pods request, as the scheduler counts it (non-terminal pods bound there)."""
+        pods = c.kubectl_json("consumer", "get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+        live = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        return sum((pod_requests(p).get("cpu", Decimal(0)) for p in live), Decimal(0))
+
+    seen: list[tuple[str, Decimal]] = []
+
+    def no_room() -> bool:
+        # The node advertises the grant, but never less than what already runs there (~1 CPU, not
+        # 100m): nothing is left for one more 10m pod. The first change of allocatable may still be
+        # an intermediate figure, so this waits for the settled one.
+        alloc, held = cpu_allocatable(), cpu_held()
+        seen.append((alloc, held))
+        return parse(alloc) < held + Decimal("0.01")
+
     ceiling("100m")  # far below the ~1 CPU gpu-a's pods request now
     try:
-        # The node advertises the grant, but never less than what already runs there (1 CPU, not 100m).
-        eventually("the smaller grant on the virtual node", lambda: cpu_allocatable() != "16", timeout=120)
+        try:
+            eventually("the smaller grant on the virtual node", no_room, timeout=120)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; (allocatable, held) seen: {sorted(set(seen))[-5:]}") from None
         shrunk = cpu_allocatable()
         pinned = {
             "apiVersion": "v1",
@@ -410,12 +431,19 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
         bound["spec"]["nodeName"] = node
         c.create("consumer", bound)
 
+        refusals: list[str] = []
+
         def refused() -> bool:
             pod = c.kubectl_json("consumer", "get", "pod", "over-quota", "-n", d.ns)
             cond = {x["type"]: x for x in pod["status"].get("conditions") or []}.get("PodScheduled") or {}
+            refusals.append(f"{cond.get('status')}/{cond.get('reason')}: {cond.get('message')}")
             return cond.get("reason") == "Unschedulable" and "Insufficient cpu" in cond.get("message", "")
 
-        eventually("the new pod to be Unschedulable for lack of CPU", refused, timeout=120)
+        try:
+            eventually("the new pod to be Unschedulable for lack of CPU", refused, timeout=120)
+        except AssertionError as e:
+            last = refusals[-1:]
+            raise AssertionError(f"{e}; its PodScheduled condition: {last}, node: {cpu_allocatable()}") from None
 
         def quota_refusal() -> str | None:
             pod = c.kubectl_json("consumer", "get", "pod", "over-quota-bound", "-n", d.ns)
