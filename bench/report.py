@@ -432,6 +432,12 @@ def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
         else ""
     )
     share = _profile_share(results.get("offload-profiled"), "vkprovider/app/pools.py:PoolManager.usage")
+    node_state = _profile_share(off, "vkprovider/remote/pools.py:PoolView.node_state")
+    node_state = (
+        f"`PoolView.node_state` on the stack in {node_state} of this run's samples"
+        if node_state != "—"
+        else "`PoolView.node_state` is not among the 12 functions this run's profile lists"
+    )
     return (
         "Two different things. **pods/s ≥ 200** cannot be met on this machine by anything: the baseline, "
         f"kwok's own nodes with no gpufed at all, reached {b.get('pods_per_s', '—')} pods/s at N=1000, because "
@@ -453,15 +459,20 @@ def _why_offload_speed(results: dict[str, dict[str, Any]]) -> str:
         "on a machine where the API servers have their own cores the ratio is the figure to watch. At "
         f"{(off.get('profile') or {}).get('pods', '—')} pods the virtual kubelet's own CPU grows faster than its "
         f"pods (`vk_cpu_s_per_burst` {((off.get('growth') or {}).get('vk_cpu_s_per_burst') or {}).get('order', '—')}"
-        " above). What the pods on a pool node hold is kept as running totals that each pod event, release and "
-        "twin change updates (`vkprovider.remote.usage.UsageLedger`), so a node-status read no longer walks every "
-        "pod; it still looks at each pod the provider has not placed yet, which during a burst are thousands: this "
-        "run's profile finds `UsageLedger.usage` on top of the stack in "
-        f"{_profile_share(off, 'vkprovider/remote/usage.py:UsageLedger.usage', 'self')} of its samples and "
-        f"`PoolView.node_state` (which sums those in-flight pods again for the advertisement) in "
-        f"{_profile_share(off, 'vkprovider/remote/pools.py:PoolView.node_state')}; keeping the in-flight sums as "
-        "running totals too is the next step. The rest is the pod path itself (`PodController.reconcile` "
-        f"{_profile_share(off, 'vkprovider/node/pods.py:PodController.reconcile')}) and JSON and HTTP work."
+        " above). What the pods on a pool node hold, and which of them are still in flight (no placed twin, or "
+        "placed after the last capacity snapshot), are running totals that each pod event, release and twin "
+        "change updates (`vkprovider.remote.usage.UsageLedger`): a node-status read looks only at the pods whose "
+        f"twin changed since the last one ({node_state}; 16% in the previous run, which still summed the "
+        "in-flight pods at every read). Watch events and API answers are "
+        "decoded with orjson. What this run's profile finds instead: the pod path (`PodController.reconcile` "
+        f"{_profile_share(off, 'vkprovider/node/pods.py:PodController.reconcile')}, most of it the twin's create "
+        f"with its TokenRequest and token Secret, `RemoteProvider.create_pod` "
+        f"{_profile_share(off, 'vkprovider/remote/provider.py:RemoteProvider.create_pod')}), metrics-server's "
+        f"scrapes of `/metrics/resource` (`KubeletAPI._metrics` "
+        f"{_profile_share(off, 'vkprovider/kubelet/server.py:KubeletAPI._metrics')}: every scrape lists every "
+        "pod, as a kubelet's does), and socket writes on top of the stack in "
+        f"{_profile_share(off, 'asyncio/selector_events.py:_SelectorSocketTransport.write', 'self')} of the "
+        "samples (on loopback the kernel's receive work happens in the sender's write)."
     )
 
 
