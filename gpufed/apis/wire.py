@@ -202,6 +202,10 @@ GANG_GROUP_ANNOTATION = "gpufed.io/gang-group"
 GANG_SIZE_ANNOTATION = "gpufed.io/gang-size"
 #: On a group's pods once placed: the pool (virtual node) the group was released to.
 GANG_NODE_ANNOTATION = "gpufed.io/gang-node"
+#: Scheduling gate on the twins of a group at the provider: the virtual kubelet removes it from all
+#: of them at once when every twin of the group exists and the provider's free GPUs hold them all,
+#: so no part of a group runs while the rest waits.
+TWIN_GROUP_GATE = "gpufed.io/group-start"
 #: Kueue's names: a Job or pod with the queue label is Kueue's to admit (gpufed's gang path steps
 #: aside); plain pods of a Kueue pod group carry the group label and the total-count annotation.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

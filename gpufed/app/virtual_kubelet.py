@@ -406,7 +406,10 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                 )
                 if devices is not None
                 else None,
+                capacity=(lambda: feed.snapshot) if feed is not None else None,
             )
+            if feed is not None:
+                feed.listeners.append(provider.capacity_changed)
             pools = PoolManager(
                 api,
                 provider,

@@ -210,3 +210,19 @@ def component_paused(clusters: Clusters, cluster: str, component: str) -> Iterat
 
 
 # ---------------------------------------------------------------------------- pod attacks (tests/e2e/attacks)
+
+
+def gpu_load(name: str, namespace: str, node: str, gpus: int) -> dict[str, Any]:
+    """A provider's own pod, pinned to one of its nodes, that takes `gpus` GPUs there."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {"name": "main", "image": "local/load:1", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+            ],
+        },
+    }

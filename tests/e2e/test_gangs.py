@@ -1,7 +1,8 @@
 """Groups of pods placed whole, on the real local clusters (gpu-a 4 x 8 H100; gpu-b 2 x 4 A100 + 4 x 1
 L4): the offloading webhook gates a group's pods, the consumer's gang controller releases them onto one
 pool (one provider, one GPU product) once one holds them all, a group no pool holds waits with its
-reason and starts when capacity frees, a group larger than any grant is refused at once, a bad
+reason and starts when capacity frees, its twins wait gated at the provider until it holds them all
+and then start together, a group larger than any grant is refused at once, a bad
 group declaration is refused at creation, and a JobSet (upstream's controller runs in the consumer)
 lands whole like a Job.
 
@@ -11,6 +12,9 @@ The module peers the consumer with gpu-a (all 32 GPUs) and gpu-b (all 12: two po
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,13 +27,14 @@ from gpufed.apis.wire import (
     GANG_SIZE_ANNOTATION,
     JOBSET_API_VERSION,
     JOBSET_NAME_LABEL,
+    TWIN_GROUP_GATE,
     UNPLACED_TIMEOUT_ANNOTATION,
     ClusterID,
 )
 from gpufed.localenv import manifests
 from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, offload, peered_session
+from tests.e2e.helpers import eventually, gpu_load, offload, peered_session, processes
 
 pytestmark = pytest.mark.e2e
 
@@ -106,19 +111,7 @@ def test_a_group_no_pool_holds_waits_with_its_reason_then_starts(
     clusters.kubectl("gpu-a", "create", "namespace", load_ns)
     try:
         for i in range(3):
-            clusters.create(
-                "gpu-a",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": f"load-{i}", "namespace": load_ns},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": f"gpu-a-h100-{i}"},
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [{"name": "main", "image": "local/load:1", "resources": {"limits": {GPU: "8"}}}],
-                    },
-                },
-            )
+            clusters.create("gpu-a", gpu_load(f"load-{i}", load_ns, f"gpu-a-h100-{i}", 8))
         # the pool's figures follow the provider's load (the estimator, then the virtual kubelet):
         # the group is created once they show it, so it is judged on what the provider holds now
         pool_node = f"gpufed-{ids['gpu-a']}"
@@ -268,6 +261,92 @@ def test_a_group_whose_twin_the_provider_cannot_schedule_is_failed_back_whole(
         for t in clusters.kubectl_json("gpu-a", "get", "pods", "-n", twin_ns)["items"]
     }
     assert {remote.get(p["metadata"]["name"]) for p in up} <= {"gpu-a-h100-1", "gpu-a-h100-3"}, remote
+
+
+def test_a_groups_twins_wait_gated_until_the_provider_holds_them_all_then_start_together(
+    clusters: Clusters, ids: dict[str, ClusterID], namespace: str
+) -> None:
+    """The gang controller releases a 2 x 8-GPU group onto gpu-a while two of its nodes are free;
+    before the virtual kubelet creates the twins (it is paused here to hold that window open),
+    gpu-a's own workload takes one of the two. One twin alone would still fit, but the group does
+    not: the twin that is created waits with the group gate (gpu-a's grant shrank with its free
+    GPUs, so its quota refuses the other twin for now), and no part of the group runs. Once a node
+    frees, the second twin is created and both start together."""
+    offload(clusters, namespace)
+    load_ns = f"load-{namespace}"[:63]
+    clusters.kubectl("gpu-a", "create", "namespace", load_ns)
+    vk = 0
+    try:
+        for i in range(2):
+            clusters.create("gpu-a", gpu_load(f"load-{i}", load_ns, f"gpu-a-h100-{i}", 8))
+        pool_node = f"gpufed-{ids['gpu-a']}"
+
+        def figures() -> dict[str, Any]:
+            node = clusters.kubectl_json("consumer", "get", "node", pool_node)
+            return dict(json.loads(node["metadata"]["annotations"].get("gpufed.io/gpu-pool") or "{}"))
+
+        eventually("gpu-a's pool figures showing two free nodes", lambda: figures().get("free_nodes") == [[8, 2]])
+        (vk,) = processes(str(clusters.env.state_dir), "virtual-kubelet", f"--provider-cluster-id={ids['gpu-a']}")
+        os.kill(vk, signal.SIGSTOP)
+        job = group_job("together", namespace, 2, 8)
+        job["spec"]["template"]["metadata"]["annotations"] = {RUN_DURATION_ANNOTATION: "300s"}
+        clusters.create("consumer", job)
+        placed = eventually("the group released onto gpu-a", lambda: bound(clusters, namespace, "together", 2))
+        assert set(placed.values()) == {pool_node}, placed
+        clusters.create("gpu-a", gpu_load("load-2", load_ns, "gpu-a-h100-2", 8))
+        eventually(
+            "gpu-a's own pod on its third node",
+            lambda: (
+                clusters.kubectl_json("gpu-a", "get", "pod", "-n", load_ns, "load-2")["status"].get("phase")
+                == "Running"
+            ),
+        )
+        # the estimator publishes the change within moments; the virtual kubelet's stream delivers it on waking
+        time.sleep(5)
+    finally:
+        if vk:
+            os.kill(vk, signal.SIGCONT)
+    try:
+        twin_ns = f"{namespace}-{ids['consumer']}"
+
+        def twins() -> list[dict[str, Any]]:
+            items: list[dict[str, Any]] = clusters.kubectl_json("gpu-a", "get", "pods", "-n", twin_ns)["items"]
+            return [t for t in items if t["metadata"]["name"] in placed]
+
+        def held() -> list[dict[str, Any]]:
+            """The group's twins so far, each gated and on no node."""
+            found = twins()
+            for t in found:
+                gates = [g["name"] for g in t["spec"].get("schedulingGates") or []]
+                assert gates == [TWIN_GROUP_GATE] and not t["spec"].get("nodeName"), (gates, t["spec"].get("nodeName"))
+            return found
+
+        eventually("a twin of the group created with the group gate", held)
+        for _ in range(20):  # ~10 s: no part of the group starts while gpu-a cannot hold all of it
+            held()
+            time.sleep(0.5)
+        local = job_pods(clusters, namespace, "together")
+        assert not [p for p in local if p["status"].get("phase") == "Running"], [p["status"] for p in local]
+        # a node frees: both start, on two nodes
+        clusters.kubectl("gpu-a", "delete", "pod", "-n", load_ns, "load-1", "--wait=false")
+
+        def running() -> dict[str, str] | None:
+            found = twins()
+            up = {
+                t["metadata"]["name"]: t["spec"].get("nodeName") for t in found if t["status"].get("phase") == "Running"
+            }
+            return up if len(up) == 2 else None
+
+        # the grant grows back, the quota with it, and the refused twin's create is retried (backoff)
+        nodes = eventually("both twins running once a node freed", running, timeout=150)
+        assert sorted(nodes.values()) == ["gpu-a-h100-1", "gpu-a-h100-3"], nodes
+        eventually(
+            "both pods Running on the consumer",
+            lambda: all(p["status"].get("phase") == "Running" for p in job_pods(clusters, namespace, "together")),
+            timeout=60,
+        )
+    finally:
+        clusters.kubectl("gpu-a", "delete", "namespace", load_ns, "--wait=false", check=False)
 
 
 def replicated_job(name: str, replicas: int, gpus: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from gpufed.localenv import manifests, supervise
 from gpupool.capacity import PodShape
 from gpupool.estimator.client import EstimatorClient, EstimatorError, from_provider
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpufed, offload, out, peered_session
+from tests.e2e.helpers import eventually, gpu_load, gpufed, offload, out, peered_session
 
 pytestmark = pytest.mark.e2e
 
@@ -108,19 +108,7 @@ def twins(clusters: Clusters, context: str, ids: dict[str, ClusterID], namespace
 
 def load(clusters: Clusters, context: str, namespace: str, node: str, name: str, gpus: int) -> None:
     """A provider-local workload pinned to one provider node."""
-    clusters.create(
-        context,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "main", "image": "local/load:1", "resources": {"limits": {GPU: str(gpus)}}}],
-            },
-        },
-    )
+    clusters.create(context, gpu_load(name, namespace, node, gpus))
 
 
 def test_one_virtual_node_per_provider_gpu_product(clusters: Clusters, ids: dict[str, ClusterID]) -> None:

@@ -77,7 +77,7 @@ from gpufed.kube.contention import contended, retry_contended
 from gpufed.kube.deleted import RecentlyDeleted
 from gpufed.kube.times import parse_rfc3339
 from gpufed.kube.watch import watch
-from vkprovider.forge import podpolicy
+from vkprovider.forge import groups, podpolicy
 from vkprovider.forge import pods as forge
 from vkprovider.forge.dra_claims import twin_pod_claims
 from vkprovider.forge.meta import Target, is_dns_subdomain, owned_by
@@ -87,6 +87,7 @@ from vkprovider.remote.claims import DEFAULT_CLAIM_GRACE_S, TwinNamespaceClaims
 from vkprovider.remote.dra_claims import ClaimOffloader
 from vkprovider.remote.events_relay import EventRelay, RelayLimits
 from vkprovider.remote.grant import Grant, Health, ProviderGrant
+from vkprovider.remote.groups import GroupStart, SnapshotOf
 from vkprovider.remote.offloaded import OffloadedNamespaces
 from vkprovider.remote.placement import PlacementGate, Placer
 from vkprovider.remote.references import ReferenceCopier
@@ -196,6 +197,7 @@ class RemoteProvider:
         pod_addresses: PodAddresses | None = None,
         events: EventRelay | None = None,
         dra: ClaimOffloader | None = None,
+        capacity: SnapshotOf | None = None,
     ) -> None:
         self.local = local_api
         #: The twins of offloaded pods' ResourceClaims (None: the consumer serves no DRA API).
@@ -238,6 +240,9 @@ class RemoteProvider:
         self._tg: asyncio.TaskGroup | None = None
         #: Pool node -> its GPU product (twins of that node are pinned to it).
         self.pool_products: dict[str, str | None] = {}
+        #: The twins of a group are created gated and released together (`capacity`: the provider's
+        #: live capacity snapshot, None without one).
+        self.groups = GroupStart(remote_api, lambda: self._twins, self.pool_products, capacity)
         #: Asked before a GPU pod's twin is created (None: nobody to ask).
         self.placement = (
             PlacementGate(placement, settings.provider, settings.unplaceable_grace_s) if placement is not None else None
@@ -539,6 +544,8 @@ class RemoteProvider:
         identity = self.tokens.identity(pod) if self.tokens is not None else None
         prepared = await self.tokens.prepare(pod, target) if self.tokens is not None else None
         body = forge.remote_pod(pod, target, identity)
+        if self.groups.gate_new(pod):
+            groups.add_gate(body["spec"])
         if claims:
             body["spec"]["resourceClaims"] = twin_pod_claims(pod, {e: c["metadata"]["name"] for e, c in claims})
         url = rest.path("v1", "pods", namespace=target.namespace)
@@ -566,6 +573,11 @@ class RemoteProvider:
             await self.tokens.ensure(pod, target, owner=created, prepared=prepared)
         if claims and self.dra is not None:
             await self.dra.ensure(created, claims)
+
+    def capacity_changed(self) -> None:
+        """A capacity snapshot arrived: the gated twins of groups are looked at again."""
+        for key in self.groups.waiting():
+            self._notify(*key)
 
     def _check_pod_security(self, pod: Mapping[str, Any]) -> None:
         """Refuse early, with the provider's reason, a pod its published offload policy refuses."""
@@ -597,8 +609,10 @@ class RemoteProvider:
 
     async def update_pod(self, pod: Mapping[str, Any], twin: Twin) -> None:
         """Images and activeDeadlineSeconds are the mutable fields of a running pod that matter; a
-        token Secret the twin mounts is written again when it is missing."""
+        token Secret the twin mounts is written again when it is missing; a gated twin of a group is
+        started with the rest of its group once it may."""
         namespace, name = _key(pod)
+        await self.groups.start(pod, twin.raw)
         if self.tokens is not None and self.twin_ns.get(namespace) == (twin.raw.get("metadata") or {}).get("namespace"):
             target = self._target(namespace, name, str((pod.get("spec") or {}).get("nodeName") or self.settings.node))
             if self.tokens.missing(pod, target):
