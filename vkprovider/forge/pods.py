@@ -262,6 +262,18 @@ def remote_pod(local: Mapping[str, Any], target: Target, identity: tokens.PodIde
     }
 
 
+def origin_node(twin: Mapping[str, Any], default: str) -> str:
+    """The pool node a twin belongs to (twins from before pools carry none: the default node)."""
+    return str(((twin.get("metadata") or {}).get("labels") or {}).get(ORIGIN_NODE_LABEL) or default)
+
+
+def unplaced(twin: Mapping[str, Any]) -> bool:
+    """Whether the provider has not placed the twin yet (Pending, on no node)."""
+    return (twin.get("status") or {}).get("phase", "Pending") == "Pending" and not (twin.get("spec") or {}).get(
+        "nodeName"
+    )
+
+
 # ---------------------------------------------------------------- status
 
 

@@ -15,38 +15,22 @@ controller does once a twin stays unplaced past its timeout), or decide groups (
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
 import structlog
 
-from gpufed.apis.pool import GPU_RESOURCE
-from gpufed.apis.wire import ORIGIN_NODE_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpupool.capacity import Snapshot
-from peering.grants import pod_requests
 from vkprovider.forge import groups
+from vkprovider.forge.pods import origin_node, unplaced
+from vkprovider.remote.placement import pod_gpus
 from vkprovider.remote.refusals import refusal
 
 #: The provider's capacity snapshot now (None: no live snapshot).
 SnapshotOf = Callable[[], Snapshot | None]
 #: Every twin as last seen, keyed by the LOCAL (namespace, name).
 TwinsOf = Callable[[], Mapping[tuple[str, str], Mapping[str, Any]]]
-
-
-def _gpus(pod: Mapping[str, Any]) -> int:
-    return int(pod_requests(pod).get(GPU_RESOURCE, Decimal(0)))
-
-
-def _node(twin: Mapping[str, Any]) -> str:
-    return str(((twin.get("metadata") or {}).get("labels") or {}).get(ORIGIN_NODE_LABEL) or "")
-
-
-def _unplaced(twin: Mapping[str, Any]) -> bool:
-    return (twin.get("status") or {}).get("phase", "Pending") == "Pending" and not (twin.get("spec") or {}).get(
-        "nodeName"
-    )
 
 
 class GroupStart:
@@ -84,9 +68,11 @@ class GroupStart:
         if cap is None:
             return None
         before = [
-            _gpus(t) for t in self._twins().values() if _node(t) == node and _unplaced(t) and groups.gated(t) is None
+            pod_gpus(t)
+            for t in self._twins().values()
+            if origin_node(t, "") == node and unplaced(t) and groups.gated(t) is None
         ]
-        return groups.holds(cap.histogram, before, [_gpus(t) for t in waiting])
+        return groups.holds(cap.histogram, before, [pod_gpus(t) for t in waiting])
 
     async def start(self, pod: Mapping[str, Any], twin: Mapping[str, Any]) -> None:
         """Release the gated twins of `pod`'s group when the group may start (see the module docstring)."""
@@ -96,7 +82,7 @@ class GroupStart:
         group, size = found
         members = self._members(pod["metadata"]["namespace"], group)
         waiting = [t for t in members if groups.gated(t) is not None]
-        fits = None if groups.started(members) or len(members) < size else self._fits(_node(twin), waiting)
+        fits = None if groups.started(members) or len(members) < size else self._fits(origin_node(twin, ""), waiting)
         release = groups.to_start(members, size, fits)
         if not release:
             return

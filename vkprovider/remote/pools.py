@@ -34,11 +34,12 @@ from gpufed.apis.wire import REMOTE_CLUSTER_LABEL, VIRTUAL_NODE_TYPE_LABELS
 from gpufed.kube.client import KubeError
 from gpupool.capacity import DeviceGroup, Snapshot
 from vkprovider.forge.devices import Kind, kinds_for, offer
+from vkprovider.forge.pods import origin_node
 from vkprovider.forge.pools import NOTHING_IN_FLIGHT, InFlight, Pool, advertise
 from vkprovider.node.provider import NodeState, Notify, Twin
 from vkprovider.remote.capacity import CapacityFeed
 from vkprovider.remote.devices import SlicePublisher
-from vkprovider.remote.provider import RemoteProvider, origin_node
+from vkprovider.remote.provider import RemoteProvider
 
 Resources = Mapping[str, Decimal]
 

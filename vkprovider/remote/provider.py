@@ -65,7 +65,6 @@ from gpufed.apis.meta import API_VERSION
 from gpufed.apis.offloading import OffloadPodSecurity
 from gpufed.apis.wire import (
     ORIGIN_CLUSTER_LABEL,
-    ORIGIN_NODE_LABEL,
     ORIGIN_UID_LABEL,
     SYSTEM_NAMESPACE,
     ClusterID,
@@ -169,11 +168,6 @@ def _unix(timestamp: str | None) -> float | None:
         return parse_rfc3339(timestamp).timestamp()
     except ValueError:
         return None
-
-
-def origin_node(twin: Mapping[str, Any], default: str) -> str:
-    """The pool node a twin belongs to (twins from before pools carry none: the default node)."""
-    return str((twin.get("metadata", {}).get("labels") or {}).get(ORIGIN_NODE_LABEL) or default)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -463,16 +457,13 @@ class RemoteProvider:
 
     def _twin_of(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Twin:
         meta = pod["metadata"]
-        unplaced = (pod.get("status") or {}).get("phase", "Pending") == "Pending" and not (pod.get("spec") or {}).get(
-            "nodeName"
-        )
         return Twin(
             namespace=key[0],
             name=key[1],
             origin_uid=str((meta.get("labels") or {}).get(ORIGIN_UID_LABEL) or ""),
             terminal=forge.is_terminal(pod),
             deleting=bool(meta.get("deletionTimestamp")),
-            unplaced_since=(_unix(meta.get("creationTimestamp")) or time.time()) if unplaced else None,
+            unplaced_since=(_unix(meta.get("creationTimestamp")) or time.time()) if forge.unplaced(pod) else None,
             raw=pod,
         )
 
