@@ -396,13 +396,14 @@ def why_utilisation(results: dict[str, dict[str, Any]]) -> str:
         "2 × 8 groups gated with `GangWaiting` while single 8-GPU pods ran on all four H100 nodes); "
         + (
             f"(2) {live.get('groups_not_together')} group(s) never had all pods Running at once ({apart}), "
-            "although the gang controller binds a released group's pods to the pool node together: the last pod "
-            "was seen Running only after the first had finished (why, this run does not show); "
+            "although the gang controller binds a released group's pods to the pool node together and the "
+            "virtual kubelet starts their twins together (gate `gpufed.io/group-start`): the last pod was seen "
+            "Running only after the first had finished (why, this run does not show); "
             if apart
             else ""
         )
-        + "(3) pod start and completion latency across two clusters on a loaded 2-core machine (a Job's GPUs "
-        "are idle from its completion to the next pod's start on them)."
+        + f"({3 if apart else 2}) pod start and completion latency across two clusters on a loaded 2-core machine "
+        "(a Job's GPUs are idle from its completion to the next pod's start on them)."
     )
     if kueue and "error" not in kueue:
         text += (
