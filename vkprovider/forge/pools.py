@@ -26,7 +26,9 @@ pod, so bursts proceed in steps of a few milliseconds. No scheduler extender or 
 is involved, so nothing changes for users or the scheduler's configuration.
 
 Without a snapshot (no estimator at the provider, or not reachable) the pool advertises the grant
-as before (static mode); the figures say so.
+as before (static mode); the figures say so. When the provider lowers the grant below what the
+consumer's pods already hold, the overage is taken off every pool's allocatable (never below zero):
+running pods stay, and no pod ending frees room for a new one until usage is back within the grant.
 
 Does not: talk to anyone, or decide fail-back (the pod controller does, with the estimator's answer).
 """
@@ -354,7 +356,12 @@ def advertise(
             free_nodes = [[b.free_gpus, b.nodes] for b in buckets_of(free_after)]
             extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(max(free_after, default=0)))
             total, free = cap.total, cap.free
-    allocatable = {r: used_here.get(r, Decimal(0)) + extra[r] for r in SLICE_RESOURCES}
+    # Beyond the grant (the provider lowered it below what already runs), the overage is taken off
+    # what this pool holds: the scheduler then sees less than nothing free, so a pod ending here
+    # frees no room before the virtual kubelet re-advertises (a node that advertised just what it
+    # holds would look one pod's worth free in that window while the grant is still exceeded).
+    over = {r: max(Decimal(0), used_all.get(r, Decimal(0)) - granted.get(r, Decimal(0))) for r in SLICE_RESOURCES}
+    allocatable = {r: max(Decimal(0), used_here.get(r, Decimal(0)) + extra[r] - over[r]) for r in SLICE_RESOURCES}
     if not pool.product and granted.get(GPU_RESOURCE, Decimal(0)) <= 0 and _gpu(used_here) == 0:
         allocatable.pop(GPU_RESOURCE)  # a CPU-only grant advertises no GPU resource at all
     capacity = {r: max(allocatable[r], granted.get(r, Decimal(0))) for r in allocatable}

@@ -395,9 +395,9 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
     seen: list[tuple[str, Decimal]] = []
 
     def no_room() -> bool:
-        # The node advertises the grant, but never less than what already runs there (~1 CPU, not
-        # 100m): nothing is left for one more 10m pod. The first change of allocatable may still be
-        # an intermediate figure, so this waits for the settled one.
+        # The node advertises the grant, less than what already runs there (~1 CPU): nothing is left
+        # for one more 10m pod, even while a pod there ends. The first change of allocatable may
+        # still be an intermediate figure, so this waits for the settled one.
         alloc, held = cpu_allocatable(), cpu_held()
         seen.append((alloc, held))
         return parse(alloc) < held + Decimal("0.01")

@@ -10,6 +10,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufed.apis.quantity import parse
 from gpufed.apis.wire import POD_GPUS_LABEL, POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpufed.ops.pool import report
 from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, largest_after
@@ -160,6 +161,45 @@ def test_grant_headroom_caps_every_pool_of_the_provider() -> None:
     ad = advertise("b", Pool("gpufed-b-a100", A100), s, granted=grant, used_all=used_all, used_here={GPU: dec(1)})
     assert ad.allocatable[GPU] == "2"  # 1 held + 1 left of the grant, though 4 would fit
     assert ad.figures.granted == 6
+
+
+def test_a_grant_lowered_below_usage_leaves_the_pool_less_than_nothing_free() -> None:
+    grant = {**GRANT, "cpu": dec("0.1")}
+    ad = advertise(
+        "a", Pool("gpufed-a", None), None, granted=grant, used_all={"cpu": dec("1.35")}, used_here={"cpu": dec("1.35")}
+    )
+    # what runs stays, but the scheduler sees 1.25 CPU too many: a 10m pod ending there frees nothing
+    assert ad.allocatable["cpu"] == "100m"
+
+
+@given(
+    granted=st.integers(0, 4000),
+    elsewhere=st.integers(0, 4000),
+    here=st.lists(st.integers(1, 500), min_size=1, max_size=8),
+    ending=st.integers(0, 7),
+)
+def test_a_pod_ending_never_shows_more_room_than_the_next_advertisement(
+    granted: int, elsewhere: int, here: list[int], ending: int
+) -> None:
+    """Between a pod ending and the next node status, the scheduler counts the old allocatable against
+    the pods left: that room is never more than the room the next advertisement gives."""
+
+    def allocatable(used_here: int) -> Decimal:
+        ad = advertise(
+            "a",
+            Pool("gpufed-a-h100", H100),
+            None,
+            granted={"cpu": Decimal(granted) / 1000},
+            used_all={"cpu": Decimal(used_here + elsewhere) / 1000},
+            used_here={"cpu": Decimal(used_here) / 1000},
+        )
+        return parse(ad.allocatable["cpu"])
+
+    held = sum(here)
+    left = held - here[ending % len(here)]
+    stale_room = allocatable(held) - Decimal(left) / 1000
+    fresh_room = allocatable(left) - Decimal(left) / 1000
+    assert stale_room <= max(Decimal(0), fresh_room)
 
 
 def test_product_gone_from_the_provider_takes_nothing_new() -> None:
