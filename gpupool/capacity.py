@@ -8,8 +8,8 @@ Owns:
 - `PodShape` (`shape_of`): what one pod needs, as the scheduler counts it; `Resources`: the
   summed vector (GPUs, CPU, memory, pod slots) requests and free capacity are counted in;
 - `Placement`: the answer to "does a pod of this shape fit", with a sentence that says why;
-- `best_fit` / `largest_after` / `buckets_of`: the free-GPU histogram after some pods are placed on
-  it, largest first, each on the fullest node that still takes it (as a bin-packing scheduler would).
+- `best_fit` / `free_after` / `buckets_of`: the free GPUs per node after some pods are placed on
+  them, largest first, each on the fullest node that still takes it (as a bin-packing scheduler would).
 
 `gpupool.inventory.Inventory` keeps the live model of one cluster and computes these values.
 
@@ -336,9 +336,11 @@ def best_fit(histogram: Sequence[Bucket], gpus: Sequence[int]) -> tuple[list[int
     return free, unplaced
 
 
-def largest_after(histogram: Sequence[Bucket], gpus: Sequence[int]) -> int:
+def free_after(histogram: Sequence[Bucket], gpus: Sequence[int]) -> tuple[Bucket, ...]:
+    """The free-GPU histogram once `gpus` (GPUs per pod) are placed by `best_fit` (largest free
+    first: its first bucket is the most one more pod can get)."""
     free, _ = best_fit(histogram, gpus)
-    return max(free, default=0)
+    return buckets_of(free)
 
 
 def buckets_of(free: Sequence[int]) -> tuple[Bucket, ...]:

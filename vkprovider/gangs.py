@@ -55,7 +55,7 @@ from gpufed.kube import events, meta, rest
 from gpufed.kube.client import KubeError
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
-from gpupool.capacity import best_fit, buckets_of
+from gpupool.capacity import free_after
 from gpupool.gang import JOBSET_KIND, Decision, GroupError, Offer, job_owner, jobset_owner, node_allows, place
 from vkprovider.forge.offloading import gpus_of
 from vkprovider.forge.pods import HOSTNAME_LABEL
@@ -197,8 +197,7 @@ class GangController:
             if held:
                 free = None
                 if offer.free_nodes is not None:
-                    left, _ = best_fit(offer.free_nodes, held)
-                    free = buckets_of(left)
+                    free = free_after(offer.free_nodes, held)
                 offer = replace(offer, headroom=max(0, offer.headroom - sum(held)), free_nodes=free)
             out.append(offer)
         return out

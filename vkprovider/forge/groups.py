@@ -30,11 +30,11 @@ Does not: create or patch anything, or decide which pods form a group (`gpupool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpufed.apis.wire import GANG_LABEL, GANG_SIZE_ANNOTATION, TWIN_GROUP_GATE
-from gpupool.capacity import Bucket, best_fit, buckets_of
+from gpupool.capacity import Bucket, best_fit, free_after
 
 
 def group_of(pod: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -90,16 +90,20 @@ def started(group: Sequence[Mapping[str, Any]]) -> bool:
     return any(gated(t) is None for t in group)
 
 
-def to_start(group: Sequence[Mapping[str, Any]], size: int, fits: bool | None) -> list[Mapping[str, Any]]:
+#: Whether the provider holds these gated twins now (None: nobody can say).
+Fits = Callable[[Sequence[Mapping[str, Any]]], bool | None]
+
+
+def to_start(group: Sequence[Mapping[str, Any]], size: int, fits: Fits) -> list[Mapping[str, Any]]:
     """The gated twins of `group` (its `members`) to release now: all of them once the group
-    started (they join it), or once all `size` twins exist and `fits` is not False (None: nobody
-    can say); none otherwise."""
+    started (they join it), or once all `size` twins exist and `fits` of them is not False (asked
+    only then); none otherwise."""
     waiting = [t for t in group if gated(t) is not None]
     if not waiting:
         return []
     if started(group):
         return waiting
-    if len(group) < size or fits is False:
+    if len(group) < size or fits(waiting) is False:
         return []
     return waiting
 
@@ -107,6 +111,5 @@ def to_start(group: Sequence[Mapping[str, Any]], size: int, fits: bool | None) -
 def holds(histogram: Sequence[Bucket], before: Sequence[int], group: Sequence[int]) -> bool:
     """Whether nodes with these free GPUs hold every pod of `group` (GPUs per pod) once the pods
     `before` it (GPUs per pod, on their way there) are placed, as a bin-packing scheduler would."""
-    free, _ = best_fit(histogram, before)
-    _, unplaced = best_fit(buckets_of(free), group)
+    _, unplaced = best_fit(free_after(histogram, before), group)
     return not unplaced

@@ -46,7 +46,7 @@ from typing import Any
 from gpufed.apis.pool import GPU_PRODUCT_LABEL, GPU_RESOURCE, SLICE_RESOURCES
 from gpufed.apis.quantity import format_quantity
 from gpufed.apis.wire import POD_GPUS_LABEL, POOL_ANNOTATION, POOL_PRODUCT_LABEL
-from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, buckets_of
+from gpupool.capacity import Bucket, ProductCapacity, Snapshot, free_after
 from gpupool.gang import Offer
 from peering.grants import GPU_LABEL_PREFIXES
 
@@ -352,9 +352,9 @@ def advertise(
             waiting = {r: in_flight.requests.get(r, Decimal(0)) for r in SLICE_RESOURCES}
             free_now = _free_of(cap)
             extra = {r: max(Decimal(0), min(headroom[r], free_now[r] - waiting[r])) for r in SLICE_RESOURCES}
-            free_after, _ = best_fit(cap.histogram, in_flight.gpus)
-            free_nodes = [[b.free_gpus, b.nodes] for b in buckets_of(free_after)]
-            extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(max(free_after, default=0)))
+            after = free_after(cap.histogram, in_flight.gpus)
+            free_nodes = [[b.free_gpus, b.nodes] for b in after]
+            extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(after[0].free_gpus if after else 0))
             total, free = cap.total, cap.free
     # Beyond the grant (the provider lowered it below what already runs), the overage is taken off
     # what this pool holds: the scheduler then sees less than nothing free, so a pod ending here

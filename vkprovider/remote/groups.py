@@ -81,9 +81,7 @@ class GroupStart:
             return
         group, size = found
         members = self._members(pod["metadata"]["namespace"], group)
-        waiting = [t for t in members if groups.gated(t) is not None]
-        fits = None if groups.started(members) or len(members) < size else self._fits(origin_node(twin, ""), waiting)
-        release = groups.to_start(members, size, fits)
+        release = groups.to_start(members, size, lambda waiting: self._fits(origin_node(twin, ""), waiting))
         if not release:
             return
         for t in release:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hypothesis import given, settings
@@ -57,19 +58,30 @@ def test_the_patch_removes_only_the_group_gate_and_fails_when_the_gates_moved() 
     assert spec == {"schedulingGates": [{"name": TWIN_GROUP_GATE}]}
 
 
+def answer(fits: bool | None, asked: list[int] | None = None) -> groups.Fits:
+    def fits_now(waiting: Sequence[Mapping[str, Any]]) -> bool | None:
+        if asked is not None:
+            asked.append(len(waiting))
+        return fits
+
+    return fits_now
+
+
 def test_a_group_starts_whole_once_every_twin_exists_and_fits() -> None:
     two = [twin("a"), twin("b")]
-    assert groups.to_start(two, 3, True) == []  # one twin still to come
+    asked: list[int] = []
+    assert groups.to_start(two, 3, answer(True, asked)) == [] and asked == []  # one twin still to come
     three = [*two, twin("c")]
-    assert groups.to_start(three, 3, False) == []  # the provider cannot hold them all now
-    assert groups.to_start(three, 3, True) == three
-    assert groups.to_start(three, 3, None) == three  # nobody can say: the provider's scheduler decides
+    assert groups.to_start(three, 3, answer(False)) == []  # the provider cannot hold them all now
+    assert groups.to_start(three, 3, answer(True, asked)) == three and asked == [3]
+    assert groups.to_start(three, 3, answer(None)) == three  # nobody can say: the provider's scheduler decides
 
 
 def test_a_twin_of_a_started_group_joins_it() -> None:
     group = [twin("a", gated=False, phase="Running"), twin("b")]
     assert groups.started(group)
-    assert groups.to_start(group, 3, False) == [group[1]]
+    asked: list[int] = []
+    assert groups.to_start(group, 3, answer(False, asked)) == [group[1]] and asked == []
 
 
 def test_deleted_twins_and_other_groups_are_no_members_and_finished_ones_started_it() -> None:
@@ -79,7 +91,7 @@ def test_deleted_twins_and_other_groups_are_no_members_and_finished_ones_started
     other = twin("c", group="g2", gated=False)
     group = groups.members([done, going, other, twin("d")], "g1")
     assert group == [done, twin("d")]
-    assert groups.started(group) and groups.to_start(group, 4, False) == [twin("d")]  # the next index joins
+    assert groups.started(group) and groups.to_start(group, 4, answer(False)) == [twin("d")]  # the next index joins
 
 
 def nodes(free: list[int]) -> tuple[Bucket, ...]:

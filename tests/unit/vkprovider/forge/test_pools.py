@@ -4,6 +4,7 @@ node advertises (capacity capping at the largest placeable shape, grant headroom
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from decimal import Decimal
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from gpufed.apis.quantity import parse
 from gpufed.apis.wire import POD_GPUS_LABEL, POOL_ANNOTATION, POOL_PRODUCT_LABEL
 from gpufed.ops.pool import report
-from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, largest_after
+from gpupool.capacity import Bucket, ProductCapacity, Snapshot, best_fit, free_after
 from gpupool.gang import Offer
 from vkprovider.forge.pools import (
     InFlight,
@@ -110,7 +111,8 @@ def test_best_fit_uses_the_fullest_node_that_takes_each_pod() -> None:
     free, unplaced = best_fit([Bucket(8, 1), Bucket(4, 1), Bucket(2, 2)], [2, 4])
     assert sorted(free, reverse=True) == [8, 2, 0, 0]  # the 4 fills the 4-node, the 2 one 2-node
     assert unplaced == []
-    assert largest_after([Bucket(8, 1), Bucket(4, 1)], [4, 8]) == 0
+    assert free_after([Bucket(8, 1), Bucket(4, 1)], [4, 8]) == ()
+    assert free_after([Bucket(8, 1), Bucket(4, 2)], [2]) == (Bucket(8, 1), Bucket(4, 1), Bucket(2, 1))
     assert best_fit([Bucket(2, 2)], [4])[1] == [4]
 
 
@@ -120,7 +122,10 @@ def test_best_fit_conserves_gpus(nodes: list[int], pods: list[int]) -> None:
     free, unplaced = best_fit(hist, pods)
     assert all(f >= 0 for f in free)
     assert sum(free) == sum(nodes) - (sum(pods) - sum(unplaced))
-    assert largest_after(hist, pods) <= max(nodes, default=0)
+    after = free_after(hist, pods)
+    nodes_left = sorted((b.free_gpus for b in after for _ in range(b.nodes)), reverse=True)
+    assert nodes_left == [f for f in sorted(free, reverse=True) if f]
+    assert all(a.free_gpus > b.free_gpus for a, b in itertools.pairwise(after))
 
 
 # ---- advertise
