@@ -8,8 +8,10 @@ at again whenever one of its group's twins changes (the pod controller reconcile
 provider calls `start`) and whenever a capacity snapshot arrives (`waiting` names the twins to
 look at).
 
-Does not: watch (the RemoteProvider keeps the twins and hands them over), fail a group back (the pod
-controller does once a twin stays unplaced past its timeout), or decide groups (`gpupool.gang`).
+Does not: watch (the RemoteProvider keeps the twins in the `TwinStore` it hands over; its indexes
+answer "this group's twins", "the gated twins" and "the twins on their way to a pool"), fail a group
+back (the pod controller does once a twin stays unplaced past its timeout), or decide groups
+(`gpupool.gang`).
 """
 
 from __future__ import annotations
@@ -23,21 +25,20 @@ from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from gpupool.capacity import Snapshot
 from vkprovider.forge import groups
-from vkprovider.forge.pods import origin_node, unplaced
+from vkprovider.forge.pods import origin_node
 from vkprovider.remote.placement import pod_gpus
 from vkprovider.remote.refusals import refusal
+from vkprovider.remote.twinstore import TwinStore
 
 #: The provider's capacity snapshot now (None: no live snapshot).
 SnapshotOf = Callable[[], Snapshot | None]
-#: Every twin as last seen, keyed by the LOCAL (namespace, name).
-TwinsOf = Callable[[], Mapping[tuple[str, str], Mapping[str, Any]]]
 
 
 class GroupStart:
     def __init__(
         self,
         remote_api: Any,
-        twins: TwinsOf,
+        twins: TwinStore,
         products: Mapping[str, str | None],
         snapshot: SnapshotOf | None = None,
     ) -> None:
@@ -49,7 +50,7 @@ class GroupStart:
         self._log = structlog.get_logger().bind(component="group-start")
 
     def _members(self, local_ns: str, group: str) -> list[Mapping[str, Any]]:
-        return groups.members([t for (ns, _), t in self._twins().items() if ns == local_ns], group)
+        return groups.members(self._twins.group(local_ns, group), group)
 
     def gate_new(self, pod: Mapping[str, Any]) -> bool:
         """Whether the twin about to be created for the local `pod` is gated: it is of a group that
@@ -67,11 +68,7 @@ class GroupStart:
         cap = snapshot.product(product) if snapshot is not None and product else None
         if cap is None:
             return None
-        before = [
-            pod_gpus(t)
-            for t in self._twins().values()
-            if origin_node(t, "") == node and unplaced(t) and groups.gated(t) is None
-        ]
+        before = [pod_gpus(t) for t in self._twins.on_the_way(node)]
         return groups.holds(cap.histogram, before, [pod_gpus(t) for t in waiting])
 
     async def start(self, pod: Mapping[str, Any], twin: Mapping[str, Any]) -> None:
@@ -103,4 +100,4 @@ class GroupStart:
 
     def waiting(self) -> list[tuple[str, str]]:
         """LOCAL keys of the gated twins (looked at again when the provider's capacity changes)."""
-        return [key for key, t in self._twins().items() if groups.gated(t) is not None]
+        return self._twins.gated()

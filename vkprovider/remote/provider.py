@@ -53,7 +53,6 @@ kubelet's composition root swaps when they change).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +93,7 @@ from vkprovider.remote.refusals import ADMISSION_REFUSED, refusal
 from vkprovider.remote.remote_events import RemoteEvents
 from vkprovider.remote.tokens import PodTokens
 from vkprovider.remote.translate import Identity, IPTranslator, PodAddresses
+from vkprovider.remote.twinstore import TwinStore
 
 COMPONENT = "gpufed-virtual-kubelet"
 #: Reason of the Warning Event for a pod that names objects by invalid names.
@@ -207,7 +207,7 @@ class RemoteProvider:
         self.twin_ns: dict[str, str] = {}
         self.local_ns: dict[str, str] = {}
         #: (local namespace, name) -> the twin pod as last seen (or as created).
-        self._twins: dict[tuple[str, str], dict[str, Any]] = {}
+        self._twins = TwinStore()
         #: Twins deleted here with grace 0: an event about one of them that was under way is not taken
         #: as the twin being back, so it is not deleted twice.
         self._gone = RecentlyDeleted()
@@ -236,7 +236,7 @@ class RemoteProvider:
         self.pool_products: dict[str, str | None] = {}
         #: The twins of a group are created gated and released together (`capacity`: the provider's
         #: live capacity snapshot, None without one).
-        self.groups = GroupStart(remote_api, lambda: self._twins, self.pool_products, capacity)
+        self.groups = GroupStart(remote_api, self._twins, self.pool_products, capacity)
         #: Asked before a GPU pod's twin is created (None: nobody to ask).
         self.placement = (
             PlacementGate(placement, settings.provider, settings.unplaceable_grace_s) if placement is not None else None
@@ -422,9 +422,9 @@ class RemoteProvider:
         self._synced.pop(twin_ns, None)
         if task is not None:
             task.cancel()
-        for key, pod in list(self._twins.items()):
+        for key, pod in self._twins.items():
             if pod["metadata"]["namespace"] == twin_ns:
-                del self._twins[key]
+                self._twins.pop(key)
                 self._notify(*key)
 
     def _on_twin(self, kind: str, obj: dict[str, Any]) -> None:
@@ -435,15 +435,13 @@ class RemoteProvider:
         uid = str(obj["metadata"].get("uid") or "")
         if kind == "DELETED":
             self._gone.discard(uid)
-            current = self._twins.get(key)
-            if current is not None and current["metadata"].get("uid") == obj["metadata"].get("uid"):
-                del self._twins[key]
+            self._twins.pop(key, uid=uid)
             if self.dra is not None:
                 self.dra.forget(uid)
         elif uid in self._gone:
             return  # deleted here already; its DELETED event follows
         else:
-            self._twins[key] = obj
+            self._twins.put(key, obj)
             if self.dra is not None and (obj.get("spec") or {}).get("resourceClaims") and self._tg is not None:
                 self._tg.create_task(self._report_allocation(local_ns, obj))
         self._notify(*key)
@@ -468,7 +466,7 @@ class RemoteProvider:
         )
 
     def twins(self) -> list[Twin]:
-        return [self._twin_of(k, p) for k, p in list(self._twins.items())]
+        return [self._twin_of(k, p) for k, p in self._twins.items()]
 
     def twin(self, namespace: str, name: str) -> Twin | None:
         pod = self._twins.get((namespace, name))
@@ -651,11 +649,8 @@ class RemoteProvider:
             raise refusal(e, "cannot delete the twin") from e
         if self.tokens is not None:
             await self.tokens.forget(namespace, name, meta["namespace"], uid=uid)
-        if grace_period_s == 0:
-            with contextlib.suppress(KeyError):
-                if self._twins[(namespace, name)]["metadata"].get("uid") == meta["uid"]:
-                    del self._twins[(namespace, name)]
-                    self._gone.add(meta["uid"])
+        if grace_period_s == 0 and self._twins.pop((namespace, name), uid=meta["uid"]) is not None:
+            self._gone.add(meta["uid"])
 
     def pod_status(self, pod: Mapping[str, Any], twin: Twin) -> dict[str, Any]:
         return self.addresses.local_status(pod, twin.raw)
