@@ -21,7 +21,11 @@ Owns:
 - `node_allows`: whether a pod's required node selection lets it onto a pool's node;
 - `place`: the pool for a group — one that holds every pod, the one that leaves the fewest GPUs of
   the grant unused after it (best fit, ties by name) — or why none does now (`Decision.reason`, with
-  the largest group each pool takes now), and whether none ever could (`never`).
+  the largest group each pool takes now), and whether none ever could (`never`);
+- `reservations`: which waiting groups have GPUs held back for them, and on which pool — the
+  longest-waiting group first, each on the pool it may use that could ever hold it and takes the
+  most of it now, one group per pool (a group that waits for whole provider nodes is not starved
+  by pods that take each GPU as it frees).
 
 Only GPUs are packed: CPU and memory of a group are left to the pool's allocatable and the provider's
 fit check (a GPU node has far more of them per GPU than a pod asks for). A pool whose figures are
@@ -331,3 +335,37 @@ def node_allows(pod: Mapping[str, Any], node: str, labels: Mapping[str, str]) ->
     if not terms:
         return True
     return terms_select(terms, labels, node)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A complete group that no pool holds now."""
+
+    #: (namespace, group label)
+    key: tuple[str, str]
+    #: When its first pod was created (RFC 3339: sorts in time order).
+    since: str
+    #: GPUs per pod.
+    gpus: tuple[int, ...]
+    #: The pool nodes every one of its pods may go to.
+    pools: frozenset[str]
+
+
+def reservations(waiting: Sequence[Waiting], offers: Sequence[Offer]) -> dict[tuple[str, str], str]:
+    """The pool each reserving group has GPUs held back on (see the module doc)."""
+    by_node = {o.node: o for o in offers}
+    taken: set[str] = set()
+    out: dict[tuple[str, str], str] = {}
+    for w in sorted(waiting, key=lambda w: (w.since, w.key)):
+        candidates = [
+            by_node[n] for n in sorted(w.pools) if n in by_node and n not in taken and ever(by_node[n], w.gpus)
+        ]
+        if not candidates:
+            continue
+        best = max(
+            candidates,
+            key=lambda o: (largest_group(o, w.gpus), sum(b.free_gpus * b.nodes for b in o.free_nodes or ())),
+        )
+        taken.add(best.node)
+        out[w.key] = best.node
+    return out

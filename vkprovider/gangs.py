@@ -20,7 +20,13 @@ exist:
   False (reason `Waiting`) and a Warning Event `GangWaiting` on the group's JobSet or Job (or its
   first pod) that say what the group needs and the largest group each pool takes now; the group is
   looked at again on every change of the pools. A group no pool could ever hold gets reason `NeverFits` and
-  `GangUnplaceable` at once.
+  `GangUnplaceable` at once;
+- reserving pools for waiting groups (`gpupool.gang.reservations`: the longest-waiting first, one
+  group per pool): the reserving group's gated pods carry `GANG_RESERVE_ANNOTATION` with the pool
+  node, whose virtual kubelet then offers other pods only the GPUs the group does not need
+  (`vkprovider.remote.reservations`), and other groups are not released into them either. A group
+  keeps a reservation at most `reserve_max_s`, then none for as long (pods that never end must not
+  leave a pool's free GPUs idle for ever); the annotation goes when the group is released.
 
 A pod outside an offloaded namespace, or one Kueue admits, is never gated (the webhook decides), so
 this controller steps aside for them. Failing a placed group back whole when one of its twins is not
@@ -46,6 +52,7 @@ from gpufed.apis.wire import (
     GANG_GROUP_ANNOTATION,
     GANG_LABEL,
     GANG_NODE_ANNOTATION,
+    GANG_RESERVE_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     JOBSET_API_VERSION,
     TYPE_LABEL,
@@ -56,7 +63,18 @@ from gpufed.kube.client import KubeError
 from gpufed.kube.times import rfc3339
 from gpufed.kube.watch import watch
 from gpupool.capacity import free_after
-from gpupool.gang import JOBSET_KIND, Decision, GroupError, Offer, job_owner, jobset_owner, node_allows, place
+from gpupool.gang import (
+    JOBSET_KIND,
+    Decision,
+    GroupError,
+    Offer,
+    Waiting,
+    job_owner,
+    jobset_owner,
+    node_allows,
+    place,
+    reservations,
+)
 from vkprovider.forge.offloading import gpus_of
 from vkprovider.forge.pods import HOSTNAME_LABEL
 from vkprovider.forge.pools import figures_of, offer_of
@@ -68,6 +86,8 @@ CONDITION = "gpufed.io/GangPlaced"
 DEBOUNCE_S = 0.2
 #: Seconds a released group's GPUs stay set aside while its pods are not bound yet.
 RESERVE_S = 60.0
+#: Seconds a waiting group holds a pool's GPUs back at most (then none for as long).
+RESERVE_MAX_S = 300.0
 
 Key = tuple[str, str]
 
@@ -76,6 +96,7 @@ Key = tuple[str, str]
 class GangSettings:
     debounce_s: float = DEBOUNCE_S
     reserve_s: float = RESERVE_S
+    reserve_max_s: float = RESERVE_MAX_S
     #: Seconds between looks at the groups when nothing changed.
     recheck_s: float = 5.0
 
@@ -86,6 +107,16 @@ class _Released:
     at: float
     #: the pods released (a Job's replacements of them are new pods, not these)
     pods: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """A waiting group's reservation: on which pool, since when, and (once held `reserve_max_s`)
+    until when it may hold none."""
+
+    node: str
+    since: float
+    paused_until: float = 0.0
 
 
 def _gated(pod: Mapping[str, Any]) -> bool:
@@ -108,13 +139,18 @@ def release_patch(pod: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
         ops.append({"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname", "value": node})
     else:
         ops.append({"op": "add", "path": "/spec/nodeSelector", "value": {HOSTNAME_LABEL: node}})
-    if (pod.get("metadata") or {}).get("annotations"):
-        ops.append(
-            {"op": "add", "path": f"/metadata/annotations/{GANG_NODE_ANNOTATION.replace('/', '~1')}", "value": node}
-        )
+    annotations = (pod.get("metadata") or {}).get("annotations")
+    if annotations:
+        ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(GANG_NODE_ANNOTATION)}", "value": node})
+        if GANG_RESERVE_ANNOTATION in annotations:
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(GANG_RESERVE_ANNOTATION)}"})
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {GANG_NODE_ANNOTATION: node}})
     return ops
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 class GangController:
@@ -131,6 +167,10 @@ class GangController:
         #: virtual node name -> node
         self.nodes: dict[str, dict[str, Any]] = {}
         self.released: dict[Key, _Released] = {}
+        #: waiting group -> (pool node, GPUs per pod) it holds back there, as of this or the last pass
+        self.reserved: dict[Key, tuple[str, tuple[int, ...]]] = {}
+        #: waiting group -> its reservation over time (since when, and the pause after it)
+        self._holds: dict[Key, _Hold] = {}
         #: group -> the last reason reported, so a waiting group is reported once per change
         self.reported: dict[Key, str] = {}
         self.dirty = asyncio.Event()
@@ -150,6 +190,8 @@ class GangController:
                 self.groups.pop(key, None)
                 self.released.pop(key, None)
                 self.reported.pop(key, None)
+                self.reserved.pop(key, None)
+                self._holds.pop(key, None)
         else:
             members[meta.name(pod)] = pod
         self.dirty.set()
@@ -181,12 +223,16 @@ class GangController:
             if not self._unbound(key, r) or now - r.at > self.settings.reserve_s:
                 del self.released[key]
 
-    def offers(self, now: float) -> list[Offer]:
-        """The pools, with the GPUs of released groups whose pods are not all bound set aside."""
+    def offers(self, now: float, group: Key | None = None, *, reserved: bool = True) -> list[Offer]:
+        """The pools, with the GPUs of released groups whose pods are not all bound set aside, and
+        (`reserved`) those reserved for waiting groups other than `group`."""
         self.expire(now)
         pending: dict[str, list[int]] = {}
         for key, r in self.released.items():
             pending.setdefault(r.node, []).extend(gpus_of(p) for p in self._unbound(key, r))
+        for key, (pool, gpus) in self.reserved.items() if reserved else ():
+            if key != group:
+                pending.setdefault(pool, []).extend(gpus)
         out: list[Offer] = []
         for name, node in self.nodes.items():
             figures = figures_of(node)
@@ -202,8 +248,9 @@ class GangController:
             out.append(offer)
         return out
 
-    def decide(self, key: Key, now: float) -> tuple[Decision, list[dict[str, Any]]] | None:
-        """The decision for one group and its gated pods; None when there is nothing to decide."""
+    def decide(self, key: Key, now: float) -> tuple[Decision, list[dict[str, Any]], Waiting | None] | None:
+        """The decision for one group, its gated pods, and (a complete group that no pool holds now
+        but one could some day) what it waits for; None when there is nothing to decide."""
         members = self.groups.get(key, {})
         gated = [p for p in members.values() if _gated(p) and not meta.is_deleting(p)]
         if not gated or key in self.released:
@@ -220,7 +267,7 @@ class GangController:
         )
         if joined:
             gated.sort(key=meta.name)
-            return self._join(joined[0], gated, now), gated
+            return self._join(key, joined[0], gated, now), gated, None
         sizes = [_size(p) for p in gated]
         size = max(sizes, default=0)
         if len(gated) < size:
@@ -228,15 +275,23 @@ class GangController:
         gated.sort(key=meta.name)
         gated = gated[:size] if size else gated
         offers = [
-            o for o in self.offers(now) if all(node_allows(p, o.node, meta.labels(self.nodes[o.node])) for p in gated)
+            o
+            for o in self.offers(now, key)
+            if all(node_allows(p, o.node, meta.labels(self.nodes[o.node])) for p in gated)
         ]
-        return place([gpus_of(p) for p in gated], offers), gated
+        gpus = [gpus_of(p) for p in gated]
+        decision = place(gpus, offers)
+        waiting = None
+        if decision.node is None and not decision.never:
+            since = min(str(meta.metadata(p).get("creationTimestamp") or "") for p in gated)
+            waiting = Waiting(key, since, tuple(gpus), frozenset(o.node for o in offers))
+        return decision, gated, waiting
 
-    def _join(self, node: str, gated: list[dict[str, Any]], now: float) -> Decision:
+    def _join(self, key: Key, node: str, gated: list[dict[str, Any]], now: float) -> Decision:
         """Pods joining their group on `node`: released when that pool holds them now, else they wait
         there (never elsewhere: a group runs on one pool)."""
         gpus = [gpus_of(p) for p in gated]
-        offer = next((o for o in self.offers(now) if o.node == node), None)
+        offer = next((o for o in self.offers(now, key) if o.node == node), None)
         if offer is None:
             return Decision(None, f"the group runs on {node}, which offers no GPU pool now")
         decision = place(gpus, [offer])
@@ -329,20 +384,83 @@ class GangController:
         return {**pod, "apiVersion": "v1", "kind": "Pod"}
 
     async def reconcile(self) -> None:
+        """One pass over the groups, the longest-waiting first: each is released, or waits (and may
+        reserve a pool no older group reserved)."""
         now = self.clock()
         self.expire(now)
-        for key in sorted(self.groups):
+        for key, hold in list(self._holds.items()):
+            if hold.paused_until and hold.paused_until <= now:
+                del self._holds[key]  # its pause is over
+        self.reserved = {}
+        reports: list[tuple[Key, Decision, list[dict[str, Any]]]] = []
+        for key in sorted(self.groups, key=lambda k: (self._since(k), k)):
             decided = self.decide(key, now)
             if decided is None:
                 continue
-            decision, pods = decided
+            decision, pods, waits = decided
+            if decision.node is None:
+                if waits is not None:
+                    self._reserve(waits, now)
+                reports.append((key, decision, pods))
+                continue
+            self._holds.pop(key, None)
             try:
-                if decision.node is not None:
-                    await self._release(key, decision.node, pods, now)
-                else:
-                    await self._report(key, decision, pods)
+                await self._release(key, decision.node, pods, now)
             except KubeError as e:
                 self._log.warning("gang not handled", group=key[1], error=str(e)[:200])
+        for key, decision, pods in reports:
+            if key in self.reserved:
+                node, gpus = self.reserved[key]
+                note = f"; {sum(gpus)} GPUs on {node} are held back for it as they free up"
+                decision = replace(decision, reason=decision.reason + note)
+            try:
+                await self._report(key, decision, pods)
+            except KubeError as e:
+                self._log.warning("gang not handled", group=key[1], error=str(e)[:200])
+        await self._mark_reservations()
+
+    def _since(self, key: Key) -> str:
+        """When the group's first pod was created (RFC 3339)."""
+        return min(
+            (str(meta.metadata(p).get("creationTimestamp") or "") for p in self.groups[key].values()), default=""
+        )
+
+    def _reserve(self, waiting: Waiting, now: float) -> None:
+        """Reserve a pool for a waiting group, unless an older group reserved every pool it could use,
+        or it held one for `reserve_max_s` and its pause is not over."""
+        hold = self._holds.get(waiting.key)
+        if hold is not None and hold.paused_until:
+            return
+        taken = {node for node, _ in self.reserved.values()}
+        offers = [o for o in self.offers(now, reserved=False) if o.node not in taken]
+        node = reservations([waiting], offers).get(waiting.key)
+        if node is None:
+            self._holds.pop(waiting.key, None)
+            return
+        if hold is None or hold.node != node:
+            hold = _Hold(node, now)  # a new reservation, or on another pool
+        if now - hold.since > self.settings.reserve_max_s:
+            self._holds[waiting.key] = replace(hold, paused_until=now + self.settings.reserve_max_s)
+            return
+        self._holds[waiting.key] = hold
+        self.reserved[waiting.key] = (node, waiting.gpus)
+
+    async def _mark_reservations(self) -> None:
+        """Mark the gated pods of the reserving groups with their pool (and unmark all others)."""
+        for key, members in self.groups.items():
+            want = self.reserved[key][0] if key in self.reserved else None
+            for pod in list(members.values()):
+                if not _gated(pod) or meta.is_deleting(pod):
+                    continue
+                if meta.annotations(pod).get(GANG_RESERVE_ANNOTATION) == want:
+                    continue
+                path = rest.path("v1", "pods", meta.name(pod), namespace=meta.namespace(pod))
+                mark = {"metadata": {"annotations": {GANG_RESERVE_ANNOTATION: want}}}
+                try:
+                    await rest.merge_patch(self.api, path, mark)
+                except KubeError as e:
+                    if e.status != 404:
+                        self._log.warning("gang reservation not marked", pod=meta.name(pod), error=str(e)[:200])
 
     # ---- loops
 

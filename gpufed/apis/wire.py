@@ -202,6 +202,10 @@ GANG_GROUP_ANNOTATION = "gpufed.io/gang-group"
 GANG_SIZE_ANNOTATION = "gpufed.io/gang-size"
 #: On a group's pods once placed: the pool (virtual node) the group was released to.
 GANG_NODE_ANNOTATION = "gpufed.io/gang-node"
+#: On the gated pods of the group that waits longest for a pool: the pool (virtual node) the gang
+#: controller holds GPUs back on for it. That pool's virtual kubelet advertises its free GPUs less
+#: what these pods need, so pods bound one by one do not take the GPUs the group waits for.
+GANG_RESERVE_ANNOTATION = "gpufed.io/gang-reserve"
 #: Scheduling gate on the twins of a group at the provider: the virtual kubelet removes it from all
 #: of them at once when every twin of the group exists and the provider's free GPUs hold them all,
 #: so no part of a group runs while the rest waits.

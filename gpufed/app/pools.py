@@ -41,6 +41,7 @@ from vkprovider.remote.capacity import FIRST_SNAPSHOT_WAIT_S, CapacityFeed
 from vkprovider.remote.devices import ClaimCache, SlicePublisher
 from vkprovider.remote.pools import PoolView, Usage
 from vkprovider.remote.provider import RemoteProvider
+from vkprovider.remote.reservations import GangReservations
 from vkprovider.remote.usage import UsageLedger
 
 #: Seconds between checks whether draining pools are empty (changes also trigger one).
@@ -93,8 +94,11 @@ class PoolManager:
         settings: PoolSettings,
         *,
         devices: DeviceSide | None = None,
+        reservations: GangReservations | None = None,
     ) -> None:
         self.api = api
+        #: GPUs the gang controller holds back on pool nodes for a waiting group (None: not watched).
+        self.reservations = reservations
         #: Dynamic Resource Allocation on the consumer (None: it serves no resource.k8s.io/v1).
         self.devices = devices
         self.provider = provider
@@ -114,6 +118,8 @@ class PoolManager:
             feed.listeners.append(self._on_capacity)
         if devices is not None:
             devices.claims.listeners.append(self._poke)
+        if reservations is not None:
+            reservations.listeners.append(self._poke_node)
 
     # ---- usage and wake-ups
 
@@ -123,8 +129,9 @@ class PoolManager:
         total, here, in_flight = self.ledger.usage(
             node, twin_of, self.feed.received_at if self.feed is not None else None
         )
+        reserved = self.reservations.reserved(node) if self.reservations is not None else ()
         if self.devices is None:
-            return Usage(total, here, in_flight)
+            return Usage(total, here, in_flight, reserved=reserved)
         claims = self.devices.claims
         return Usage(
             total,
@@ -132,6 +139,7 @@ class PoolManager:
             in_flight,
             held_devices=frozenset(claims.held(node)),
             held_all=claims.held_count(lambda pool: pool in self.pools),
+            reserved=reserved,
         )
 
     def _on_pod(self, node: str, kind: str, pod: Mapping[str, Any]) -> None:
@@ -152,6 +160,11 @@ class PoolManager:
 
     def _poke(self) -> None:
         for running in self.pools.values():
+            running.node.poke()
+
+    def _poke_node(self, node: str) -> None:
+        running = self.pools.get(node)
+        if running is not None:
             running.node.poke()
 
     def _on_grant(self) -> None:
@@ -305,6 +318,8 @@ class PoolManager:
             tg.create_task(self.provider.run())
             if self.devices is not None:
                 tg.create_task(self.devices.claims.run())
+            if self.reservations is not None:
+                tg.create_task(self.reservations.run())
             if self.feed is not None:
                 tg.create_task(self.feed.run())
                 with contextlib.suppress(TimeoutError):

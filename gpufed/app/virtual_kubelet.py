@@ -75,6 +75,7 @@ from vkprovider.remote.events_relay import EventRelay
 from vkprovider.remote.provider import COMPONENT as PROVIDER_COMPONENT
 from vkprovider.remote.provider import RemoteProvider, RemoteSettings
 from vkprovider.remote.reflection import DEFAULT_RESYNC_S, Reflection, ReflectionSettings
+from vkprovider.remote.reservations import GangReservations
 from vkprovider.remote.streaming import RemoteStreaming
 from vkprovider.remote.tokens import PodTokens, TokenSettings
 from vkprovider.remote.translate import IPTranslator, PodAddresses
@@ -428,6 +429,7 @@ async def _run(settings: VirtualKubeletSettings) -> None:
                     stream_idle_timeout_s=settings.stream_idle_timeout_s,
                 ),
                 devices=devices,
+                reservations=GangReservations(api),
             )
             volumes = ClaimProvisioner(
                 api,

@@ -25,7 +25,8 @@ def _n(v: object) -> str:
 
 
 def pool(kubeconfig: Kubeconfig = None, context: Context = None, output: Output = "table") -> None:
-    """GPUs per provider and product — total, granted, in use, free, largest placeable — and pending demand."""
+    """GPUs per provider and product — total, granted, in use, free, reserved for a waiting group, largest
+    placeable — and pending demand."""
     from gpufed.ops.pool import pool as pool_report
 
     check_output(output)
@@ -35,11 +36,11 @@ def pool(kubeconfig: Kubeconfig = None, context: Context = None, output: Output 
         return
     out = stdout_console()
     wide = output == "wide"
-    columns = ["provider", "node", "product", "ready", "total", "granted", "in use", "free", "largest"]
+    columns = ["provider", "node", "product", "ready", "total", "granted", "in use", "free", "reserved", "largest"]
     t = table(
         "GPU pool (live capacity from each provider's estimator)",
         [*columns, "capacity"] if wide else columns,
-        right=("total", "granted", "in use", "free", "largest"),
+        right=("total", "granted", "in use", "free", "reserved", "largest"),
     )
     for p in data["pools"]:
         row = [
@@ -51,6 +52,7 @@ def pool(kubeconfig: Kubeconfig = None, context: Context = None, output: Output 
             _n(p["granted"]),
             _n(p["inUse"]),
             _n(p["free"]),
+            _n(p.get("reserved")),
             _n(p["largestPlaceable"]),
         ]
         t.add_row(*row, *([p["capacity"]] if wide else []))

@@ -4,8 +4,9 @@ Owns: reading the virtual nodes (their `gpufed.io/gpu-pool` figures, written by 
 virtual kubelet from the provider's capacity estimator and the grant; readiness), the pods
 waiting for GPUs (Pending, not bound to any node) and the virtual PersistentVolumes (claims bound on
 a provider, `vkprovider.remote.volumes`) into one report: per provider and product — total, granted,
-in use, free, largest placeable shape —, the pending GPU demand, and per provider the claims bound
-there (count, storage, each claim with its size and the provider's claim's phase).
+in use, free, held back for a waiting group, largest placeable shape —, the pending GPU demand, and
+per provider the claims bound there (count, storage, each claim with its size and the provider's
+claim's phase).
 
 Reads only the consumer's API (the figures come from the virtual kubelets, which hold the
 estimator streams); writes nothing.
@@ -76,12 +77,14 @@ def report(
                 granted=figures.granted,
                 inUse=figures.in_use,
                 free=figures.free,
+                reserved=figures.reserved,
                 largestPlaceable=figures.largest_placeable,
                 inFlight=figures.in_flight,
                 capacity=figures.capacity_source,
             )
         else:
-            row.update(total=None, granted=None, inUse=None, free=None, largestPlaceable=None, capacity="unknown")
+            unknown = ("total", "granted", "inUse", "free", "reserved", "largestPlaceable")
+            row.update(dict.fromkeys(unknown), capacity="unknown")
         pools.append(row)
     waiting = [
         p

@@ -1,10 +1,10 @@
 """Groups of pods placed whole, on the real local clusters (gpu-a 4 x 8 H100; gpu-b 2 x 4 A100 + 4 x 1
 L4): the offloading webhook gates a group's pods, the consumer's gang controller releases them onto one
 pool (one provider, one GPU product) once one holds them all, a group no pool holds waits with its
-reason and starts when capacity frees, its twins wait gated at the provider until it holds them all
-and then start together, a group larger than any grant is refused at once, a bad
-group declaration is refused at creation, and a JobSet (upstream's controller runs in the consumer)
-lands whole like a Job.
+reason (the pool's free GPUs held back for it from a later pod) and starts when capacity frees, its
+twins wait gated at the provider until it holds them all and then start together, a group larger
+than any grant is refused at once, a bad group declaration is refused at creation, and a JobSet
+(upstream's controller runs in the consumer) lands whole like a Job.
 
 The module peers the consumer with gpu-a (all 32 GPUs) and gpu-b (all 12: two pools).
 """
@@ -24,6 +24,7 @@ from gpufed.apis.wire import (
     GANG_GATE,
     GANG_GROUP_ANNOTATION,
     GANG_LABEL,
+    GANG_RESERVE_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     JOBSET_API_VERSION,
     JOBSET_NAME_LABEL,
@@ -136,12 +137,46 @@ def test_a_group_no_pool_holds_waits_with_its_reason_then_starts(
             "consumer", "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=wait"
         )["items"]
         assert any(e["reason"] == "GangWaiting" for e in events), events
-        # one of gpu-a's nodes frees up: the group fits and starts
+
+        # The group waits longest: gpu-a's free node is held back for it. A single 8-GPU pod that
+        # comes later is not bound there (it would take the node, and the group would wait on).
+        def reserved() -> dict[str, Any] | None:
+            pods = job_pods(clusters, namespace, "wait")
+            marks = {p["metadata"].get("annotations", {}).get(GANG_RESERVE_ANNOTATION) for p in pods}
+            node = clusters.kubectl_json("consumer", "get", "node", pool_node)
+            figures = json.loads(node["metadata"]["annotations"].get("gpufed.io/gpu-pool") or "{}")
+            held = marks == {pool_node} and figures.get("reserved") == 16
+            return {"allocatable": node["status"]["allocatable"].get(GPU), **figures} if held else None
+
+        figures = eventually("the free node held back for the group", reserved, timeout=60)
+        # nothing beyond what its pods hold, though the figures still show the free node
+        assert int(figures["allocatable"]) == figures["in_use"] and figures["free_nodes"] == [[8, 1]], figures
+        assert "16 GPUs on" in (condition(job_pods(clusters, namespace, "wait")[0]) or {}).get("message", "")
+        single = manifests.job(
+            "single", namespace, gpus="8", completions=1, parallelism=1, pod_labels={"job": "single"}
+        )
+        clusters.create("consumer", single)
+
+        def refused() -> str | None:
+            pods = job_pods(clusters, namespace, "single")
+            if not pods:
+                return None
+            assert not pods[0]["spec"].get("nodeName"), "the single pod took the GPUs held back for the group"
+            conditions: list[dict[str, Any]] = pods[0]["status"].get("conditions") or []
+            cond = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+            return str(cond.get("message")) if cond.get("reason") == "Unschedulable" else None
+
+        assert "Insufficient nvidia.com/gpu" in eventually("the single pod unschedulable", refused, timeout=60)
+        # one of gpu-a's nodes frees up: the group fits and starts, on the held node and the freed one
         clusters.kubectl("gpu-a", "delete", "pod", "-n", load_ns, "load-0", "--wait=false")
         placed = eventually(
             "the group bound once capacity freed", lambda: bound(clusters, namespace, "wait", 2), timeout=120
         )
         assert set(placed.values()) == {f"gpufed-{ids['gpu-a']}"}, placed
+        assert not bound(clusters, namespace, "single", 1), "the single pod was bound before the group"
+        # the next node that frees goes to the single pod
+        clusters.kubectl("gpu-a", "delete", "pod", "-n", load_ns, "load-1", "--wait=false")
+        eventually("the single pod bound", lambda: bound(clusters, namespace, "single", 1), timeout=120)
     finally:
         clusters.kubectl("gpu-a", "delete", "namespace", load_ns, "--wait=false", check=False)
 

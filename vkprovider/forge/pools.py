@@ -183,6 +183,9 @@ class PoolFigures:
     #: GPUs the grant's accepted slices ask for: what `granted` grows back to once the provider's
     #: own load lets it (a group larger than this, or than `total`, is never placed here).
     requested: int = 0
+    #: GPUs held back for the group the gang controller reserved this pool for (not offered to
+    #: other pods; `free_nodes` and `headroom` still count them as free).
+    reserved: int = 0
 
     def annotation(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -311,6 +314,7 @@ def advertise(
     used_all: Resources,
     used_here: Resources,
     in_flight: InFlight = NOTHING_IN_FLIGHT,
+    reserved: Sequence[int] = (),
     static_reason: str = "no capacity estimator answer",
     label_allow: Iterable[str] = (),
 ) -> Advertised:
@@ -319,7 +323,9 @@ def advertise(
     granted: the provider's grant (all accepted slices); requested: what those slices ask for;
     used_all: requests of the consumer's non-terminal pods on every pool of this provider; used_here:
     on this pool; in_flight: this pool's pods that the provider has not placed yet (their requests
-    are already part of used_here);
+    are already part of used_here); reserved: GPUs per pod of the gated group the gang controller
+    holds this pool for (`GANG_RESERVE_ANNOTATION`): kept from what allocatable offers other pods,
+    but not from the figures (the gang controller places the group by them);
     label_allow: the consumer's allow-list of provider labels beyond the GPU ones (`label_allowed`).
     """
     headroom = {r: max(Decimal(0), granted.get(r, Decimal(0)) - used_all.get(r, Decimal(0))) for r in SLICE_RESOURCES}
@@ -331,8 +337,10 @@ def advertise(
         if is_label(GPU_PRODUCT_LABEL, pool.product):  # the provider names its products
             labels[GPU_PRODUCT_LABEL] = pool.product
         labels[POOL_PRODUCT_LABEL] = slug(pool.product)
+    held_back = sum(g for g in reserved if g > 0)
     if snapshot is None:
         extra = dict(headroom)
+        extra[GPU_RESOURCE] = max(Decimal(0), extra[GPU_RESOURCE] - held_back)
         source = f"Static: {static_reason}"
         total: int | None = None
         free: int | None = None
@@ -354,7 +362,10 @@ def advertise(
             extra = {r: max(Decimal(0), min(headroom[r], free_now[r] - waiting[r])) for r in SLICE_RESOURCES}
             after = free_after(cap.histogram, in_flight.gpus)
             free_nodes = [[b.free_gpus, b.nodes] for b in after]
-            extra[GPU_RESOURCE] = min(extra[GPU_RESOURCE], Decimal(after[0].free_gpus if after else 0))
+            left = free_after(after, reserved) if held_back else after
+            extra[GPU_RESOURCE] = min(
+                max(Decimal(0), extra[GPU_RESOURCE] - held_back), Decimal(left[0].free_gpus if left else 0)
+            )
             total, free = cap.total, cap.free
     # Beyond the grant (the provider lowered it below what already runs), the overage is taken off
     # what this pool holds: the scheduler then sees less than nothing free, so a pod ending here
@@ -377,6 +388,7 @@ def advertise(
         largest_placeable=int(extra.get(GPU_RESOURCE, Decimal(0))),
         capacity_source=source,
         in_flight=in_flight.pods,
+        reserved=held_back,
         headroom=int(headroom.get(GPU_RESOURCE, Decimal(0))),
         free_nodes=free_nodes,
     )

@@ -58,6 +58,8 @@ class Usage:
     held_devices: frozenset[str] = frozenset()
     #: gpufed DRA devices consumer claims hold on every pool node of the provider (each one GPU).
     held_all: int = 0
+    #: GPUs per pod of the waiting group the gang controller reserved this pool for.
+    reserved: tuple[int, ...] = ()
 
 
 class PoolView:
@@ -169,6 +171,7 @@ class PoolView:
             used_all=used_all,
             used_here=use.here,
             in_flight=use.in_flight,
+            reserved=() if self.draining else use.reserved,
             static_reason=why,
             label_allow=self.provider.settings.node_label_allow,
         )

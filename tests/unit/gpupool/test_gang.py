@@ -26,12 +26,14 @@ from gpupool.gang import (
     GroupError,
     JobSetRef,
     Offer,
+    Waiting,
     group_of,
     job_owner,
     jobset_owner,
     jobset_size,
     largest_group,
     place,
+    reservations,
 )
 
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"
@@ -257,3 +259,28 @@ def test_the_chosen_pool_really_holds_the_whole_group(
         assert sum(gpus) <= headroom
         assert not best_fit(o.free_nodes or (), gpus)[1]
     assert largest_group(o, gpus) <= len(gpus)
+
+
+def waits(name: str, since: str, gpus: list[int], pools: set[str]) -> Waiting:
+    return Waiting(("team", name), since, tuple(gpus), frozenset(pools))
+
+
+def test_the_longest_waiting_group_reserves_the_pool_closest_to_holding_it_one_group_per_pool() -> None:
+    offers = [
+        offer("gpufed-a", [(8, 1)]),  # holds one of two 8-GPU pods now
+        offer("gpufed-b", [], product=A100),  # holds none now
+        Offer("gpufed-c", "c", H100, 8, (Bucket(8, 1),), total=64, granted=8),  # a grant of 8 never holds 16
+    ]
+    older = waits("older", "2026-11-28T10:00:00Z", [8, 8], {"gpufed-a", "gpufed-b", "gpufed-c"})
+    newer = waits("newer", "2026-11-28T10:05:00Z", [8, 8], {"gpufed-a", "gpufed-b"})
+    only_a = waits("only-a", "2026-11-28T10:06:00Z", [4, 4], {"gpufed-a"})
+    got = reservations([newer, only_a, older], offers)
+    # the oldest first, on the pool that takes the most of it now; the next one on what is left; a
+    # group whose only pool is taken reserves nothing
+    assert got == {("team", "older"): "gpufed-a", ("team", "newer"): "gpufed-b"}
+    # equal waits: by name; no pool it may use that could ever hold it: nothing
+    same = waits("a", "2026-11-28T10:00:00Z", [8, 8], {"gpufed-a"})
+    assert reservations([waits("b", "2026-11-28T10:00:00Z", [8, 8], {"gpufed-a"}), same], offers) == {
+        ("team", "a"): "gpufed-a"
+    }
+    assert reservations([waits("x", "2026-11-28T10:00:00Z", [8, 8], {"gpufed-c", "gone"})], offers) == {}

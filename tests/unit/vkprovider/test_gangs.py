@@ -13,6 +13,7 @@ from gpufed.apis.wire import (
     GANG_GROUP_ANNOTATION,
     GANG_LABEL,
     GANG_NODE_ANNOTATION,
+    GANG_RESERVE_ANNOTATION,
     GANG_SIZE_ANNOTATION,
     POOL_ANNOTATION,
     TYPE_LABEL,
@@ -228,6 +229,56 @@ async def test_two_groups_are_never_promised_the_same_gpus() -> None:
             placed = [g for g in ("one", "two") if released_to(server, f"{g}-0")]
             # the pool's 8 free GPUs hold one group of 2 x 4; the other waits until the first is bound
             assert len(placed) == 1
+
+
+def reserved_on(server: FakeApiServer, name: str) -> str | None:
+    pod = server.get("pods", "team", name) or {}
+    mark = ((pod.get("metadata") or {}).get("annotations") or {}).get(GANG_RESERVE_ANNOTATION)
+    return None if mark is None else str(mark)
+
+
+def set_free(server: FakeApiServer, name: str, free: list[list[int]]) -> None:
+    figures = pool(name, "a", H100, free, headroom=32)["metadata"]["annotations"][POOL_ANNOTATION]
+    server.update("nodes", "", name, lambda n: n["metadata"]["annotations"].update({POOL_ANNOTATION: figures}))
+
+
+async def test_the_longest_waiting_group_holds_freed_gpus_back_from_later_groups() -> None:
+    async with serve() as (server, api):
+        big = [member(i, "big", size=2, gpus=8) for i in range(2)]
+        small = [member(i, "small", size=2, gpus=4) for i in range(2)]
+        for p in big:
+            p["metadata"]["creationTimestamp"] = "2026-11-28T10:00:00Z"
+        for p in small:
+            p["metadata"]["creationTimestamp"] = "2026-11-28T10:01:00Z"
+        seed(server, [pool("gpufed-a", "a", H100, [[8, 1]], headroom=32)], big + small)
+        server.bindings = False  # released pods stay unbound: their GPUs stay set aside
+        async with running(GangController(api, FAST)):
+            # the 2 x 8 group waits for a second free node, and the free one is held back for it
+            await until(lambda: all(reserved_on(server, f"big-{i}") == "gpufed-a" for i in range(2)))
+            await asyncio.sleep(0.5)
+            assert released_to(server, "small-0") is None, "a later group took the GPUs the first one waits for"
+            assert reserved_on(server, "small-0") is None  # one group per pool
+            pod = server.get("pods", "team", "big-0") or {}
+            (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == CONDITION]
+            assert "16 GPUs on gpufed-a are held back for it" in cond["message"], cond
+            # a second node frees: the group goes, without its mark; the next group waits for what it
+            # took and reserves the pool
+            set_free(server, "gpufed-a", [[8, 2]])
+            await until(lambda: all(released_to(server, f"big-{i}") == "gpufed-a" for i in range(2)))
+            assert all(reserved_on(server, f"big-{i}") is None for i in range(2))
+            await until(lambda: all(reserved_on(server, f"small-{i}") == "gpufed-a" for i in range(2)))
+
+
+async def test_a_reservation_lapses_after_its_longest_hold_then_pauses() -> None:
+    async with serve() as (server, api):
+        seed(
+            server, [pool("gpufed-a", "a", H100, [[8, 1]], headroom=32)], [member(i, size=2, gpus=8) for i in range(2)]
+        )
+        settings = GangSettings(debounce_s=0.01, recheck_s=0.05, reserve_max_s=0.5)
+        async with running(GangController(api, settings)):
+            await until(lambda: reserved_on(server, "train-0") == "gpufed-a")
+            await until(lambda: reserved_on(server, "train-0") is None, timeout=5)  # held too long: let go
+            await until(lambda: reserved_on(server, "train-0") == "gpufed-a", timeout=5)  # the pause is over
 
 
 async def test_a_pool_the_pods_own_selection_excludes_is_not_chosen() -> None:

@@ -159,6 +159,22 @@ def test_pods_already_bound_stay_counted_and_in_flight_ones_use_the_histogram() 
     assert ad.figures.in_flight == 2
 
 
+def test_gpus_reserved_for_a_waiting_group_are_offered_to_no_other_pod_but_stay_in_the_figures() -> None:
+    s = snap(cap(H100, [8, 0, 0, 0]))
+    free = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={}, used_here={})
+    assert free.allocatable[GPU] == "8"
+    # a 2 x 8 group waits for a second node: the free node is held back for it
+    held = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={}, used_here={}, reserved=(8, 8))
+    assert held.allocatable[GPU] == "0"
+    assert held.figures.free_nodes == [[8, 1]] and held.figures.reserved == 16  # the gang controller's view
+    # what the group does not need is still offered: 2 x 2 leaves 4 of 8
+    part = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={}, used_here={}, reserved=(2, 2))
+    assert part.allocatable[GPU] == "4"
+    # static figures: the reservation comes off the grant's headroom
+    static = advertise("a", Pool("gpufed-a", None), None, granted=GRANT, used_all={}, used_here={}, reserved=(8, 8))
+    assert static.allocatable[GPU] == "16"
+
+
 def test_grant_headroom_caps_every_pool_of_the_provider() -> None:
     s = snap(cap(A100, [4, 4], per_node=4), cap(L4, [1, 1, 1, 1], per_node=1))
     grant = {**GRANT, GPU: dec(6)}
@@ -252,7 +268,8 @@ def test_figures_round_trip_and_bad_annotations_are_ignored() -> None:
 
 
 def test_pool_report_rows_and_pending_demand() -> None:
-    ad = advertise("a", Pool("gpufed-a", H100), snap(cap(H100, [2, 2, 8])), granted=GRANT, used_all={}, used_here={})
+    s = snap(cap(H100, [2, 2, 8]))
+    ad = advertise("a", Pool("gpufed-a", H100), s, granted=GRANT, used_all={}, used_here={}, reserved=(4,))
     node = {
         "metadata": {
             "name": "gpufed-a",
@@ -275,7 +292,14 @@ def test_pool_report_rows_and_pending_demand() -> None:
     data = report([node], [waiting("big", 16), waiting("small", 2), waiting("cpu", 0), waiting("bound", 4, "n")])
     (row,) = data["pools"]
     assert (row["provider"], row["product"], row["ready"]) == ("a", H100, True)
-    assert (row["total"], row["free"], row["largestPlaceable"], row["capacity"]) == (24, 12, 8, "Live")
+    # a 4-GPU pod of a waiting group holds 4 of the 8-GPU node back: 4 left there for others
+    assert (row["total"], row["free"], row["reserved"], row["largestPlaceable"], row["capacity"]) == (
+        24,
+        12,
+        4,
+        4,
+        "Live",
+    )
     assert data["pending"] == {"pods": 2, "gpus": 18, "largest": 16, "podNames": ["team/big", "team/small"]}
     assert data["claims"] == {}
 
