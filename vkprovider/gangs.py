@@ -447,7 +447,7 @@ class GangController:
 
     async def _mark_reservations(self) -> None:
         """Mark the gated pods of the reserving groups with their pool (and unmark all others)."""
-        for key, members in self.groups.items():
+        for key, members in list(self.groups.items()):
             want = self.reserved[key][0] if key in self.reserved else None
             for pod in list(members.values()):
                 if not _gated(pod) or meta.is_deleting(pod):

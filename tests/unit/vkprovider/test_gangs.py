@@ -367,3 +367,22 @@ async def test_replacements_of_a_group_failed_back_whole_are_placed_again_at_onc
             for i in (2, 3):
                 server.create("pods", member(i, size=2))
             await until(lambda: released_to(server, "train-2") == released_to(server, "train-3") == "gpufed-a")
+
+
+async def test_marking_reservations_survives_groups_that_come_and_go_meanwhile(monkeypatch: Any) -> None:
+    ctl = GangController(api=None, settings=FAST)
+    for p in [member(i, "big", size=2, gpus=8) for i in range(2)]:
+        ctl.on_pod("ADDED", p)
+    ctl.reserved = {("team", "big"): ("gpufed-a", (8, 8))}
+    patched: list[str] = []
+
+    async def patch(_api: Any, path: str, body: Any, **_: Any) -> dict[str, Any]:
+        # the watches deliver events while a patch is under way: a new group, and one gone
+        patched.append(path)
+        ctl.on_pod("ADDED", member(len(patched), f"new{len(patched)}", size=2))
+        ctl.on_pod("DELETED", member(0, "big", size=2, gpus=8))
+        return {}
+
+    monkeypatch.setattr("vkprovider.gangs.rest.merge_patch", patch)
+    await ctl._mark_reservations()
+    assert len(patched) == 2 and all("/pods/big-" in p for p in patched)
