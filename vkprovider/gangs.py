@@ -283,8 +283,7 @@ class GangController:
         decision = place(gpus, offers)
         waiting = None
         if decision.node is None and not decision.never:
-            since = min(str(meta.metadata(p).get("creationTimestamp") or "") for p in gated)
-            waiting = Waiting(key, since, tuple(gpus), frozenset(o.node for o in offers))
+            waiting = Waiting(key, self._since(key), tuple(gpus), frozenset(o.node for o in offers))
         return decision, gated, waiting
 
     def _join(self, key: Key, node: str, gated: list[dict[str, Any]], now: float) -> Decision:
