@@ -53,7 +53,6 @@ from gpufed.apis.wire import (
     GANG_LABEL,
     GANG_NODE_ANNOTATION,
     GANG_RESERVE_ANNOTATION,
-    GANG_SIZE_ANNOTATION,
     JOBSET_API_VERSION,
     TYPE_LABEL,
     VIRTUAL_NODE_TYPE,
@@ -75,8 +74,9 @@ from gpupool.gang import (
     place,
     reservations,
 )
-from vkprovider.forge.offloading import gpus_of
-from vkprovider.forge.pods import HOSTNAME_LABEL
+from vkprovider.forge.groups import size_of
+from vkprovider.forge.offloading import gang_gated, gpus_of, pointer_segment
+from vkprovider.forge.pods import HOSTNAME_LABEL, is_terminal
 from vkprovider.forge.pools import figures_of, offer_of
 
 COMPONENT = "gpufed-gang"
@@ -119,11 +119,6 @@ class _Hold:
     paused_until: float = 0.0
 
 
-def _gated(pod: Mapping[str, Any]) -> bool:
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(isinstance(g, Mapping) and g.get("name") == GANG_GATE for g in gates)
-
-
 def release_patch(pod: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
     """The JSON patch that pins `pod` to `node` and removes the gang gate (failing, thanks to its
     `test`, if the gates changed meanwhile)."""
@@ -141,16 +136,13 @@ def release_patch(pod: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
         ops.append({"op": "add", "path": "/spec/nodeSelector", "value": {HOSTNAME_LABEL: node}})
     annotations = (pod.get("metadata") or {}).get("annotations")
     if annotations:
-        ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(GANG_NODE_ANNOTATION)}", "value": node})
+        at = "/metadata/annotations"
+        ops.append({"op": "add", "path": f"{at}/{pointer_segment(GANG_NODE_ANNOTATION)}", "value": node})
         if GANG_RESERVE_ANNOTATION in annotations:
-            ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(GANG_RESERVE_ANNOTATION)}"})
+            ops.append({"op": "remove", "path": f"{at}/{pointer_segment(GANG_RESERVE_ANNOTATION)}"})
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {GANG_NODE_ANNOTATION: node}})
     return ops
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 class GangController:
@@ -213,7 +205,7 @@ class GangController:
             for name in sorted(r.pods)
             if (p := members.get(name)) is not None
             and not (p.get("spec") or {}).get("nodeName")
-            and not _finished(p)
+            and not is_terminal(p)
             and not meta.is_deleting(p)
         ]
 
@@ -252,7 +244,7 @@ class GangController:
         """The decision for one group, its gated pods, and (a complete group that no pool holds now
         but one could some day) what it waits for; None when there is nothing to decide."""
         members = self.groups.get(key, {})
-        gated = [p for p in members.values() if _gated(p) and not meta.is_deleting(p)]
+        gated = [p for p in members.values() if gang_gated(p) and not meta.is_deleting(p)]
         if not gated or key in self.released:
             return None
         # pods of the group that were released and still run or wait there (the rest of a release
@@ -261,14 +253,14 @@ class GangController:
             {
                 meta.annotations(p).get(GANG_NODE_ANNOTATION, "")
                 for p in members.values()
-                if not _gated(p) and not meta.is_deleting(p) and not _finished(p)
+                if not gang_gated(p) and not meta.is_deleting(p) and not is_terminal(p)
             }
             - {""}
         )
         if joined:
             gated.sort(key=meta.name)
             return self._join(key, joined[0], gated, now), gated, None
-        sizes = [_size(p) for p in gated]
+        sizes = [size_of(p) for p in gated]
         size = max(sizes, default=0)
         if len(gated) < size:
             return None  # the rest of the group is still being created
@@ -449,7 +441,7 @@ class GangController:
         for key, members in list(self.groups.items()):
             want = self.reserved[key][0] if key in self.reserved else None
             for pod in list(members.values()):
-                if not _gated(pod) or meta.is_deleting(pod):
+                if not gang_gated(pod) or meta.is_deleting(pod):
                     continue
                 if meta.annotations(pod).get(GANG_RESERVE_ANNOTATION) == want:
                     continue
@@ -497,18 +489,6 @@ class GangController:
                 await asyncio.sleep(self.settings.debounce_s)
                 self.dirty.clear()
                 await self.reconcile()
-
-
-def _finished(pod: Mapping[str, Any]) -> bool:
-    return str((pod.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed")
-
-
-def _size(pod: Mapping[str, Any]) -> int:
-    """The group size the webhook wrote on the pod (0: none readable)."""
-    try:
-        return max(0, int(meta.annotations(pod).get(GANG_SIZE_ANNOTATION) or 0))
-    except ValueError:
-        return 0
 
 
 def _group_name(pods: list[dict[str, Any]]) -> str:

@@ -21,7 +21,7 @@ The members of a group are read from the twins' labels as the provider shows the
 change those labels, but all it could achieve is to hold back or start early pods that it schedules
 anyway: nothing of the consumer's changes with them.
 
-Owns: `group_of` (a local pod's group and size), `gated` (the index of the gate in a twin),
+Owns: `size_of` and `group_of` (a local pod's group size, and its group), `gated` (the index of the gate in a twin),
 `add_gate`, `ungate_patch`, `members` and `started` (a group's twins, and whether it started),
 `to_start` (which gated twins of a group to release now), `holds`.
 
@@ -37,14 +37,18 @@ from gpufed.apis.wire import GANG_LABEL, GANG_SIZE_ANNOTATION, TWIN_GROUP_GATE
 from gpupool.capacity import Bucket, best_fit, free_after
 
 
+def size_of(pod: Mapping[str, Any]) -> int:
+    """The group size the offloading webhook wrote on a pod (0: none readable)."""
+    try:
+        return max(0, int(((pod.get("metadata") or {}).get("annotations") or {}).get(GANG_SIZE_ANNOTATION) or 0))
+    except ValueError:
+        return 0
+
+
 def group_of(pod: Mapping[str, Any]) -> tuple[str, int] | None:
     """(group label, size) of a local group pod of more than one pod; None otherwise."""
-    meta = pod.get("metadata") or {}
-    label = (meta.get("labels") or {}).get(GANG_LABEL)
-    try:
-        size = int((meta.get("annotations") or {}).get(GANG_SIZE_ANNOTATION) or 0)
-    except ValueError:
-        return None
+    label = ((pod.get("metadata") or {}).get("labels") or {}).get(GANG_LABEL)
+    size = size_of(pod)
     if not label or size < 2:
         return None
     return str(label), size

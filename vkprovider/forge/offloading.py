@@ -16,7 +16,8 @@ into RFC 6902 JSON-patch operations for an AdmissionReview response:
 - `gate`: the scheduling gate `gpufed.io/gang` on a pod that asks for GPUs and belongs to a group
   (`gpupool.gang.group_of`) in a namespace whose pods may go remote: the gang controller releases
   the group's pods together, pinned to one pool, once one holds them all. Single pods, pods without
-  GPUs and what Kueue admits are not gated.
+  GPUs and what Kueue admits are not gated; `gang_gated` says whether a pod carries the gate;
+- `pointer_segment`: a key as one segment of a JSON patch path.
 
 Invariants:
 - the user's settings are never removed: required node-selector terms are ORed by Kubernetes, so
@@ -121,8 +122,15 @@ def _merge(existing: Sequence[Mapping[str, Any]], ours: Sequence[Sequence[Expr]]
     return out
 
 
-def _escape(segment: str) -> str:
-    return segment.replace("~", "~0").replace("/", "~1")
+def pointer_segment(key: str) -> str:
+    """`key` as one segment of a JSON pointer (a JSON patch path)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def gang_gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod carries the gang gate (its group is not released yet)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(isinstance(g, Mapping) and g.get("name") == GANG_GATE for g in gates)
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any] | None:
@@ -194,7 +202,7 @@ def mark_kept_local(pod: Mapping[str, Any], strategy: str) -> list[dict[str, Any
         return [{"op": "add", "path": "/metadata/labels", "value": {KEPT_LOCAL_LABEL: value}}]
     if labels.get(KEPT_LOCAL_LABEL) == value:
         return []
-    return [{"op": "add", "path": f"/metadata/labels/{_escape(KEPT_LOCAL_LABEL)}", "value": value}]
+    return [{"op": "add", "path": f"/metadata/labels/{pointer_segment(KEPT_LOCAL_LABEL)}", "value": value}]
 
 
 def pinned_terms(ours: list[list[Expr]], pinned: Sequence[Expr]) -> list[list[Expr]]:
@@ -251,12 +259,12 @@ def mutate(
         ops.append(
             {
                 "op": "add",
-                "path": f"/spec/affinity/nodeAffinity/{_escape(_REQUIRED)}",
+                "path": f"/spec/affinity/nodeAffinity/{pointer_segment(_REQUIRED)}",
                 "value": {"nodeSelectorTerms": terms},
             }
         )
     else:
-        path = f"/spec/affinity/nodeAffinity/{_escape(_REQUIRED)}/nodeSelectorTerms"
+        path = f"/spec/affinity/nodeAffinity/{pointer_segment(_REQUIRED)}/nodeSelectorTerms"
         ops.append({"op": "add" if "nodeSelectorTerms" not in required else "replace", "path": path, "value": terms})
     return ops
 
@@ -306,7 +314,7 @@ def gate(pod: Mapping[str, Any], strategy: str, job: Mapping[str, Any] | None) -
         return []
     spec: Mapping[str, Any] = pod.get("spec") or {}
     gates = _mappings(spec.get("schedulingGates"), "spec.schedulingGates")
-    if any(g.get("name") == GANG_GATE for g in gates):
+    if gang_gated(pod):
         return []
     ops: list[dict[str, Any]] = []
     if not gates:
@@ -322,5 +330,6 @@ def gate(pod: Mapping[str, Any], strategy: str, job: Mapping[str, Any] | None) -
         if _mapping(meta.get(part), f"metadata.{part}") is None:
             ops.append({"op": "add", "path": f"/metadata/{part}", "value": values})
         else:
-            ops += [{"op": "add", "path": f"/metadata/{part}/{_escape(k)}", "value": v} for k, v in values.items()]
+            at = f"/metadata/{part}"
+            ops += [{"op": "add", "path": f"{at}/{pointer_segment(k)}", "value": v} for k, v in values.items()]
     return ops

@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpufed.apis.wire import GANG_GATE, GANG_LABEL, GANG_RESERVE_ANNOTATION
+from gpufed.apis.wire import GANG_LABEL, GANG_RESERVE_ANNOTATION
 from gpufed.kube import meta
 from gpufed.kube.watch import watch
-from vkprovider.forge.offloading import gpus_of
+from vkprovider.forge.offloading import gang_gated, gpus_of
+from vkprovider.forge.pods import is_terminal
 
 #: Told the pool node whose reservation changed.
 Listener = Callable[[str], None]
@@ -36,15 +37,9 @@ Listener = Callable[[str], None]
 def reserved_on(pod: Mapping[str, Any]) -> str | None:
     """The pool node a gated group pod holds GPUs on (None: none)."""
     node = meta.annotations(pod).get(GANG_RESERVE_ANNOTATION)
-    spec = pod.get("spec") or {}
-    if not node or spec.get("nodeName") or meta.is_deleting(pod):
+    if not node or (pod.get("spec") or {}).get("nodeName") or meta.is_deleting(pod) or is_terminal(pod):
         return None
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-        return None
-    gates = spec.get("schedulingGates") or []
-    if not any(isinstance(g, Mapping) and g.get("name") == GANG_GATE for g in gates):
-        return None
-    return str(node)
+    return str(node) if gang_gated(pod) else None
 
 
 class GangReservations:
