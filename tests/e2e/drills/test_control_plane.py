@@ -436,14 +436,18 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
         def refused() -> bool:
             pod = c.kubectl_json("consumer", "get", "pod", "over-quota", "-n", d.ns)
             cond = {x["type"]: x for x in pod["status"].get("conditions") or []}.get("PodScheduled") or {}
-            refusals.append(f"{cond.get('status')}/{cond.get('reason')}: {cond.get('message')}")
+            bound_to = pod["spec"].get("nodeName")
+            refusals.append(
+                f"{cond.get('status')}/{cond.get('reason')}: {cond.get('message')} (bound to {bound_to}, "
+                f"{node} advertising {cpu_allocatable()})"
+            )
             return cond.get("reason") == "Unschedulable" and "Insufficient cpu" in cond.get("message", "")
 
         try:
             eventually("the new pod to be Unschedulable for lack of CPU", refused, timeout=120)
         except AssertionError as e:
-            last = refusals[-1:]
-            raise AssertionError(f"{e}; its PodScheduled condition: {last}, node: {cpu_allocatable()}") from None
+            seen = refusals[:1] + refusals[-1:]  # the first look and the last
+            raise AssertionError(f"{e}; its PodScheduled condition: {seen}, node: {cpu_allocatable()}") from None
 
         def quota_refusal() -> str | None:
             pod = c.kubectl_json("consumer", "get", "pod", "over-quota-bound", "-n", d.ns)
