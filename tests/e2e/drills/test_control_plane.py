@@ -446,8 +446,8 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
         try:
             eventually("the new pod to be Unschedulable for lack of CPU", refused, timeout=120)
         except AssertionError as e:
-            seen = refusals[:1] + refusals[-1:]  # the first look and the last
-            raise AssertionError(f"{e}; its PodScheduled condition: {seen}, node: {cpu_allocatable()}") from None
+            looks = refusals[:1] + refusals[-1:]  # the first look and the last
+            raise AssertionError(f"{e}; its PodScheduled condition: {looks}, node: {cpu_allocatable()}") from None
 
         def quota_refusal() -> str | None:
             pod = c.kubectl_json("consumer", "get", "pod", "over-quota-bound", "-n", d.ns)
