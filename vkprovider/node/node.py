@@ -7,7 +7,9 @@ Owns, for one Node name:
 - status: conditions Ready / MemoryPressure / DiskPressure / PIDPressure / NetworkUnavailable,
   capacity, allocatable, addresses, daemonEndpoints, nodeInfo — sent as a strategic-merge patch
   of nodes/status (conditions merge by type: conditions other components set are kept), at once
-  when anything changes and at least every `status_interval_s` (heartbeat);
+  when anything changes and at least every `status_interval_s` (heartbeat); one sync at a time
+  (the status loop's and `sync_coalesced`'s), so a status read earlier is never written after one
+  read later (the scheduler would otherwise see a stale allocatable, e.g. a grant already lowered);
 - the Lease `kube-node-lease/<node>` (owner: the Node), renewed every `lease_renew_s` with
   `lease_duration_s`, which is what the node-lifecycle controller watches for liveness;
 - `remove()`: deleting the Node (on unpeer) — never on an ordinary stop, so restarts keep pods bound.
@@ -132,6 +134,8 @@ class NodeController:
         #: The coalesced sync not yet started (`sync_coalesced`), its lock, and the tasks running them.
         self._pending_sync: asyncio.Future[None] | None = None
         self._coalesce_lock = asyncio.Lock()
+        #: Held from reading the provider's state to writing it: syncs never overtake each other.
+        self._sync_lock = asyncio.Lock()
         self._coalesced: set[asyncio.Task[None]] = set()
         self._node_uid: str | None = None
         #: The Node as the watch last delivered it, once it has listed (None: there is none).
@@ -280,7 +284,13 @@ class NodeController:
                 fut.set_result(None)
 
     async def sync(self) -> None:
-        """Register the Node if needed, then patch its status when it changed or a heartbeat is due."""
+        """Register the Node if needed, then patch its status when it changed or a heartbeat is due.
+
+        Syncs run one at a time: what is written last was read last."""
+        async with self._sync_lock:
+            await self._sync()
+
+    async def _sync(self) -> None:
         self._last_sync_start = asyncio.get_running_loop().time()
         state = await self.provider.node_state()
         # The watch on our name keeps the Node at hand; read it only until that watch has listed.

@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpufed.apis.wire import VIRTUAL_NODE_TAINT
+from gpufed.kube import rest
 from tests.unit.fakes import FakeApiServer, FakeProvider, node_state, running, serve, until
 from vkprovider.node.node import NodeController, NodeSettings
 
@@ -279,3 +280,37 @@ async def test_coalesced_syncs_start_after_each_call_and_are_shared(
     gate.set()
     results = await asyncio.gather(*failing, return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results), results
+
+
+async def test_a_status_read_earlier_is_never_written_after_one_read_later(
+    cluster: tuple[FakeApiServer, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status loop and a coalesced sync (a pod ending) may sync at once. When the first one's
+    write is slow, the second must not write its newer state first: the first would then leave the
+    older allocatable on the Node (a grant already lowered would look free to the scheduler)."""
+    server, api = cluster
+    provider = FakeProvider(state=node_state(gpus="8"))
+    controller = NodeController(api, provider, dataclasses.replace(SETTINGS, status_interval_s=60))
+    await controller.sync()  # registered
+    provider.state = node_state(gpus="6")
+    real_patch = rest.strategic_patch
+    gate, held = asyncio.Event(), asyncio.Event()
+
+    async def slow_first_patch(*args: Any, **kwargs: Any) -> Any:
+        print("PATCH", args[2]["status"]["allocatable"]["nvidia.com/gpu"], held.is_set())
+        if not held.is_set():
+            held.set()
+            await gate.wait()
+        return await real_patch(*args, **kwargs)
+
+    monkeypatch.setattr(rest, "strategic_patch", slow_first_patch)
+    older = asyncio.create_task(controller.sync())  # reads 6 GPUs, then its write is slow
+    await asyncio.wait_for(held.wait(), 5)
+    provider.state = node_state(gpus="2")  # the grant is lowered meanwhile
+    newer = asyncio.create_task(controller.sync())
+    # Given its chance to write first (it cannot while the older sync holds the node, which is right).
+    await asyncio.wait([newer], timeout=1.0)
+    gate.set()
+    await asyncio.gather(older, newer)
+    print("FINAL", node(server)["status"]["allocatable"], newer.done())
+    assert node(server)["status"]["allocatable"]["nvidia.com/gpu"] == "2", "the older read was written last"
