@@ -392,6 +392,14 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
         live = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
         return sum((pod_requests(p).get("cpu", Decimal(0)) for p in live), Decimal(0))
 
+    def node_statuses() -> list[str]:
+        """The virtual kubelet's last log lines about the node's status (what it wrote, in order)."""
+        lines: list[str] = []
+        for log in sorted((c.env.cluster_dir("consumer") / "logs").glob(f"virtual-kubelet-*{d.ids['gpu-a']}*.log")):
+            text = log.read_text(errors="replace").splitlines()
+            lines += [line for line in text if "node status" in line and node in line]
+        return lines[-6:]
+
     seen: list[tuple[str, Decimal]] = []
 
     def no_room() -> bool:
@@ -447,7 +455,10 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
             eventually("the new pod to be Unschedulable for lack of CPU", refused, timeout=120)
         except AssertionError as e:
             looks = refusals[:1] + refusals[-1:]  # the first look and the last
-            raise AssertionError(f"{e}; its PodScheduled condition: {looks}, node: {cpu_allocatable()}") from None
+            raise AssertionError(
+                f"{e}; its PodScheduled condition: {looks}, node: {cpu_allocatable()}; "
+                f"the statuses the virtual kubelet wrote last: {node_statuses()}"
+            ) from None
 
         def quota_refusal() -> str | None:
             pod = c.kubectl_json("consumer", "get", "pod", "over-quota-bound", "-n", d.ns)
