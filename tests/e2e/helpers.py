@@ -226,3 +226,12 @@ def gpu_load(name: str, namespace: str, node: str, gpus: int) -> dict[str, Any]:
             ],
         },
     }
+
+
+def vk_log_lines(clusters: Clusters, provider: str, *needles: str) -> list[str]:
+    """Lines of the consumer's virtual-kubelet log(s) for `provider` holding every needle, in order."""
+    lines: list[str] = []
+    for log in sorted((clusters.env.cluster_dir("consumer") / "logs").glob(f"virtual-kubelet-{provider}*")):
+        with contextlib.suppress(OSError):
+            lines += [line for line in log.read_text(errors="replace").splitlines() if all(n in line for n in needles)]
+    return lines

@@ -12,7 +12,11 @@ Owns, for one consumer and one provider:
   create (`NameCollision`; the tokens asked for a create that found the name taken are dropped,
   written nowhere); `missing` says when a twin's Secret must be written again (it was not listed);
 - refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces every
-  `resync_s` (so a restarted process resumes), and re-issues each pod's tokens once
+  `resync_s` (so a restarted process resumes) and watches them (`remote.token_watch`): a Secret
+  the provider writes or edits (a resourceVersion this process did not write or list) is judged at
+  once, once per Secret between two listings (a provider that keeps editing one gets no more
+  TokenRequests than the listing gave it; one it deletes is written again after the next listing,
+  as before); it re-issues each pod's tokens once
   `refresh_fraction` of their lifetime has passed or they are 24 h old (the kubelet's rule). The
   provider stores those Secrets, so what they say is only a claim: a refresh reads the LOCAL pod
   they name and requests exactly what that pod's spec asks for (its service account, its projected
@@ -61,6 +65,7 @@ from vkprovider.forge import meta
 from vkprovider.forge import tokens as tf
 from vkprovider.node.provider import ProviderError
 from vkprovider.remote.events_relay import EventRelay
+from vkprovider.remote.token_watch import TokenSecretWatch
 
 #: Refresh once this fraction of a token's lifetime has passed (the kubelet's 80%).
 DEFAULT_REFRESH_FRACTION = tf.DEFAULT_REFRESH_FRACTION
@@ -108,6 +113,8 @@ class _Entry:
     state: tf.TokenSecretState
     #: Write generation: entries written while a resync listed are kept over the (older) listing.
     gen: int
+    #: The Secret's resourceVersion as written or read here ("": unknown): a watch event with it is no news.
+    rv: str = ""
     #: A refresh failed: not tried again before the next resync.
     failed: bool = False
 
@@ -152,6 +159,11 @@ class PodTokens:
         self._schedule: dict[Key, _Entry] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
         self._gen = 0
+        #: Set when the refresh loop has something to look at before its next due time.
+        self._wake = asyncio.Event()
+        #: Secrets a watch event had judged since the last listing (at most once each in between).
+        self._prompted: set[Key] = set()
+        self._watches = TokenSecretWatch(remote_api, consumer, self.seen)
         self._log = structlog.get_logger().bind(component="pod-tokens", consumer=consumer)
 
     # ---- pods
@@ -207,6 +219,8 @@ class PodTokens:
         binding = tf.binding_of(pod, target, identity)
         key = (target.namespace, identity.secret_name)
         self._learned_ns[target.namespace] = binding.pod_namespace
+        if target.namespace not in self._watches.namespaces:
+            self._wake.set()  # a namespace to watch
         owners = [tf.twin_owner_reference(owner)] if owner is not None else []
         async with self._lock(key):
             if key not in self._schedule:
@@ -233,7 +247,7 @@ class PodTokens:
             state = tf.read_token_secret(existing) if existing is not None else None
             owned = owner is None or (state is not None and owners[0]["uid"] in state.owner_uids)
             if state is not None and state.binding == binding and owned and not state.due(self.clock(), self._fraction):
-                self._remember(key, state)
+                self._remember(key, state, _rv(existing))
                 return identity
             # The owners it has stay (the garbage collector drops those that are gone): a Secret of an
             # earlier pod of that name, rewritten for this one, is not removed with the earlier twin.
@@ -332,24 +346,58 @@ class PodTokens:
     ) -> None:
         loop = asyncio.get_running_loop()
         self._owns_pod = owns_pod
-        while True:
-            try:
-                wanted = twin_namespaces()
-                self._local_ns = dict(wanted) if isinstance(wanted, Mapping) else {}
-                await self._resync(list(wanted))
-            except Exception as e:  # never crash the loop: the next resync tries again
-                self._log.warning("cannot resync token secrets", error=str(e))
-            deadline = loop.time() + self.settings.resync_s
+        try:
             while True:
-                await self._refresh_due()
-                self.ready.set()
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                await asyncio.sleep(min(remaining, max(self._seconds_to_next_due(), MIN_SLEEP_S)))
+                try:
+                    wanted = twin_namespaces()
+                    self._local_ns = dict(wanted) if isinstance(wanted, Mapping) else {}
+                    await self._resync(list(wanted))
+                except Exception as e:  # never crash the loop: the next resync tries again
+                    self._log.warning("cannot resync token secrets", error=str(e))
+                deadline = loop.time() + self.settings.resync_s
+                while True:
+                    self._wake.clear()
+                    self._watches.follow(twin_namespaces())
+                    await self._refresh_due()
+                    self.ready.set()
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(min(remaining, max(self._seconds_to_next_due(), MIN_SLEEP_S))):
+                            await self._wake.wait()
+        finally:
+            await self._watches.close()
+
+    def seen(self, kind: str, secret: dict[str, Any]) -> None:
+        """A watch event about a token Secret in a twin namespace (`TokenSecretWatch`).
+
+        One this process wrote or listed (same resourceVersion), or refused unchanged, is no news. Any
+        other is taken into the schedule as a listing would take it, and the refresh loop woken: a
+        Secret that is due (a planted or edited one claims so) is judged against its local pod at
+        once, at most once per Secret until the next listing. Deletions wait for the listing (a
+        provider deleting a Secret in a loop must not cost a TokenRequest each time).
+        """
+        if kind == "DELETED":
+            return
+        item_meta = secret.get("metadata") or {}
+        key = (str(item_meta.get("namespace") or ""), str(item_meta.get("name") or ""))
+        known = self._schedule.get(key)
+        rv = _rv(secret)
+        if (known is not None and known.rv == rv) or self._refused.get(key) == rv or key in self._prompted:
+            return
+        state = tf.read_token_secret(secret)
+        if state is None or not meta.owned_by(secret, self.consumer):
+            return  # the listing logs what it cannot read
+        self._gen += 1
+        self._schedule[key] = _Entry(state, self._gen, rv)
+        if state.due(self.clock(), self._fraction):  # what costs a TokenRequest: once until the listing
+            self._prompted.add(key)
+        self._wake.set()
 
     async def _resync(self, namespaces: list[str]) -> None:
         start = self._gen
+        self._prompted.clear()
         listed: dict[Key, _Entry] = {}
         ok: set[str] = set()
         selector = f"{tf.TOKEN_FOR_POD_LABEL},{ORIGIN_CLUSTER_LABEL}={self.consumer}"
@@ -375,7 +423,7 @@ class PodTokens:
                         secret=(item.get("metadata") or {}).get("name"),
                     )
                     continue
-                listed[(namespace, state.binding.secret_name)] = _Entry(state, start)
+                listed[(namespace, state.binding.secret_name)] = _Entry(state, start, _rv(item))
         wanted = set(namespaces)
         schedule: dict[Key, _Entry] = {}
         for key, entry in self._schedule.items():
@@ -415,7 +463,7 @@ class PodTokens:
                 self._schedule.pop(key, None)
                 return
             if not state.due(self.clock(), self._fraction):
-                self._remember(key, state)
+                self._remember(key, state, _rv(existing))
                 return
             try:
                 binding = await self._binding_from_pod(key, existing, state)
@@ -637,9 +685,9 @@ class PodTokens:
         if lock is not None and not lock.locked() and key not in self._schedule:
             del self._locks[key]
 
-    def _remember(self, key: Key, state: tf.TokenSecretState) -> None:
+    def _remember(self, key: Key, state: tf.TokenSecretState, rv: str) -> None:
         self._gen += 1
-        self._schedule[key] = _Entry(state, self._gen)
+        self._schedule[key] = _Entry(state, self._gen, rv)
         if state.due(self.clock(), self._fraction):
             # Freshly issued yet already due (a clock skew, a server's very short token): wait for the
             # next resync rather than re-issuing in a tight loop.
@@ -648,7 +696,7 @@ class PodTokens:
     def _remember_applied(self, key: Key, applied: Mapping[str, Any]) -> None:
         state = tf.read_token_secret(applied)
         if state is not None:
-            self._remember(key, state)
+            self._remember(key, state, _rv(applied))
 
     def _seconds_to_next_due(self) -> float:
         now = self.clock()
@@ -667,6 +715,10 @@ class PodTokens:
             known = issued is not None and expires is not None and not entry.failed
             out[key] = tf.refresh_at(issued, expires, self._fraction) if known and issued and expires else None
         return out
+
+
+def _rv(secret: Mapping[str, Any] | None) -> str:
+    return str(((secret or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _token_refused(e: Exception) -> ProviderError:

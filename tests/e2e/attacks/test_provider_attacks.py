@@ -27,14 +27,15 @@ from gpufed.apis.network import NETWORK_CONFIG, NetworkConfigSpec, RemoteNetwork
 from gpufed.apis.wire import ClusterID
 from netfabric.plan import remapper
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, offload, peered_session
+from tests.e2e.helpers import eventually, offload, peered_session, vk_log_lines
 
 pytestmark = pytest.mark.e2e
 
 SMALL = {"cpu": "10m", "memory": "16Mi"}
 #: Seconds an attack is given to leak something before the test says it did not.
 LEAK_WAIT_S = 20.0
-#: The token refresher relists the token Secrets every 60 s: a planted one is seen within this.
+#: The token refresher watches the token Secrets, and lists them every 60 s should a watch miss one:
+#: a planted one is seen within this, whichever way.
 TOKEN_RESYNC_WAIT_S = 90.0
 FOREIGN_AUDIENCE = "sts.amazonaws.com"
 TEN_YEARS_S = 10 * 365 * 24 * 3600
@@ -149,17 +150,6 @@ def virtual_nodes(clusters: Clusters, ids: dict[str, ClusterID], provider: str) 
         "consumer", "get", "nodes", "-l", f"gpufed.io/remote-cluster-id={ids[provider]}"
     )["items"]
     return items
-
-
-def vk_log_lines(clusters: Clusters, ids: dict[str, ClusterID], *needles: str) -> list[str]:
-    """Lines of the consumer's virtual-kubelet log of gpu-a holding every needle."""
-    logs = clusters.env.cluster_dir("consumer") / "logs"
-    found: list[str] = []
-    for log in logs.glob("virtual-kubelet-*.log"):
-        if ids["gpu-a"] not in log.name:
-            continue
-        found += [line for line in log.read_text(errors="replace").splitlines() if all(n in line for n in needles)]
-    return found
 
 
 def token_secret(namespace: str, name: str, pod: dict[str, Any], **annotations: str) -> dict[str, Any]:
@@ -366,7 +356,7 @@ def test_provider_plants_a_token_secret_for_a_foreign_audience(
     apply(clusters, "gpu-a", token_secret(twin_ns(ids, namespace), "gpufed-token-evil", local))
     eventually(
         "the refusal in the virtual kubelet's log",
-        lambda: vk_log_lines(clusters, ids, "token secret refused", "gpufed-token-evil"),
+        lambda: vk_log_lines(clusters, ids["gpu-a"], "token secret refused", "gpufed-token-evil"),
         timeout=TOKEN_RESYNC_WAIT_S,
     )
     planted = get(clusters, "gpu-a", "secret", "gpufed-token-evil", "-n", twin_ns(ids, namespace))

@@ -38,7 +38,7 @@ from gpufed.kube import rest
 from gpufed.kube.client import KubeError
 from peering import podsecurity
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, offload, peered_session
+from tests.e2e.helpers import eventually, offload, peered_session, vk_log_lines
 from vkprovider.remote.events_relay import RelayLimits
 
 pytestmark = pytest.mark.e2e
@@ -89,15 +89,6 @@ def consumer_events(
 
 def with_reason(reason: str) -> Callable[[dict[str, Any]], bool]:
     return lambda e: e.get("reason") == reason
-
-
-def vk_log_lines(clusters: Clusters, ids: dict[str, ClusterID], *needles: str) -> list[str]:
-    """Lines of the consumer's virtual-kubelet logs of gpu-a holding every needle."""
-    found: list[str] = []
-    for log in (clusters.env.cluster_dir("consumer") / "logs").glob("virtual-kubelet-*.log"):
-        if ids[PROVIDER] in log.name:
-            found += [line for line in log.read_text(errors="replace").splitlines() if all(n in line for n in needles)]
-    return found
 
 
 def offloaded_pod(clusters: Clusters, ids: dict[str, ClusterID], namespace: str, name: str = "app") -> dict[str, Any]:
@@ -197,7 +188,7 @@ async def test_provider_floods_a_twin_pod_with_five_thousand_events(
     assert all(e["involvedObject"]["uid"] == twin_pod["metadata"]["labels"][ORIGIN_UID_LABEL] for e in relayed)
     # The consumer's side records the flood: the relay's drops are logged (and counted in
     # gpufed_relayed_events_dropped_total).
-    assert vk_log_lines(clusters, ids, "events dropped", "rate_limited"), "the drops are not logged"
+    assert vk_log_lines(clusters, ids[PROVIDER], "events dropped", "rate_limited"), "the drops are not logged"
     # The virtual kubelet still serves: the pod stays Ready and a new pod is offloaded.
     pod = clusters.kubectl_json("consumer", "get", "pod", "app", "-n", namespace)
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"]), pod["status"]

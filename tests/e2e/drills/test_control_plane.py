@@ -47,7 +47,7 @@ from gpufed.localenv.kwokcfg import EXIT_CODE_ANNOTATION
 from peering.grants import pod_requests
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, PodRecord, Snapshot, record, running
-from tests.e2e.helpers import deployment, eventually, offload, peered_session, processes
+from tests.e2e.helpers import deployment, eventually, offload, peered_session, processes, vk_log_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.drill, pytest.mark.timeout(900)]
 
@@ -394,11 +394,7 @@ def test_quota_shrinks_below_usage(drills: Drills) -> None:
 
     def node_statuses() -> list[str]:
         """The virtual kubelet's last log lines about the node's status (what it wrote, in order)."""
-        lines: list[str] = []
-        for log in sorted((c.env.cluster_dir("consumer") / "logs").glob(f"virtual-kubelet-*{d.ids['gpu-a']}*.log")):
-            text = log.read_text(errors="replace").splitlines()
-            lines += [line for line in text if "node status" in line and node in line]
-        return lines[-6:]
+        return vk_log_lines(c, d.ids["gpu-a"], "node status", node)[-6:]
 
     seen: list[tuple[str, Decimal]] = []
 

@@ -45,7 +45,7 @@ from gpufed.apis.wire import ClusterID, remote_kubeconfig_secret
 from tests.e2e.conftest import Clusters
 from tests.e2e.drills.ledger import Ledger, record
 from tests.e2e.drills.test_control_plane import component, restart_missing, stop
-from tests.e2e.helpers import deployment, eventually, offload, out, peered_session
+from tests.e2e.helpers import deployment, eventually, offload, out, peered_session, vk_log_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.drill, pytest.mark.timeout(600)]
 
@@ -146,15 +146,6 @@ def served_serial(clusters: Clusters, node: str) -> str | None:
     except OSError:
         return None
     return f"{x509.load_der_x509_certificate(der).serial_number:x}" if der else None
-
-
-def vk_log_lines(clusters: Clusters, provider: ClusterID, needle: str) -> list[str]:
-    """Lines of the consumer's virtual kubelet log(s) for `provider` that contain `needle`, in order."""
-    lines: list[str] = []
-    for log in sorted(clusters.env.state_dir.rglob(f"logs/virtual-kubelet-{provider}*")):
-        with contextlib.suppress(OSError):
-            lines += [line for line in log.read_text(errors="replace").splitlines() if needle in line]
-    return lines
 
 
 def reloaded_serials(clusters: Clusters, provider: ClusterID) -> list[str]:

@@ -974,3 +974,84 @@ def test_token_lifetimes_are_capped_whatever_the_pod_asks() -> None:
     binding = binding_of(make_pod(long_lived), TARGET, IDENTITY)
     forged = TokenSource("token-0", None, TEN_YEARS_S)
     assert token_request(binding, forged)["spec"]["expirationSeconds"] == MAX_EXPIRATION_S
+
+
+# ---------------------------------------------------------------- watched: judged at once, bounded
+
+
+def listings(world: World) -> int:
+    """Lists of the token Secrets in the twin namespace (the resync's and the watch's own), not watches."""
+    path = f"/api/v1/namespaces/{TWIN_NS}/secrets"
+    return len([r for r in world.provider.calls("GET", path) if r.query.get("watch") not in ("1", "true")])
+
+
+def tamper(secret: dict[str, Any]) -> None:
+    secret["metadata"]["annotations"] = planted(SECRET)["metadata"]["annotations"]
+
+
+async def test_a_secret_the_provider_edits_gets_the_pods_own_tokens_without_waiting_for_a_listing(
+    world: World,
+) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens(resync_s=3600)  # the listing would come in an hour
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        await until(lambda: listings(world) >= 2, what="the watch's list")
+        listed = listings(world)
+        world.provider.update("secrets", TWIN_NS, SECRET, tamper)
+        await until(
+            lambda: world.live()["metadata"]["annotations"]["gpufed.io/token-service-account"] == "trainer",
+            what="the pod's own tokens written back",
+        )
+        await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
+        assert listings(world) == listed, "judged from the watch event, not from a new listing"
+    assert len(world.issuer.requests) == 2, "ensure's tokens, then the pod's own once"
+    assert foreign_requests(world) == []
+
+
+async def test_a_planted_secret_is_refused_without_waiting_for_a_listing(world: World) -> None:
+    tokens = world.tokens(resync_s=3600)
+    before = refused_count("NotAPodsSecret")
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        world.provider.create("secrets", planted("gpufed-token-evil"))
+        await until(lambda: refused_count("NotAPodsSecret") == before + 1, what="the refusal")
+    assert world.issuer.requests == []
+
+
+async def test_our_own_writes_seen_by_the_watch_cost_nothing_more(world: World) -> None:
+    pods = [world.add_pod(KUBE_API_ACCESS, uid=f"uid-{i}") for i in range(5)]
+    for i, pod in enumerate(pods):
+        pod["metadata"]["name"] = f"train-{i}"
+    tokens = world.tokens(resync_s=3600)
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        await until(lambda: listings(world) >= 2, what="the watch's list")
+        for pod in pods:
+            world.consumer.create("pods", copy.deepcopy(pod))
+            await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        # the watch delivers each Secret's ADDED; give the loop its chance to react to them
+        await until(lambda: len(world.provider.items("secrets", TWIN_NS)) == 5, what="the Secrets")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        reads = len([r for r in world.provider.requests if r.method == "GET" and "/secrets/" in r.path])
+    assert len(world.issuer.requests) == 5, "one TokenRequest per pod, none for the watch events"
+    assert reads == 0, "no Secret read for what this process wrote"
+
+
+async def test_a_provider_editing_a_secret_in_a_loop_gets_one_token_request_per_listing(world: World) -> None:
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens(resync_s=3600)
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        world.provider.update("secrets", TWIN_NS, SECRET, tamper)
+        await until(
+            lambda: world.live()["metadata"]["annotations"]["gpufed.io/token-service-account"] == "trainer",
+            what="the first edit judged at once, the Secret written back",
+        )
+        for _ in range(4):
+            world.provider.update("secrets", TWIN_NS, SECRET, tamper)
+            await asyncio.sleep(0.3)  # time enough for a refresh (one takes a few ms here), which must not come
+    assert len(world.issuer.requests) == 2, "ensure's, then one for all five edits until the next listing"
