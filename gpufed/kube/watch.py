@@ -26,7 +26,9 @@ Invariants of `watch`:
 Listed objects get `kind`/`apiVersion` from the list (`rest.list_with_version`), so SYNC objects
 look like watched ones. Objects are keyed by (namespace, name); "" for cluster-scoped kinds.
 
-Delivered objects carry no `metadata.managedFields` (nothing here reads them; caches stay smaller).
+Delivered objects carry no `metadata.managedFields` (nothing here reads them; caches stay smaller),
+nor the top-level fields the caller names in `drop` (e.g. a Secret's `data` for a caller that reads
+only metadata: neither it nor the relist cache holds them).
 
 Does not: cache beyond what relist diffing needs, decode into models, write anything, or
 rate-limit the callbacks (hand keys to a `WorkQueue` for that).
@@ -109,13 +111,15 @@ async def _get(api: Any, path: str, query: list[tuple[str, str]], client_timeout
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 
 
-async def _deliver(on_event: OnEvent, t: str, obj: dict[str, Any]) -> None:
+async def _deliver(on_event: OnEvent, t: str, obj: dict[str, Any], drop: Sequence[str] = ()) -> None:
     # managedFields are the API server's bookkeeping for server-side apply; no gpufed code reads
     # them, and every cache built from a watch would hold them for every object (a large share of
     # a cached pod: `make bench`'s footprint part measures the RSS per offloaded pod).
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
+    for name in drop:  # the same dict the relist cache holds: dropped there too
+        obj.pop(name, None)
     result = on_event(t, obj)
     if inspect.isawaitable(result):
         await result
@@ -164,8 +168,10 @@ class _Watcher:
         on_synced: Callable[[], None] | None,
         max_backoff: float,
         forbidden_grace_s: float = FORBIDDEN_GRACE_S,
+        drop: Sequence[str] = (),
     ) -> None:
         self.api = api
+        self.drop = tuple(drop)
         self.forbidden_grace_s = forbidden_grace_s
         self.forbidden_since: float | None = None
         self.path = path
@@ -224,10 +230,10 @@ class _Watcher:
         previous = self.known
         self.known = {obj_key(o): o for o in items}
         for obj in items:
-            await _deliver(self.on_event, "SYNC", obj)
+            await _deliver(self.on_event, "SYNC", obj, self.drop)
         for key, obj in previous.items():
             if key not in self.known:
-                await _deliver(self.on_event, "DELETED", obj)
+                await _deliver(self.on_event, "DELETED", obj, self.drop)
         self.forbidden_since = None
         self.rv = rv or None
         if self.rv is None:
@@ -301,7 +307,7 @@ class _Watcher:
         else:
             structlog.get_logger().warning("unknown watch event type", what=self.what, type=t)
             return
-        await _deliver(self.on_event, t, obj)
+        await _deliver(self.on_event, t, obj, self.drop)
 
 
 async def watch(
@@ -315,6 +321,7 @@ async def watch(
     on_synced: Callable[[], None] | None = None,
     max_backoff: float = 30.0,
     forbidden_grace_s: float = FORBIDDEN_GRACE_S,
+    drop: Sequence[str] = (),
 ) -> None:
     """List then watch the collection at `path` forever, delivering events to `on_event`.
 
@@ -323,7 +330,10 @@ async def watch(
     fieldSelector); `what` names the watch in logs and errors. See the module docstring for the
     events and the error handling. Returns never; raises KubeError on non-transient errors.
     """
-    await _Watcher(api, path, on_event, what, params, timeout_seconds, on_synced, max_backoff, forbidden_grace_s).run()
+    watcher = _Watcher(
+        api, path, on_event, what, params, timeout_seconds, on_synced, max_backoff, forbidden_grace_s, drop
+    )
+    await watcher.run()
 
 
 __all__ = ["Event", "OnEvent", "obj_key", "watch"]

@@ -4,8 +4,10 @@ Secret the provider writes, edits or deletes is judged at once rather than at th
 Owns: one list+watch (`gpufed.kube.watch`) per followed twin namespace, selecting the token Secrets
 this consumer labels (`forge.tokens.TOKEN_FOR_POD_LABEL`, `ORIGIN_CLUSTER_LABEL`), started and
 stopped as `follow` is told the namespaces; every event (listed, added, modified, deleted) handed
-to `on_secret`; a watch that fails (the namespace is gone, the provider refuses) is logged and
-started again after `retry_s`, while its namespace is still followed; `close` stops them all.
+to `on_secret`, without the Secret's `data` (the tokens: neither held in the watch's cache nor
+handed on, so a watched Secret costs its metadata only); a watch that fails (the namespace is gone,
+the provider refuses) is logged and started again after `retry_s`, while its namespace is still
+followed; `close` stops them all.
 
 Does not: judge a Secret, issue tokens or keep a schedule (`vkprovider.remote.tokens.PodTokens`,
 whose periodic listing stays the safety net), or decide which namespaces are twins (its caller).
@@ -70,6 +72,7 @@ class TokenSecretWatch:
                     self.on_secret,
                     what=f"token secrets in {namespace}",
                     params={"labelSelector": selector},
+                    drop=("data",),  # the tokens themselves: judged by metadata, never held here
                 )
             except KubeError as e:
                 self._log.warning("cannot watch token secrets; retrying", namespace=namespace, error=str(e))

@@ -275,6 +275,19 @@ async def test_gone_relists_and_synthesizes_deleted(fake: tuple[FakeApi, Any], g
     assert [q["resourceVersion"] for q in server.watch_queries] == ["100", "200"]
 
 
+async def test_dropped_fields_are_neither_delivered_nor_kept_for_the_relist(fake: tuple[FakeApi, Any]) -> None:
+    server, api = fake
+    server.objects = {"a": cm("a", "90", "listed"), "b": cm("b", "91", "listed")}
+    server.watches = [[ev("ADDED", cm("c", "101", "watched")), _vanish_b, ev("ERROR", status(410))]]
+    rec = Recorder()
+    async with watching(api, rec, drop=("data",)):
+        await rec.wait_for(7)
+    assert ("DELETED", "b") in rec.names(), rec.names()
+    assert [e for e in rec.events if "data" in e[1]] == [], "a dropped field was delivered"
+    deleted = [e[1] for e in rec.events if e[0] == "DELETED"]
+    assert deleted and all("data" not in o for o in deleted), "the relist cache kept the dropped field"
+
+
 async def test_server_errors_are_retried_with_a_warning(fake: tuple[FakeApi, Any]) -> None:
     server, api = fake
     server.objects = {"a": cm("a", "90")}

@@ -20,7 +20,11 @@ def secret(namespace: str, name: str, *, consumer: str = CONSUMER, token: bool =
     labels = {ORIGIN_CLUSTER_LABEL: consumer}
     if token:
         labels[TOKEN_FOR_POD_LABEL] = name
-    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "type": "Opaque"}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "type": "Opaque",
+        "data": {"token-0": "c2VjcmV0"},
+    }
 
 
 @pytest.fixture
@@ -34,9 +38,14 @@ async def test_watches_the_followed_namespaces_token_secrets_of_this_consumer_on
 ) -> None:
     server, api = cluster
     seen: list[tuple[str, str, str]] = []
-    watches = TokenSecretWatch(
-        api, CONSUMER, lambda kind, obj: seen.append((kind, obj["metadata"]["namespace"], obj["metadata"]["name"]))
-    )
+    with_data: list[str] = []
+
+    def on_secret(kind: str, obj: dict[str, Any]) -> None:
+        seen.append((kind, obj["metadata"]["namespace"], obj["metadata"]["name"]))
+        if "data" in obj:
+            with_data.append(obj["metadata"]["name"])
+
+    watches = TokenSecretWatch(api, CONSUMER, on_secret)
     server.create("secrets", secret("twin-a", "listed"))
     try:
         watches.follow(["twin-a", "twin-b"])
@@ -48,6 +57,7 @@ async def test_watches_the_followed_namespaces_token_secrets_of_this_consumer_on
         server.create("secrets", secret("twin-b", "last"))
         await until(lambda: ("ADDED", "twin-b", "last") in seen, what="the last Secret")
         assert {name for _, _, name in seen} == {"listed", "added", "last"}
+        assert with_data == [], "the tokens were handed on (and so held in the watch's cache)"
         watches.follow(["twin-a"])
         assert watches.namespaces == {"twin-a"}
         server.create("secrets", secret("twin-b", "after"))
