@@ -4,6 +4,7 @@ pausing a component, and the pod attacks of tests/e2e/attacks (one or more per p
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import signal
@@ -15,8 +16,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpufed.apis.wire import CONSUMER_LABEL, PROVIDER_LABEL, ClusterID
+from gpufed.kube.client import client_from_dict
+from gpupool.capacity import PodShape
+from gpupool.estimator.client import from_provider
 from tests.e2e.conftest import REPO, Clusters
+
+#: The GPU product of gpu-a's nodes in the local topology.
+H100 = "NVIDIA-H100-80GB-HBM3"
 
 GPUFED = (sys.executable, "-m", "gpufed.cli")
 GPUFED_ENV = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
@@ -235,3 +244,30 @@ def vk_log_lines(clusters: Clusters, provider: str, *needles: str) -> list[str]:
         with contextlib.suppress(OSError):
             lines += [line for line in log.read_text(errors="replace").splitlines() if all(n in line for n in needles)]
     return lines
+
+
+def consumer_credentials(clusters: Clusters, provider: str) -> dict[str, Any]:
+    """The kubeconfig the consumer's virtual kubelet uses at `provider` (its Secret on the consumer)."""
+    secret = clusters.kubectl_json("consumer", "get", "secret", "-n", "gpufed", f"gpufed-remote-{provider}")
+    cfg: dict[str, Any] = yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"]))
+    return cfg
+
+
+def estimator_max_replicas(clusters: Clusters, provider: str, shape: PodShape) -> int:
+    """How many pods of `shape` `provider`'s capacity estimator says fit now, asked as the consumer."""
+    cfg = consumer_credentials(clusters, provider)
+
+    async def ask() -> int:
+        remote = await client_from_dict(cfg)
+        try:
+            estimator = await from_provider(remote, cfg)
+            assert estimator is not None, f"{provider} publishes no estimator endpoint"
+            try:
+                replicas, _ = await estimator.max_replicas(shape)
+            finally:
+                await estimator.close()
+            return replicas
+        finally:
+            await remote.close()
+
+    return asyncio.run(ask())

@@ -34,8 +34,9 @@ from gpufed.apis.wire import (
 )
 from gpufed.localenv import manifests
 from gpufed.localenv.kwokcfg import RUN_DURATION_ANNOTATION
+from gpupool.capacity import PodShape
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpu_load, offload, peered_session, processes
+from tests.e2e.helpers import H100, estimator_max_replicas, eventually, gpu_load, offload, peered_session, processes
 
 pytestmark = pytest.mark.e2e
 
@@ -336,8 +337,11 @@ def test_a_groups_twins_wait_gated_until_the_provider_holds_them_all_then_start_
                 == "Running"
             ),
         )
-        # the estimator publishes the change within moments; the virtual kubelet's stream delivers it on waking
-        time.sleep(5)
+        # the estimator has the change before the virtual kubelet wakes (its stream then delivers it)
+        eventually(
+            "gpu-a's estimator counting one free H100 node",
+            lambda: estimator_max_replicas(clusters, ids["gpu-a"], PodShape(gpus=8, gpu_product=H100)) == 1,
+        )
     finally:
         if vk:
             os.kill(vk, signal.SIGCONT)

@@ -9,7 +9,6 @@ The module peers the consumer with gpu-a (all 32 GPUs) and gpu-b (all 12, no pro
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import json
 import os
@@ -19,7 +18,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from gpufed.apis.wire import ClusterID
 from gpufed.kube.client import client_from_dict
@@ -27,11 +25,10 @@ from gpufed.localenv import manifests, supervise
 from gpupool.capacity import PodShape
 from gpupool.estimator.client import EstimatorClient, EstimatorError, from_provider
 from tests.e2e.conftest import Clusters
-from tests.e2e.helpers import eventually, gpu_load, gpufed, offload, out, peered_session
+from tests.e2e.helpers import H100, consumer_credentials, eventually, gpu_load, gpufed, offload, out, peered_session
 
 pytestmark = pytest.mark.e2e
 
-H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
 L4 = "NVIDIA-L4"
 GPU = "nvidia.com/gpu"
@@ -241,14 +238,8 @@ def test_pod_no_provider_node_can_take_is_failed_back(
     assert twins(clusters, "gpu-b", ids, namespace) == []  # nothing holds gpu-b's quota
 
 
-def _consumer_credentials(clusters: Clusters, provider: ClusterID) -> dict[str, Any]:
-    secret = clusters.kubectl_json("consumer", "get", "secret", "-n", "gpufed", f"gpufed-remote-{provider}")
-    cfg: dict[str, Any] = yaml.safe_load(base64.b64decode(secret["data"]["kubeconfig"]))
-    return cfg
-
-
 def test_estimator_answers_peered_consumers_only(clusters: Clusters, ids: dict[str, ClusterID]) -> None:
-    cfg = _consumer_credentials(clusters, ids["gpu-a"])
+    cfg = consumer_credentials(clusters, ids["gpu-a"])
 
     async def ask() -> tuple[bool, int, str]:
         remote = await client_from_dict(cfg)
