@@ -163,6 +163,8 @@ class PodTokens:
         self._wake = asyncio.Event()
         #: Secrets a watch event had judged since the last listing (at most once each in between).
         self._prompted: set[Key] = set()
+        #: Twin namespaces `ensure` woke the loop for, to be watched, since the last listing (once each).
+        self._to_watch: set[str] = set()
         self._watches = TokenSecretWatch(remote_api, consumer, self.seen)
         self._log = structlog.get_logger().bind(component="pod-tokens", consumer=consumer)
 
@@ -219,8 +221,9 @@ class PodTokens:
         binding = tf.binding_of(pod, target, identity)
         key = (target.namespace, identity.secret_name)
         self._learned_ns[target.namespace] = binding.pod_namespace
-        if target.namespace not in self._watches.namespaces:
-            self._wake.set()  # a namespace to watch
+        if target.namespace not in self._watches.namespaces and target.namespace not in self._to_watch:
+            self._to_watch.add(target.namespace)
+            self._wake.set()  # a namespace to watch (the loop reads the twin namespaces again)
         owners = [tf.twin_owner_reference(owner)] if owner is not None else []
         async with self._lock(key):
             if key not in self._schedule:
@@ -391,13 +394,16 @@ class PodTokens:
             return  # the listing logs what it cannot read
         self._gen += 1
         self._schedule[key] = _Entry(state, self._gen, rv)
-        if state.due(self.clock(), self._fraction):  # what costs a TokenRequest: once until the listing
+        if state.due(self.clock(), self._fraction):
+            # What costs a TokenRequest: once per Secret until the listing. Only then is the loop
+            # woken (each wake walks the schedule): one not due waits for its time like any other.
             self._prompted.add(key)
-        self._wake.set()
+            self._wake.set()
 
     async def _resync(self, namespaces: list[str]) -> None:
         start = self._gen
         self._prompted.clear()
+        self._to_watch.clear()
         listed: dict[Key, _Entry] = {}
         ok: set[str] = set()
         selector = f"{tf.TOKEN_FOR_POD_LABEL},{ORIGIN_CLUSTER_LABEL}={self.consumer}"

@@ -1025,9 +1025,19 @@ async def test_our_own_writes_seen_by_the_watch_cost_nothing_more(world: World) 
     for i, pod in enumerate(pods):
         pod["metadata"]["name"] = f"train-{i}"
     tokens = world.tokens(resync_s=3600)
+    passes = 0
+    refresh_due = tokens._refresh_due
+
+    async def counted() -> None:
+        nonlocal passes
+        passes += 1
+        await refresh_due()
+
+    tokens._refresh_due = counted  # type: ignore[method-assign]
     async with running(tokens.run(lambda: {TWIN_NS: "team"})):
         await until(tokens.ready.is_set, what="first pass")
         await until(lambda: listings(world) >= 2, what="the watch's list")
+        before = passes
         for pod in pods:
             world.consumer.create("pods", copy.deepcopy(pod))
             await tokens.ensure(pod, TARGET, owner=twin_of(pod))
@@ -1037,6 +1047,7 @@ async def test_our_own_writes_seen_by_the_watch_cost_nothing_more(world: World) 
             await asyncio.sleep(0)
         reads = len([r for r in world.provider.requests if r.method == "GET" and "/secrets/" in r.path])
     assert len(world.issuer.requests) == 5, "one TokenRequest per pod, none for the watch events"
+    assert passes == before, "the refresh loop (a walk over every Secret) woke for what needed nothing"
     assert reads == 0, "no Secret read for what this process wrote"
 
 
@@ -1055,3 +1066,34 @@ async def test_a_provider_editing_a_secret_in_a_loop_gets_one_token_request_per_
             world.provider.update("secrets", TWIN_NS, SECRET, tamper)
             await asyncio.sleep(0.3)  # time enough for a refresh (one takes a few ms here), which must not come
     assert len(world.issuer.requests) == 2, "ensure's, then one for all five edits until the next listing"
+
+
+async def test_a_watched_change_that_needs_no_refresh_does_not_wake_the_refresh_loop(world: World) -> None:
+    """Such as the watch's event of our own write arriving before the write's answer: each wake walks
+    every Secret of the schedule, which a burst of pods must not pay once per pod."""
+    pod = world.add_pod(KUBE_API_ACCESS)
+    tokens = world.tokens(resync_s=3600)
+    passes = 0
+    refresh_due = tokens._refresh_due
+
+    async def counted() -> None:
+        nonlocal passes
+        passes += 1
+        await refresh_due()
+
+    tokens._refresh_due = counted  # type: ignore[method-assign]
+    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+        await until(tokens.ready.is_set, what="first pass")
+        await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        before = passes
+        unseen = copy.deepcopy(world.live())
+        unseen["metadata"]["resourceVersion"] = "1"  # not the version this process wrote
+        tokens.seen("MODIFIED", unseen)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert passes == before, "woken for fresh tokens"
+        due = copy.deepcopy(unseen)
+        due["metadata"]["annotations"]["gpufed.io/token-issued-at"] = "2020-01-01T00:00:00Z"
+        due["metadata"]["resourceVersion"] = "2"
+        tokens.seen("MODIFIED", due)
+        await until(lambda: passes > before, what="woken for a Secret that claims to be due")
