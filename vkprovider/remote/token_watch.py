@@ -1,5 +1,5 @@
 """`TokenSecretWatch`: watches of this consumer's token Secrets in the twin namespaces, so that a
-Secret the provider writes, edits or deletes is judged at once rather than at the next listing.
+Secret the provider writes or edits can be judged at once rather than at the next listing.
 
 Owns: one list+watch (`gpufed.kube.watch`) per followed twin namespace, selecting the token Secrets
 this consumer labels (`forge.tokens.TOKEN_FOR_POD_LABEL`, `ORIGIN_CLUSTER_LABEL`), started and
