@@ -989,6 +989,19 @@ def tamper(secret: dict[str, Any]) -> None:
     secret["metadata"]["annotations"] = planted(SECRET)["metadata"]["annotations"]
 
 
+def counted_passes(tokens: PodTokens) -> list[int]:
+    """A one-item list counting the refresh loop's passes (each walks the whole schedule)."""
+    passes = [0]
+    refresh_due = tokens._refresh_due
+
+    async def counted() -> None:
+        passes[0] += 1
+        await refresh_due()
+
+    tokens._refresh_due = counted  # type: ignore[method-assign]
+    return passes
+
+
 async def test_a_secret_the_provider_edits_gets_the_pods_own_tokens_without_waiting_for_a_listing(
     world: World,
 ) -> None:
@@ -1025,19 +1038,11 @@ async def test_our_own_writes_seen_by_the_watch_cost_nothing_more(world: World) 
     for i, pod in enumerate(pods):
         pod["metadata"]["name"] = f"train-{i}"
     tokens = world.tokens(resync_s=3600)
-    passes = 0
-    refresh_due = tokens._refresh_due
-
-    async def counted() -> None:
-        nonlocal passes
-        passes += 1
-        await refresh_due()
-
-    tokens._refresh_due = counted  # type: ignore[method-assign]
+    passes = counted_passes(tokens)
     async with running(tokens.run(lambda: {TWIN_NS: "team"})):
         await until(tokens.ready.is_set, what="first pass")
         await until(lambda: listings(world) >= 2, what="the watch's list")
-        before = passes
+        before = passes[0]
         for pod in pods:
             world.consumer.create("pods", copy.deepcopy(pod))
             await tokens.ensure(pod, TARGET, owner=twin_of(pod))
@@ -1047,7 +1052,7 @@ async def test_our_own_writes_seen_by_the_watch_cost_nothing_more(world: World) 
             await asyncio.sleep(0)
         reads = len([r for r in world.provider.requests if r.method == "GET" and "/secrets/" in r.path])
     assert len(world.issuer.requests) == 5, "one TokenRequest per pod, none for the watch events"
-    assert passes == before, "the refresh loop (a walk over every Secret) woke for what needed nothing"
+    assert passes[0] == before, "the refresh loop (a walk over every Secret) woke for what needed nothing"
     assert reads == 0, "no Secret read for what this process wrote"
 
 
@@ -1073,27 +1078,19 @@ async def test_a_watched_change_that_needs_no_refresh_does_not_wake_the_refresh_
     every Secret of the schedule, which a burst of pods must not pay once per pod."""
     pod = world.add_pod(KUBE_API_ACCESS)
     tokens = world.tokens(resync_s=3600)
-    passes = 0
-    refresh_due = tokens._refresh_due
-
-    async def counted() -> None:
-        nonlocal passes
-        passes += 1
-        await refresh_due()
-
-    tokens._refresh_due = counted  # type: ignore[method-assign]
+    passes = counted_passes(tokens)
     async with running(tokens.run(lambda: {TWIN_NS: "team"})):
         await until(tokens.ready.is_set, what="first pass")
         await tokens.ensure(pod, TARGET, owner=twin_of(pod))
-        before = passes
+        before = passes[0]
         unseen = copy.deepcopy(world.live())
         unseen["metadata"]["resourceVersion"] = "1"  # not the version this process wrote
         tokens.seen("MODIFIED", unseen)
         for _ in range(20):
             await asyncio.sleep(0)
-        assert passes == before, "woken for fresh tokens"
+        assert passes[0] == before, "woken for fresh tokens"
         due = copy.deepcopy(unseen)
         due["metadata"]["annotations"]["gpufed.io/token-issued-at"] = "2020-01-01T00:00:00Z"
         due["metadata"]["resourceVersion"] = "2"
         tokens.seen("MODIFIED", due)
-        await until(lambda: passes > before, what="woken for a Secret that claims to be due")
+        await until(lambda: passes[0] > before, what="woken for a Secret that claims to be due")
