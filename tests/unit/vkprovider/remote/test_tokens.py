@@ -1094,3 +1094,22 @@ async def test_a_watched_change_that_needs_no_refresh_does_not_wake_the_refresh_
         due["metadata"]["resourceVersion"] = "2"
         tokens.seen("MODIFIED", due)
         await until(lambda: passes[0] > before, what="woken for a Secret that claims to be due")
+
+
+async def test_a_namespace_offloaded_after_the_listing_is_watched_from_its_first_pod_on(world: World) -> None:
+    """Without this a new twin namespace would be watched only from the next listing (up to
+    `resync_s` later): a Secret planted there meanwhile would wait for that listing."""
+    pod = world.add_pod(KUBE_API_ACCESS)
+    offloaded: dict[str, str] = {}
+    tokens = world.tokens(resync_s=3600)
+    async with running(tokens.run(lambda: dict(offloaded))):
+        await until(tokens.ready.is_set, what="first pass")
+        assert tokens._watches.namespaces == frozenset()
+        offloaded[TWIN_NS] = "team"
+        await tokens.ensure(pod, TARGET, owner=twin_of(pod))
+        await until(lambda: TWIN_NS in tokens._watches.namespaces, what="the new namespace watched")
+        world.provider.update("secrets", TWIN_NS, SECRET, tamper)
+        await until(
+            lambda: world.live()["metadata"]["annotations"]["gpufed.io/token-service-account"] == "trainer",
+            what="an edit there judged without a listing",
+        )
