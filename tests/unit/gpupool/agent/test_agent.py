@@ -7,9 +7,10 @@ handles named `gpu0`, `gpu0/mig1`, to its answer: a plain value, `{"handle": nam
 `{"struct": fields}` or `{"error": "<suffix of pynvml's NVMLError_ class>"}`. `FakePynvml`
 answers from one (constants and error classes are the real pynvml's) and fails on any call that is
 not in it; `RecordingPynvml` wraps a pynvml module and writes what it answered in the same format
-(on a GPU node: `python -m tests.unit.gpupool.agent.test_agent OUT.json`). The recordings here were written
-in that format from NVML's documented answers and the products' real figures — no GPU node was at
-hand to record on; re-record there to refresh them.
+(on a GPU node: `python -m tests.unit.gpupool.agent.test_agent OUT.json`). `h200-recorded` was recorded
+so on a real H200 node (tests/device/run.sh, which also runs `gpufed gpu-agent --once` there against
+real NVML); the others were written in that format from NVML's documented answers and the products'
+real figures, for layouts (MIG, faults, mixed products) no GPU node at hand had.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from tests.paths import REPO, UNIT_DATA
 from tests.unit.fakes import FakeApiServer, running, serve, until
 
 DATA = UNIT_DATA / "nvml"
-RECORDINGS = ("h100x8", "a100x4-mig", "ecc-error", "workstation-mixed", "no-library")
+RECORDINGS = ("h100x8", "h200-recorded", "a100x4-mig", "ecc-error", "workstation-mixed", "no-library")
 NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
 
@@ -300,6 +301,48 @@ def test_h100_labels_and_annotations() -> None:
     assert pub.labels == H100_LABELS
     assert pub.annotations == H100_ANNOTATIONS
     assert set(pub.annotations) == set(gl.OWNED_ANNOTATIONS)
+
+
+def test_a_real_h200_nodes_recording() -> None:
+    """What a real H200 node's NVML answered gives the labels that `gpufed gpu-agent --once` published
+    there (tests/device/run.sh), which nvidia-smi confirmed: 1 GPU, 143771 MiB, driver 580.159.04."""
+    report, _ = read("h200-recorded")
+    assert (report.driver, report.cuda, report.nvml_error) == ("580.159.04", "13.0", None)
+    assert report.devices == (
+        GPUInfo(
+            index=0,
+            name="NVIDIA H200",
+            uuid="GPU-7f6ef788-e942-6471-d97c-6094d6f497f2",
+            memory_mib=143771,
+            mig_enabled=False,
+            mig_pending=False,
+            mig_devices=(),
+            ecc_uncorrected=0,
+            retired_pages_pending=None,
+            remap_pending=False,
+            remap_failed=False,
+        ),
+    )
+    pub = gl.desired(report, {}, {})
+    assert pub.labels == {
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+        "nvidia.com/gpu.memory": "143771",
+        "nvidia.com/gpu.count": "1",
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/cuda.driver-version.full": "580.159.04",
+        "nvidia.com/cuda.driver-version.major": "580",
+        "nvidia.com/cuda.driver-version.minor": "159",
+        "nvidia.com/cuda.driver-version.revision": "04",
+        "nvidia.com/cuda.runtime-version.full": "13.0",
+        "nvidia.com/cuda.runtime-version.major": "13",
+        "nvidia.com/cuda.runtime-version.minor": "0",
+    }
+    assert pub.annotations == {
+        **H100_ANNOTATIONS,
+        "gpufed.io/gpu-health-reason": (
+            "1 GPU(s) checked by NVML: no uncorrectable ECC errors, no failed or pending memory repairs"
+        ),
+    }
 
 
 def test_mig_layout_is_an_annotation() -> None:
