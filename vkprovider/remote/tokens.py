@@ -1,16 +1,14 @@
 """`PodTokens`: consumer-issued service-account tokens for offloaded pods, kept fresh in the twin namespace.
 
 Owns, for one consumer and one provider:
-- issuing: per token source of a pod (vkprovider.forge.tokens) a TokenRequest to the CONSUMER's API
-  server for the pod's service account, bound to the local pod (name and UID), so the consumer
-  revokes the token when the pod goes; the consumer's CA from its `kube-root-ca.crt` ConfigMap;
 - the pod's token Secret `gpufed-token-<pod>` in its twin namespace (layout in
-  vkprovider.forge.tokens): its tokens are requested before the twin is created (`prepare`), and
-  it is written right after, owned by the twin (`ensure`: created in one request when no Secret of
-  that name is known, server-side applied when refreshed), so the provider's garbage collector
-  removes it with the twin; never written over an object of that name that this consumer did not
-  create (`NameCollision`; the tokens asked for a create that found the name taken are dropped,
-  written nowhere); `missing` says when a twin's Secret must be written again (it was not listed);
+  vkprovider.forge.tokens; its tokens issued and its writes made by `remote.token_issue`): its
+  tokens are requested before the twin is created (`prepare`), and it is written right after, owned
+  by the twin (`ensure`: created in one request when no Secret of that name is known, server-side
+  applied when refreshed), so the provider's garbage collector removes it with the twin; never
+  written over an object of that name that this consumer did not create (`NameCollision`; the
+  tokens asked for a create that found the name taken are dropped, written nowhere); `missing`
+  says when a twin's Secret must be written again (it was not listed);
 - refreshing: `run` rebuilds its schedule from the token Secrets of the twin namespaces every
   `resync_s` (so a restarted process resumes) and watches them (`remote.token_watch`): a Secret
   the provider writes or edits (a resourceVersion this process did not write or list) is judged at
@@ -47,10 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -59,20 +56,17 @@ from prometheus_client import Counter
 from gpufed.apis.wire import ORIGIN_CLUSTER_LABEL
 from gpufed.kube import rest
 from gpufed.kube.client import KubeError
-from gpufed.kube.contention import contended, retry_contended
-from gpufed.kube.times import time_or_none
 from vkprovider.forge import meta
 from vkprovider.forge import tokens as tf
 from vkprovider.node.provider import ProviderError
 from vkprovider.remote.events_relay import EventRelay
+from vkprovider.remote.token_issue import PodGoneError, TokenIssuer, provider_refusal, token_refused
 from vkprovider.remote.token_watch import TokenSecretWatch
 
 #: Refresh once this fraction of a token's lifetime has passed (the kubelet's 80%).
 DEFAULT_REFRESH_FRACTION = tf.DEFAULT_REFRESH_FRACTION
 #: Seconds between two listings of the token Secrets (schedule rebuilt, failed refreshes retried).
 DEFAULT_RESYNC_S = 60.0
-#: Seconds the consumer's CA (from kube-root-ca.crt) is reused before it is read again.
-CA_CACHE_S = 300.0
 #: Shortest sleep (s) of the refresh loop when a refresh is due sooner (never a busy loop).
 MIN_SLEEP_S = 0.005
 COMPONENT = "gpufed-virtual-kubelet"
@@ -153,9 +147,7 @@ class PodTokens:
         self._reported: set[tuple[Key, str, str]] = set()
         #: Set once the first pass of `run` (listing + due refreshes) is done.
         self.ready = asyncio.Event()
-        #: (consumer CA PEM, monotonic time read) — see _consumer_ca.
-        self._ca_cache: tuple[str, float] | None = None
-        self._ca_lock = asyncio.Lock()
+        self._issuer = TokenIssuer(local_api, remote_api, clock=clock)
         self._schedule: dict[Key, _Entry] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
         self._gen = 0
@@ -194,9 +186,9 @@ class PodTokens:
         if identity is None or (target.namespace, identity.secret_name) in self._schedule:
             return None
         try:
-            return await self._secret(tf.binding_of(pod, target, identity), None)
-        except _PodGoneError as e:
-            raise _token_refused(e) from e
+            return await self._issuer.secret(tf.binding_of(pod, target, identity), None)
+        except PodGoneError as e:
+            raise token_refused(e) from e
 
     async def ensure(
         self,
@@ -230,9 +222,9 @@ class PodTokens:
                 # No Secret of that name is known here (a new pod): created at once rather than read
                 # first; one that exists after all (a conflict) is read and judged below.
                 try:
-                    created = await self._issue_new(binding, owners, prepared)
-                except _PodGoneError as e:
-                    raise _token_refused(e) from e
+                    created = await self._issuer.create(binding, owners, prepared)
+                except PodGoneError as e:
+                    raise token_refused(e) from e
                 if created is not None:
                     self._remember_applied(key, created)
                     return identity
@@ -240,7 +232,7 @@ class PodTokens:
             try:
                 existing = await rest.get(self.remote, url)
             except KubeError as e:
-                raise _provider_refusal(e, f"cannot read Secret {target.namespace}/{identity.secret_name}") from e
+                raise provider_refusal(e, f"cannot read Secret {target.namespace}/{identity.secret_name}") from e
             if existing is not None and not meta.owned_by(existing, self.consumer):
                 raise ProviderError(
                     f"Secret {target.namespace}/{identity.secret_name} on the provider was not created by gpufed; "
@@ -257,9 +249,9 @@ class PodTokens:
             kept = tf.pod_owner_references(existing) if existing is not None else []
             kept += [o for o in owners if o["uid"] not in {k["uid"] for k in kept}]
             try:
-                applied = await self._issue(binding, fallback_ca=None, owners=kept)
-            except _PodGoneError as e:
-                raise _token_refused(e) from e
+                applied = await self._issuer.apply(binding, fallback_ca=None, owners=kept)
+            except PodGoneError as e:
+                raise token_refused(e) from e
             self._remember_applied(key, applied)
         return identity
 
@@ -287,7 +279,7 @@ class PodTokens:
                     )
                 except KubeError as e:
                     if not e.conflict:
-                        raise _provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
+                        raise provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
                 else:
                     self._log.debug("token secret deleted", namespace=twin_namespace, secret=key[1], pod=pod_name)
                     self._schedule.pop(key, None)
@@ -296,7 +288,7 @@ class PodTokens:
             try:
                 existing = await rest.get(self.remote, url)
             except KubeError as e:
-                raise _provider_refusal(e, f"cannot read Secret {twin_namespace}/{key[1]}") from e
+                raise provider_refusal(e, f"cannot read Secret {twin_namespace}/{key[1]}") from e
             if existing is not None and tf.pod_owner_references(existing):
                 self._log.debug("token secret left to the garbage collector", namespace=twin_namespace, secret=key[1])
             elif existing is not None:
@@ -317,7 +309,7 @@ class PodTokens:
                     )
                 except KubeError as e:
                     if not e.conflict:  # a conflict is the UID precondition: that Secret is already gone
-                        raise _provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
+                        raise provider_refusal(e, f"cannot delete Secret {twin_namespace}/{key[1]}") from e
                 self._log.debug("token secret deleted", namespace=twin_namespace, secret=key[1], pod=pod_name)
             self._schedule.pop(key, None)
         self._drop_lock(key)
@@ -475,10 +467,10 @@ class PodTokens:
                 binding = await self._binding_from_pod(key, existing, state)
                 if binding is None:
                     return
-                applied = await self._issue(
+                applied = await self._issuer.apply(
                     binding, fallback_ca=tf.data_value(existing, tf.CA_KEY), owners=tf.pod_owner_references(existing)
                 )
-            except _PodGoneError as gone:
+            except PodGoneError as gone:
                 self._log.info(
                     "bound pod is gone on the consumer; deleting its token secret",
                     namespace=key[0],
@@ -502,7 +494,7 @@ class PodTokens:
         self, key: Key, secret: Mapping[str, Any], state: tf.TokenSecretState
     ) -> tf.TokenBinding | None:
         """The binding to request for the token Secret at `key`, built from the LOCAL pod it names;
-        None when the Secret gets no token (refused and reported). _PodGoneError: the pod is gone."""
+        None when the Secret gets no token (refused and reported). PodGoneError: the pod is gone."""
         claimed = state.binding
         local_ns = self._local_namespace(key[0])
         why = ""
@@ -522,7 +514,7 @@ class PodTokens:
             reason = "ConsumerUnavailable" if e.transient else "TokenRequestFailed"
             raise ProviderError(f"cannot read pod {local_ns}/{claimed.pod_name}: {e}", reason=reason) from e
         if pod is None or str(pod["metadata"].get("uid") or "") != claimed.pod_uid:
-            raise _PodGoneError(f"pod {local_ns}/{claimed.pod_name} ({claimed.pod_uid}) is gone")
+            raise PodGoneError(f"pod {local_ns}/{claimed.pod_name} ({claimed.pod_uid}) is gone")
         if self._owns_pod is not None and not self._owns_pod(pod):
             # Not permanent: right after a restart a pool node may not be served yet. Tried again at
             # the next resync; reported once.
@@ -571,111 +563,6 @@ class PodTokens:
         self._log.warning("token secret refused", namespace=key[0], secret=key[1], reason=reason, why=message)
         if pod is not None:
             self.events.offer(pod, type_="Warning", reason=REFUSED_REASON, message=message)
-
-    # ---- issuing
-
-    async def _secret(self, binding: tf.TokenBinding, fallback_ca: str | None) -> dict[str, Any]:
-        """The token Secret of `binding` with fresh tokens (each requested) and the consumer's CA."""
-        issued: dict[str, tf.IssuedToken] = {}
-        for source in binding.sources:
-            issued[source.key] = await self._request(binding, source)
-        ca_pem = await self._consumer_ca(binding.pod_namespace, fallback_ca)
-        return tf.secret_for(binding, issued, ca_pem)
-
-    async def _issue(
-        self, binding: tf.TokenBinding, *, fallback_ca: str | None, owners: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        """Request every token of `binding`, read the consumer's CA, apply the Secret (owned by
-        `owners`, which an apply must name again to keep them); the applied Secret."""
-        body = tf.with_owners(await self._secret(binding, fallback_ca), owners)
-        url = rest.path("v1", "secrets", binding.secret_name, namespace=binding.twin_namespace)
-        try:
-            return await retry_contended(
-                lambda: rest.apply(
-                    self.remote, url, body, what=f"apply token Secret {binding.twin_namespace}/{binding.secret_name}"
-                )
-            )
-        except KubeError as e:
-            raise _provider_refusal(e, f"cannot write Secret {binding.twin_namespace}/{binding.secret_name}") from e
-
-    async def _issue_new(
-        self, binding: tf.TokenBinding, owners: list[dict[str, Any]], prepared: Mapping[str, Any] | None
-    ) -> dict[str, Any] | None:
-        """As `_issue`, but the Secret is created (never written over an existing object, and with the
-        field manager of the applies that refresh it later), from `prepared` when given: None when one
-        exists already."""
-        body = tf.with_owners(prepared if prepared is not None else await self._secret(binding, None), owners)
-        where = f"{binding.twin_namespace}/{binding.secret_name}"
-        try:
-            return await retry_contended(
-                lambda: rest.request(
-                    self.remote,
-                    "POST",
-                    rest.path("v1", "secrets", namespace=binding.twin_namespace),
-                    body=body,
-                    params={"fieldManager": rest.FIELD_MANAGER},
-                    what=f"create token Secret {where}",
-                )
-            )
-        except KubeError as e:
-            if e.conflict and not contended(e):  # AlreadyExists
-                return None
-            raise _provider_refusal(e, f"cannot write Secret {where}") from e
-
-    async def _request(self, binding: tf.TokenBinding, source: tf.TokenSource) -> tf.IssuedToken:
-        url = rest.path("v1", "serviceaccounts", binding.service_account, namespace=binding.pod_namespace, sub="token")
-        issued_at = self.clock()
-        what = f"TokenRequest for pod {binding.pod_namespace}/{binding.pod_name} ({binding.service_account})"
-        try:
-            answer = await rest.request(self.local, "POST", url, body=tf.token_request(binding, source), what=what)
-        except KubeError as e:
-            if _pod_gone(e, binding):
-                raise _PodGoneError(str(e)) from e
-            message = f"cannot get a service-account token from the consumer: {e}"
-            reason = "ConsumerUnavailable" if e.transient else "TokenRequestFailed"
-            raise ProviderError(message, reason=reason) from e
-        status = answer.get("status") or {}
-        token = status.get("token")
-        if not isinstance(token, str) or not token:
-            raise ProviderError(f"{what}: the consumer answered without a token", reason="TokenRequestFailed")
-        # The requested lifetime bounds the refresh even if the server issues a longer-lived token.
-        expires_at = issued_at + timedelta(seconds=source.expiration_seconds)
-        answered = time_or_none(status.get("expirationTimestamp"))
-        if answered is not None:
-            expires_at = min(expires_at, answered)
-        return tf.IssuedToken(token=token, issued_at=issued_at, expires_at=expires_at)
-
-    async def _consumer_ca(self, namespace: str, fallback: str | None) -> str:
-        # Every namespace's kube-root-ca.crt holds the same cluster CA: one read serves all pods for a
-        # while instead of one more request per offloaded pod (a rotated CA is picked up within the TTL).
-        # One read at a time: the pods of a burst that all miss the cache share it.
-        async with self._ca_lock:
-            cached = self._ca_cache
-            if cached is not None and time.monotonic() - cached[1] < CA_CACHE_S:
-                return cached[0]
-            ca = await self._read_consumer_ca(namespace, fallback)
-            self._ca_cache = (ca, time.monotonic())
-            return ca
-
-    async def _read_consumer_ca(self, namespace: str, fallback: str | None) -> str:
-        url = rest.path("v1", "configmaps", meta.ROOT_CA_CONFIGMAP, namespace=namespace)
-        try:
-            config_map = await rest.get(self.local, url)
-        except KubeError as e:
-            if fallback is not None:
-                return fallback
-            reason = "ConsumerUnavailable" if e.transient else "ReferenceUnreadable"
-            raise ProviderError(f"cannot read the consumer's CA: {e}", reason=reason) from e
-        ca = ((config_map or {}).get("data") or {}).get(tf.CA_KEY)
-        if isinstance(ca, str) and ca:
-            return ca
-        if fallback is not None:
-            return fallback
-        raise ProviderError(
-            f'ConfigMap "{meta.ROOT_CA_CONFIGMAP}" (key {tf.CA_KEY}) not found in namespace {namespace}: '
-            "the pod's service-account volume cannot be served",
-            reason="ReferenceNotFound",
-        )
 
     # ---- schedule
 
@@ -727,29 +614,7 @@ def _rv(secret: Mapping[str, Any] | None) -> str:
     return str(((secret or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
-def _token_refused(e: Exception) -> ProviderError:
-    return ProviderError(f"cannot get a service-account token from the consumer: {e}", reason="TokenRequestFailed")
-
-
-class _PodGoneError(Exception):
-    """The consumer says the pod the tokens are bound to no longer exists (or is another incarnation)."""
-
-
-def _pod_gone(e: KubeError, binding: tf.TokenBinding) -> bool:
-    message = str(e)
-    if e.status == 404:
-        # A missing service account (or namespace-less request) is not a missing pod: keep the Secret.
-        return 'serviceaccounts "' not in message
-    return 400 <= e.status < 500 and bool(binding.pod_uid) and binding.pod_uid in message
-
-
 def _is_pods(state: tf.TokenSecretState, namespace: str, pod_name: str, uid: str | None) -> bool:
     """Whether a known token Secret is the one of pod `namespace/pod_name` (of the pod `uid`, when given)."""
     b = state.binding
     return bool(state.uid) and (b.pod_namespace, b.pod_name) == (namespace, pod_name) and uid in (None, b.pod_uid)
-
-
-def _provider_refusal(e: KubeError, what: str) -> ProviderError:
-    if e.transient:
-        return ProviderError(f"{what}: {e}", reason="ProviderUnavailable")
-    return ProviderError(f"{what}: {e}", reason="ProviderFailed")
