@@ -487,7 +487,13 @@ def _why_footprint(results: dict[str, dict[str, Any]]) -> str:
         "process itself. Two fixes from measuring it: kubernetes-asyncio's ~850 generated modules are no longer "
         "imported (−31 MB per gpufed process at start, gpufed.kube.library), and watched objects drop "
         "`metadata.managedFields` before they are cached. The next step, not taken yet, is caching only the "
-        "fields the virtual kubelet reads instead of whole objects."
+        "fields the virtual kubelet reads instead of whole objects. Part of what stays after a burst is not "
+        "held by anything: glibc keeps the pages freed after the burst's transient peak. Every long-running "
+        "gpufed process now hands them back every 10 s (`gpufed.memory`, malloc_trim). Measured on 2026-11-28: "
+        "a virtual kubelet that had run four 1000-pod bursts without it went from 199 MB to 163 MB at 1000 "
+        "pods with one trim (its C heap was 35 MB after it). After a single burst in a fresh environment it "
+        "changes little: steady RSS at 1000 pods 180.4 MB with it vs 185.9 MB without, peak 172.2 and "
+        "185.5 MB vs 182.7 MB (within this machine's spread); the controller 143.3 vs 152.9 MB."
     )
 
 

@@ -68,16 +68,25 @@ class Report:
 
 def serve(component: Callable[[], Awaitable[None]]) -> None:
     """Run a long-running component until SIGTERM or SIGINT (a clean stop); a GpufedError ends the
-    process with its message and exit code."""
+    process with its message and exit code. Beside it, the memory the process frees is handed back
+    to the operating system every few seconds (`gpufed.memory`)."""
 
     async def main() -> None:
+        from gpufed.memory import trim_heap  # only the long-running verbs need it
+
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await component()
+        trimming = asyncio.create_task(trim_heap())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await component()
+        finally:
+            trimming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trimming
 
     try:
         asyncio.run(main())
