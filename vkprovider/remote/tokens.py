@@ -22,7 +22,8 @@ Owns, for one consumer and one provider:
   the Secret's annotations say. A Secret that is not the token Secret of a pod of the namespace the
   consumer mapped to that twin namespace, bound to this provider's nodes, gets no token at all;
   one whose annotations differ from the pod's spec gets the pod's own tokens. Both are reported
-  (a log line, `gpufed_token_secrets_refused_total{remote_cluster,reason}`, and where the pod is
+  (a log line, which says whether a watch event or a listing brought the Secret,
+  `gpufed_token_secrets_refused_total{remote_cluster,reason}`, and where the pod is
   known a Warning Event `TokenSecretRefused` on it, offered to the bounded `EventRelay`: a flood of
   such Secrets costs at most the relay's queue, what it cannot take is counted as dropped there,
   never a task per report), each once per Secret and reason (remembered for at most
@@ -155,6 +156,9 @@ class PodTokens:
         self._wake = asyncio.Event()
         #: Secrets a watch event had judged since the last listing (at most once each in between).
         self._prompted: set[Key] = set()
+        #: Secrets a watch event prompted a judgement of that has not been made yet (what a refusal's
+        #: log line calls found_by "watch"; kept across a listing, which may judge them first).
+        self._via_watch: set[Key] = set()
         #: Twin namespaces `ensure` woke the loop for, to be watched, since the last listing (once each).
         self._to_watch: set[str] = set()
         self._watches = TokenSecretWatch(remote_api, consumer, self.seen)
@@ -390,6 +394,7 @@ class PodTokens:
             # What costs a TokenRequest: once per Secret until the listing. Only then is the loop
             # woken (each wake walks the schedule): one not due waits for its time like any other.
             self._prompted.add(key)
+            self._via_watch.add(key)
             self._wake.set()
 
     async def _resync(self, namespaces: list[str]) -> None:
@@ -435,6 +440,7 @@ class PodTokens:
         for key in list(self._locks):
             if key not in schedule and not self._locks[key].locked():
                 del self._locks[key]
+        self._via_watch &= schedule.keys()
 
     async def _refresh_due(self) -> None:
         now = self.clock()
@@ -450,6 +456,13 @@ class PodTokens:
                     current.failed = True
 
     async def _refresh(self, key: Key) -> None:
+        try:
+            await self._judge(key)
+        finally:
+            self._via_watch.discard(key)
+
+    async def _judge(self, key: Key) -> None:
+        """Read the Secret at `key` again; re-issue its tokens when due, from its local pod's spec."""
         async with self._lock(key):
             entry = self._schedule.get(key)
             if entry is None:
@@ -560,7 +573,11 @@ class PodTokens:
             self._reported.clear()
         self._reported.add(seen)
         TOKEN_SECRETS_REFUSED.labels(self.provider, reason).inc()
-        self._log.warning("token secret refused", namespace=key[0], secret=key[1], reason=reason, why=message)
+        # found_by: a watch event brought it ("watch"), or a listing did.
+        found_by = "watch" if key in self._via_watch else "listing"
+        self._log.warning(
+            "token secret refused", namespace=key[0], secret=key[1], reason=reason, why=message, found_by=found_by
+        )
         if pod is not None:
             self.events.offer(pod, type_="Warning", reason=REFUSED_REASON, message=message)
 

@@ -37,6 +37,8 @@ LEAK_WAIT_S = 20.0
 #: The token refresher watches the token Secrets, and lists them every 60 s should a watch miss one:
 #: a planted one is seen within this, whichever way.
 TOKEN_RESYNC_WAIT_S = 90.0
+#: What the virtual kubelet's refusal log line says when a watch event, not a listing, brought the Secret.
+WATCHED = '"found_by": "watch"'
 FOREIGN_AUDIENCE = "sts.amazonaws.com"
 TEN_YEARS_S = 10 * 365 * 24 * 3600
 
@@ -354,11 +356,14 @@ def test_provider_plants_a_token_secret_for_a_foreign_audience(
     local = clusters.kubectl_json("consumer", "get", "pod", "app", "-n", namespace)
     local["metadata"]["labels"] = twin["metadata"]["labels"]  # what gpu-a knows: names, UID, our labels
     apply(clusters, "gpu-a", token_secret(twin_ns(ids, namespace), "gpufed-token-evil", local))
-    eventually(
+    refusals = eventually(
         "the refusal in the virtual kubelet's log",
-        lambda: vk_log_lines(clusters, ids["gpu-a"], "token secret refused", "gpufed-token-evil"),
+        lambda: vk_log_lines(
+            clusters, ids["gpu-a"], "token secret refused", twin_ns(ids, namespace), "gpufed-token-evil"
+        ),
         timeout=TOKEN_RESYNC_WAIT_S,
     )
+    assert all(WATCHED in line for line in refusals), f"not judged from the watch event: {refusals}"
     planted = get(clusters, "gpu-a", "secret", "gpufed-token-evil", "-n", twin_ns(ids, namespace))
     assert planted is not None and (planted.get("data") or {}).get("token-0", "") == "", "a token was issued"
 
@@ -384,6 +389,8 @@ def test_provider_edits_a_token_secret_to_a_foreign_audience(
         timeout=TOKEN_RESYNC_WAIT_S,
     )
     assert "the pod's own tokens are issued" in refused[0]["message"]
+    tampered = vk_log_lines(clusters, ids["gpu-a"], "token secret refused", twin_ns(ids, namespace), '"Tampered"')
+    assert tampered and all(WATCHED in line for line in tampered), f"not judged from the watch event: {tampered}"
 
     def restored() -> bool:
         got = get(clusters, "gpu-a", "secret", secret_name, "-n", twin_ns(ids, namespace)) or {}

@@ -837,8 +837,10 @@ async def test_a_planted_token_secret_obtains_no_token(world: World) -> None:
     await tokens.ensure(pod, TARGET)
     world.provider.create("secrets", planted("gpufed-token-evil"))
     before = refused_count("NotAPodsSecret")
-    async with running(tokens.run(lambda: {TWIN_NS: "team"})):
-        await until(lambda: len(world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/secrets")) > 3)
+    with structlog.testing.capture_logs() as logs:
+        async with running(tokens.run(lambda: {TWIN_NS: "team"})):
+            await until(lambda: len(world.provider.calls("GET", f"/api/v1/namespaces/{TWIN_NS}/secrets")) > 3)
+    assert [e["found_by"] for e in logs if e["event"] == "token secret refused"] == ["listing"]
     assert foreign_requests(world) == [], "a TokenRequest was built from the provider's annotations"
     assert len(world.issuer.requests) == 1, "only the pod's own token, from ensure"
     evil = world.provider.get("secrets", TWIN_NS, "gpufed-token-evil")
@@ -1012,13 +1014,16 @@ async def test_a_secret_the_provider_edits_gets_the_pods_own_tokens_without_wait
         await tokens.ensure(pod, TARGET, owner=twin_of(pod))
         await until(lambda: listings(world) >= 2, what="the watch's list")
         listed = listings(world)
-        world.provider.update("secrets", TWIN_NS, SECRET, tamper)
-        await until(
-            lambda: world.live()["metadata"]["annotations"]["gpufed.io/token-service-account"] == "trainer",
-            what="the pod's own tokens written back",
-        )
-        await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
+        with structlog.testing.capture_logs() as logs:
+            world.provider.update("secrets", TWIN_NS, SECRET, tamper)
+            await until(
+                lambda: world.live()["metadata"]["annotations"]["gpufed.io/token-service-account"] == "trainer",
+                what="the pod's own tokens written back",
+            )
+            await until(lambda: bool(world.consumer.items("events", "team")), what="the Event on the pod")
         assert listings(world) == listed, "judged from the watch event, not from a new listing"
+        refusals = [e for e in logs if e["event"] == "token secret refused"]
+        assert [(e["reason"], e["found_by"]) for e in refusals] == [("Tampered", "watch")]
     assert len(world.issuer.requests) == 2, "ensure's tokens, then the pod's own once"
     assert foreign_requests(world) == []
 
@@ -1028,9 +1033,11 @@ async def test_a_planted_secret_is_refused_without_waiting_for_a_listing(world: 
     before = refused_count("NotAPodsSecret")
     async with running(tokens.run(lambda: {TWIN_NS: "team"})):
         await until(tokens.ready.is_set, what="first pass")
-        world.provider.create("secrets", planted("gpufed-token-evil"))
-        await until(lambda: refused_count("NotAPodsSecret") == before + 1, what="the refusal")
+        with structlog.testing.capture_logs() as logs:
+            world.provider.create("secrets", planted("gpufed-token-evil"))
+            await until(lambda: refused_count("NotAPodsSecret") == before + 1, what="the refusal")
     assert world.issuer.requests == []
+    assert [e["found_by"] for e in logs if e["event"] == "token secret refused"] == ["watch"]
 
 
 async def test_our_own_writes_seen_by_the_watch_cost_nothing_more(world: World) -> None:
