@@ -603,7 +603,17 @@ def _why_delete(results: dict[str, dict[str, Any]]) -> str:
         "kubelet deletes the twin with the pod's grace period, waits for the provider to report it gone, "
         "then writes the pod's terminal status and removes it at its UID; the twin's token Secret names the "
         "twin as its owner, so the provider's garbage collector removes it. Deletes queue behind the "
-        "provider's API server and its garbage collector on the same shared cores."
+        "provider's API server and its garbage collector on the same shared cores. Where the time goes with "
+        "the default grace, from both audit logs of one N=1000 pre-bound run (2026-11-28 18:16 UTC; 4.6 s "
+        "locally, 24.2 s offloaded): locally the collection delete returns after about 4.5 s and kwok finishes "
+        "the pods (two deletes each) within the same 4.5 s. Offloaded, the consumer's collection delete takes "
+        "8.2 s (its API server also serves the virtual kubelet); the virtual kubelet stops the twins as the "
+        "deletions arrive (over 9.4 s); gpu-a's kwok, which plays the provider's kubelet, finishes them over "
+        "19.5 s (two deletes each, beside the garbage collector's deletion of 1000 token Secrets on the same "
+        "API server); the virtual kubelet writes the terminal statuses and removes the last pod 4.6 s after the "
+        "last twin is gone. About 7,000 writes across both API servers against 3,000 locally: the graceful "
+        "path's floor here is the provider's own kubelet work plus the token Secrets, not the virtual "
+        "kubelet, which waits on them."
     )
 
 
