@@ -6,8 +6,9 @@ the unit tests' in-memory API server (`tests.unit.fakes`), served over HTTP on l
 a kubeconfig, so the agent goes through its own client and flags exactly as in a DaemonSet. Writes
 the Node's labels and annotations, and nvidia-smi's answers, as JSON to the file in argv[1].
 
-Does not: run in `make test` (CI machines have no NVIDIA driver; there the unit suite checks that
-the real reader says so instead of raising). tests/device/run.sh runs it on a machine with a GPU.
+Does not: run as a whole in `make test` (CI machines have no NVIDIA driver): there the unit suite runs
+its `publish` (which then reports that NVML is missing) and checks that the real reader says so
+instead of raising. tests/device/run.sh runs it on a machine with a GPU.
 """
 
 from __future__ import annotations

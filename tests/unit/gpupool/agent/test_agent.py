@@ -41,6 +41,7 @@ from gpufed.kube import manifests
 from gpupool.agent import labels as gl
 from gpupool.agent.agent import GPUAgent, GPUAgentError, GPUAgentSettings
 from gpupool.agent.nvml import GPUInfo, NodeGPUReport, NvmlReader, cuda_version, mig_profile_name
+from tests.device import agent_on_nvml as device_check
 from tests.paths import REPO, UNIT_DATA
 from tests.unit.fakes import FakeApiServer, running, serve, until
 
@@ -631,6 +632,22 @@ async def test_once_reads_once_and_returns() -> None:
 # ---------------------------------------------------------------------------------------- CLI and RBAC
 
 runner = CliRunner()
+
+
+async def test_the_device_checks_cli_run_publishes_here_too() -> None:
+    """tests/device/agent_on_nvml.py's `gpufed gpu-agent --once` run, on this machine without NVIDIA's
+    library: the same CLI, flags, kubeconfig and Node the GPU machine's check uses, so that check
+    cannot rot between the sessions that have a GPU."""
+    report = NvmlReader().read()
+    labels, annotations, log = await device_check.publish()
+    assert labels == {"kubernetes.io/hostname": device_check.NODE}, "labels are left to the device plugin here"
+    if report.nvml_error is not None:
+        assert annotations[GPU_SOURCE_ANNOTATION] == "labels", log
+        assert "NVMLError" in annotations["gpufed.io/gpu-source-reason"], log
+    else:  # a machine with a driver: what NVML read
+        assert annotations[GPU_SOURCE_ANNOTATION] == "nvml", log
+    assert annotations[GPU_HEALTH_ANNOTATION] == GPU_HEALTHY, log
+    assert "published gpu facts" in log
 
 
 def test_cli_flag_errors(tmp_path: Path) -> None:
