@@ -640,12 +640,14 @@ async def test_the_device_checks_cli_run_publishes_here_too() -> None:
     cannot rot between the sessions that have a GPU."""
     report = NvmlReader().read()
     labels, annotations, log = await device_check.publish()
-    assert labels == {"kubernetes.io/hostname": device_check.NODE}, "labels are left to the device plugin here"
+    assert labels["kubernetes.io/hostname"] == device_check.NODE, "a label the agent does not own is kept"
     if report.nvml_error is not None:
+        assert labels == {"kubernetes.io/hostname": device_check.NODE}, "labels are left to the device plugin"
         assert annotations[GPU_SOURCE_ANNOTATION] == "labels", log
         assert "NVMLError" in annotations["gpufed.io/gpu-source-reason"], log
     else:  # a machine with a driver: what NVML read
         assert annotations[GPU_SOURCE_ANNOTATION] == "nvml", log
+        assert labels[gl.GPU_COUNT_LABEL] == str(len(report.devices)), log
     assert annotations[GPU_HEALTH_ANNOTATION] == GPU_HEALTHY, log
     assert "published gpu facts" in log
 
